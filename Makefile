@@ -1,0 +1,44 @@
+# Everything is installed into .venv/. `make run` and `make test` work on a fresh
+# machine that has Python 3.11+ and apt (for MariaDB when ORBIT_MYSQL_DSN is unset).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CREDENTIALS ?= $(CURDIR)/var/dev.credentials.json
+export ORBIT_HTTP_ADDR ?= 127.0.0.1:8080
+
+.PHONY: install db run test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Start the private MariaDB under ./var unless ORBIT_MYSQL_DSN points elsewhere.
+db:
+	@if [ -z "$$ORBIT_MYSQL_DSN" ]; then scripts/devdb.sh start >/dev/null; fi
+
+run: install db
+	@DSN="$${ORBIT_MYSQL_DSN:-$$(scripts/devdb.sh dsn)}"; \
+	mkdir -p var; \
+	ORBIT_MYSQL_DSN="$$DSN" $(BIN)/orbit-migrate up && \
+	ORBIT_MYSQL_DSN="$$DSN" $(BIN)/orbit-admin bootstrap --application dev --namespace default \
+	  --environment test --queue initial --worker-access --output $(CREDENTIALS) && \
+	echo "credentials: $(CREDENTIALS)" && \
+	ORBIT_MYSQL_DSN="$$DSN" exec $(BIN)/orbit
+
+# Tests create and drop their own databases on the server of ORBIT_TEST_MYSQL_DSN.
+test: install db
+	@DSN="$${ORBIT_MYSQL_DSN:-$$(scripts/devdb.sh dsn)}"; \
+	ORBIT_TEST_MYSQL_DSN="$$DSN" $(BIN)/pytest $(PYTEST_ARGS)
+
+bench: install db
+	@DSN="$${ORBIT_MYSQL_DSN:-$$(scripts/devdb.sh dsn)}"; \
+	ORBIT_BENCH_MYSQL_DSN="$$DSN" $(BIN)/python -m bench $(SCENARIO)
+
+clean:
+	-scripts/devdb.sh stop
+	rm -rf $(VENV) var

@@ -1,0 +1,1 @@
+"""The HTTP API (quart-trio) served by hypercorn's trio worker."""

@@ -1,0 +1,42 @@
+"""What every command shares: one-line failures and the database from the environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from ..config import Dsn
+from ..db import Database
+from ..errors import ConfigError, OrbitError
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def database_from_env(env=None) -> Database:
+    env = os.environ if env is None else env
+    dsn_text = env.get("ORBIT_MYSQL_DSN")
+    if not dsn_text:
+        fail("ORBIT_MYSQL_DSN is not set")
+    return Database(Dsn.parse(dsn_text), size=2)
+
+
+def run_command(fn: Callable[[], Any]) -> Any:
+    """Run a command body, turning every expected failure into one line and exit 1."""
+    try:
+        return fn()
+    except ConfigError as exc:
+        fail(exc.message, 2)
+    except OrbitError as exc:
+        fail(f"{exc.code}: {exc.message}")
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))

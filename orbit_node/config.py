@@ -1,0 +1,191 @@
+"""Validated, frozen configuration of a node, read from the environment.
+
+Units are in the names (``lease_s``, ``scan_cycle_s``). A bad value is rejected at
+construction with a ``ConfigError`` whose message is one line.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from collections.abc import Mapping
+
+import attrs
+
+from .errors import ConfigError
+
+
+@attrs.frozen(kw_only=True)
+class Dsn:
+    """A parsed ``mysql://user:password@host:port/database`` URL."""
+
+    user: str
+    password: str = attrs.field(repr=False)
+    host: str = "127.0.0.1"
+    port: int = 3306
+    database: str
+    unix_socket: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> "Dsn":
+        try:
+            parts = urllib.parse.urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise ConfigError(f"ORBIT_MYSQL_DSN: not a valid URL ({exc})", field="ORBIT_MYSQL_DSN") from None
+        if parts.scheme not in ("mysql", "mariadb"):
+            raise ConfigError(
+                "ORBIT_MYSQL_DSN: scheme must be mysql:// or mariadb://", field="ORBIT_MYSQL_DSN"
+            )
+        database = urllib.parse.unquote(parts.path.lstrip("/"))
+        if not database or "/" in database:
+            raise ConfigError("ORBIT_MYSQL_DSN: the path must name one database", field="ORBIT_MYSQL_DSN")
+        query = urllib.parse.parse_qs(parts.query, strict_parsing=False)
+        unknown = set(query) - {"unix_socket"}
+        if unknown:
+            raise ConfigError(
+                f"ORBIT_MYSQL_DSN: unknown option {sorted(unknown)[0]!r}", field="ORBIT_MYSQL_DSN"
+            )
+        unix_socket = query.get("unix_socket", [None])[0]
+        if not parts.hostname and not unix_socket:
+            raise ConfigError("ORBIT_MYSQL_DSN: a host or ?unix_socket= is required", field="ORBIT_MYSQL_DSN")
+        return cls(
+            user=urllib.parse.unquote(parts.username or "root"),
+            password=urllib.parse.unquote(parts.password or ""),
+            host=parts.hostname or "localhost",
+            port=port or 3306,
+            database=database,
+            unix_socket=unix_socket,
+        )
+
+    def with_database(self, database: str) -> "Dsn":
+        return attrs.evolve(self, database=database)
+
+    def url(self) -> str:
+        user = urllib.parse.quote(self.user, safe="")
+        auth = user + (":" + urllib.parse.quote(self.password, safe="") if self.password else "")
+        query = "?unix_socket=" + urllib.parse.quote(self.unix_socket) if self.unix_socket else ""
+        return f"mysql://{auth}@{self.host}:{self.port}/{urllib.parse.quote(self.database)}{query}"
+
+
+def parse_addr(value: str, *, field: str = "ORBIT_HTTP_ADDR") -> tuple[str, int]:
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ConfigError(f"{field}: expected HOST:PORT, got {value!r}", field=field)
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{field}: port {port} is out of range", field=field)
+    return host.strip("[]"), port
+
+
+def _positive(instance, attribute, value):
+    if value <= 0:
+        raise ConfigError(f"{attribute.name} must be positive, got {value!r}", field=attribute.name)
+
+
+def _non_negative(instance, attribute, value):
+    if value < 0:
+        raise ConfigError(f"{attribute.name} must not be negative, got {value!r}", field=attribute.name)
+
+
+@attrs.frozen(kw_only=True)
+class SchedulerLimits:
+    """The fair claim pool of P3 section 3 (development baseline values)."""
+
+    # At most this many claim SQL operations run at once per node.
+    sql_slots: int = attrs.field(default=4, validator=_positive)
+    # At most this many in-flight claims per application per node.
+    in_flight_per_application: int = attrs.field(default=1, validator=_positive)
+    # Pending + in-flight claim requests per node.
+    max_requests: int = attrs.field(default=128, validator=_positive)
+    # Outstanding claim requests per connection.
+    outstanding_per_connection: int = attrs.field(default=1, validator=_positive)
+    # Claims a connection may be granted per scan cycle.
+    claims_per_connection_per_cycle: int = attrs.field(default=4, validator=_positive)
+    # Length of a scan cycle (also the lifetime of an empty-result cache entry).
+    scan_cycle_s: float = attrs.field(default=1.0, validator=_positive)
+    # Empty-result cache entries per node.
+    empty_cache_entries: int = attrs.field(default=128, validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
+class NodeConfig:
+    dsn: Dsn
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    log_level: str = "info"
+    # Database connections per node: claim slots plus room for API and control traffic.
+    db_pool_size: int = attrs.field(default=12, validator=_positive)
+    # Largest accepted HTTP request body; larger bodies get 413 before they are buffered.
+    max_body_bytes: int = attrs.field(default=1024 * 1024, validator=_positive)
+    # Largest accepted WebSocket message from a Worker.
+    max_ws_message_bytes: int = attrs.field(default=1024 * 1024, validator=_positive)
+    # Connections a node accepts; the next one is refused at the handshake.
+    max_connections: int = attrs.field(default=128, validator=_positive)
+    # Lease of a reservation not yet started, and of a running attempt (renewed by the Worker).
+    reservation_lease_s: float = attrs.field(default=30.0, validator=_positive)
+    run_lease_s: float = attrs.field(default=60.0, validator=_positive)
+    # Tasks reserved by one claim at most.
+    claim_batch_size: int = attrs.field(default=16, validator=_positive)
+    # A Worker connection silent for this long is closed.
+    heartbeat_timeout_s: float = attrs.field(default=30.0, validator=_positive)
+    # Recovery sweeper period.
+    sweep_interval_s: float = attrs.field(default=1.0, validator=_positive)
+    # Plan trigger period.
+    plan_interval_s: float = attrs.field(default=1.0, validator=_positive)
+    # Graceful shutdown: how long running tasks may take to finish after SIGTERM.
+    shutdown_grace_s: float = attrs.field(default=10.0, validator=_non_negative)
+    scheduler: SchedulerLimits = attrs.field(factory=SchedulerLimits)
+
+    def __attrs_post_init__(self):
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("ORBIT_TLS_CERT and ORBIT_TLS_KEY must be set together", field="ORBIT_TLS_CERT")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"ORBIT_LOG_LEVEL: unknown level {self.log_level!r}", field="ORBIT_LOG_LEVEL")
+
+    @property
+    def base_url(self) -> str:
+        scheme = "https" if self.tls_cert else "http"
+        return f"{scheme}://{self.http_host}:{self.http_port}"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "NodeConfig":
+        env = os.environ if env is None else env
+        known = {
+            "ORBIT_MYSQL_DSN", "ORBIT_HTTP_ADDR", "ORBIT_TLS_CERT", "ORBIT_TLS_KEY", "ORBIT_LOG_LEVEL",
+            "ORBIT_RESERVATION_LEASE_S", "ORBIT_RUN_LEASE_S", "ORBIT_MAX_BODY_BYTES",
+            "ORBIT_HEARTBEAT_TIMEOUT_S", "ORBIT_SHUTDOWN_GRACE_S", "ORBIT_DB_POOL_SIZE",
+            "ORBIT_URL", "ORBIT_CREDENTIALS_FILE", "ORBIT_LOG_FORMAT",
+        }
+        unknown = sorted(k for k in env if k.startswith("ORBIT_") and k not in known and not k.startswith("ORBIT_TEST_"))
+        if unknown:
+            raise ConfigError(f"{unknown[0]}: unknown setting", field=unknown[0])
+        dsn_text = env.get("ORBIT_MYSQL_DSN")
+        if not dsn_text:
+            raise ConfigError("ORBIT_MYSQL_DSN is not set", field="ORBIT_MYSQL_DSN")
+        host, port = parse_addr(env.get("ORBIT_HTTP_ADDR", "127.0.0.1:8080"))
+        kwargs = {}
+        for name, key, kind in (
+            ("reservation_lease_s", "ORBIT_RESERVATION_LEASE_S", float),
+            ("run_lease_s", "ORBIT_RUN_LEASE_S", float),
+            ("max_body_bytes", "ORBIT_MAX_BODY_BYTES", int),
+            ("heartbeat_timeout_s", "ORBIT_HEARTBEAT_TIMEOUT_S", float),
+            ("shutdown_grace_s", "ORBIT_SHUTDOWN_GRACE_S", float),
+            ("db_pool_size", "ORBIT_DB_POOL_SIZE", int),
+        ):
+            if key in env:
+                try:
+                    kwargs[name] = kind(env[key])
+                except ValueError:
+                    raise ConfigError(f"{key}: expected a number, got {env[key]!r}", field=key) from None
+        return cls(
+            dsn=Dsn.parse(dsn_text),
+            http_host=host,
+            http_port=port,
+            tls_cert=env.get("ORBIT_TLS_CERT") or None,
+            tls_key=env.get("ORBIT_TLS_KEY") or None,
+            log_level=env.get("ORBIT_LOG_LEVEL", "info").lower(),
+            **kwargs,
+        )

@@ -1,0 +1,270 @@
+"""A small trio-native connection pool over trio-mysql, and the transaction runner.
+
+* Every connection runs in UTC (``time_zone='+00:00'``) with strict SQL modes, so
+  ``NOW(6)`` is the single clock every ownership decision uses.
+* ``Database.transaction(fn)`` runs ``fn(tx)`` inside one transaction and replays it
+  from the start on deadlock (1213), lock-wait timeout (1205) and MariaDB's
+  "record has changed since last read" (1020). ``fn`` must therefore be safe to
+  run again: it may only touch the database through ``tx``.
+* A connection that saw a connection-level failure, or whose use was interrupted
+  by cancellation, is closed rather than returned: its protocol state is unknown.
+* Driver errors are translated at this boundary into ``orbit_node.errors`` types.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import attrs
+import trio
+import trio_mysql
+import trio_mysql.cursors
+
+from ..config import Dsn
+from ..errors import DatabaseError, OrbitError, Unavailable
+from .queries import QUERIES
+
+T = TypeVar("T")
+
+# Server notes such as "table already exists" (CREATE ... IF NOT EXISTS) are not errors.
+warnings.filterwarnings("ignore", category=trio_mysql.Warning)
+
+# Errors after which the same transaction may simply be run again.
+REPLAYABLE_ERRNOS = frozenset({1213, 1205, 1020})
+# Client/server errors meaning the connection (or the server) is gone.
+CONNECTION_ERRNOS = frozenset({1040, 1053, 1152, 1158, 1159, 1160, 1161, 1927, 2002, 2003, 2006, 2013, 2014, 2055})
+# Replays of one transaction before the conflict is reported as an error.
+MAX_REPLAYS = 8
+# Base of the jittered pause between replays; small, conflicts clear in milliseconds.
+REPLAY_BACKOFF_S = 0.005
+# A rollback that takes longer than this means the connection is stuck; close it.
+ROLLBACK_TIMEOUT_S = 2.0
+
+SESSION_SETUP = (
+    "SET time_zone = '+00:00', "
+    "sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
+)
+
+
+def errno_of(exc: BaseException) -> int | None:
+    if isinstance(exc, trio_mysql.MySQLError) and exc.args and isinstance(exc.args[0], int):
+        return exc.args[0]
+    return None
+
+
+def translate(exc: BaseException) -> Exception:
+    """Turn a driver or socket error into the node's own error type."""
+    errno = errno_of(exc)
+    if errno in CONNECTION_ERRNOS or isinstance(exc, (OSError, trio.BrokenResourceError, trio.ClosedResourceError)):
+        return Unavailable(f"database unavailable: {exc}")
+    if isinstance(exc, trio_mysql.MySQLError):
+        message = exc.args[1] if len(exc.args) > 1 else str(exc)
+        return DatabaseError(f"database error {errno}: {message}", errno=errno)
+    return DatabaseError(f"database error: {exc!r}")
+
+
+@attrs.define(eq=False)
+class Tx:
+    """The handle a transaction body (or a single autocommit statement) works through."""
+
+    _conn: Any
+
+    async def _run(self, name: str, params: Mapping[str, Any] | Sequence[Any] | None):
+        sql = QUERIES[name]
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        await cursor.execute(sql, params)
+        return cursor
+
+    async def fetchall(self, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        cursor = await self._run(name, params)
+        return list(await cursor.fetchall())
+
+    async def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        cursor = await self._run(name, params)
+        return await cursor.fetchone()
+
+    async def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int:
+        """Run a named statement and return the number of rows it affected."""
+        cursor = await self._run(name, params)
+        return cursor.rowcount
+
+    async def execute_raw(self, sql: str, params: Any = None) -> int:
+        """Run literal SQL. Only the migration runner and test fixtures use this."""
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        await cursor.execute(sql, params)
+        return cursor.rowcount
+
+    async def fetchall_raw(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        await cursor.execute(sql, params)
+        return list(await cursor.fetchall())
+
+    @property
+    def thread_id(self) -> int:
+        """The server's id of this connection (for ``KILL`` in fault tests)."""
+        return self._conn.server_thread_id[0]
+
+
+@attrs.frozen
+class PoolStatistics:
+    size: int
+    open: int
+    idle: int
+    in_use: int
+    replays: int
+
+
+@attrs.define(eq=False)
+class Database:
+    """A bounded pool of connections to one database."""
+
+    dsn: Dsn
+    size: int = 10
+    connect_timeout_s: float = 5.0
+    _idle: list[Any] = attrs.field(factory=list, init=False)
+    _slots: trio.Semaphore = attrs.field(init=False)
+    _open: int = attrs.field(default=0, init=False)
+    replays: int = attrs.field(default=0, init=False)
+    # Called with the errno of each replayed conflict (metrics hook).
+    on_replay: Callable[[int], None] | None = attrs.field(default=None)
+
+    def __attrs_post_init__(self):
+        self._slots = trio.Semaphore(self.size)
+
+    def statistics(self) -> PoolStatistics:
+        in_use = self.size - self._slots.value
+        return PoolStatistics(self.size, self._open, len(self._idle), in_use, self.replays)
+
+    async def _connect(self):
+        conn = trio_mysql.connect(
+            host=self.dsn.host,
+            port=self.dsn.port,
+            user=self.dsn.user,
+            password=self.dsn.password,
+            database=self.dsn.database,
+            unix_socket=self.dsn.unix_socket,
+            charset="utf8mb4",
+            use_unicode=True,
+            autocommit=True,
+            connect_timeout=self.connect_timeout_s,
+            init_command=SESSION_SETUP,
+        )
+        try:
+            with trio.fail_after(self.connect_timeout_s):
+                await conn.connect()
+        except trio.TooSlowError:
+            conn.close()
+            raise Unavailable("database unavailable: connect timed out") from None
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, (trio_mysql.MySQLError, OSError)):
+                raise translate(exc) from exc
+            raise
+        self._open += 1
+        return conn
+
+    def _discard(self, conn) -> None:
+        conn.close()
+        self._open -= 1
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        """Borrow a raw connection (autocommit on). It is closed instead of returned on any failure."""
+        async with self._slots:
+            conn = self._idle.pop() if self._idle else await self._connect()
+            keep = False
+            try:
+                yield conn
+                keep = conn.open
+            except (trio_mysql.MySQLError, OrbitError) as exc:
+                # A refused statement leaves the connection usable (transactions have
+                # been rolled back by then); a connection-level failure does not.
+                keep = conn.open and errno_of(exc) not in CONNECTION_ERRNOS
+                raise
+            finally:
+                if keep:
+                    self._idle.append(conn)
+                else:
+                    self._discard(conn)
+
+    async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        """Run ``fn`` with autocommit statements (no transaction)."""
+        try:
+            async with self.connection() as conn:
+                return await fn(Tx(conn))
+        except (trio_mysql.MySQLError, OSError, trio.BrokenResourceError) as exc:
+            raise translate(exc) from exc
+
+    async def fetchall(self, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        return await self.run(lambda tx: tx.fetchall(name, params))
+
+    async def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        return await self.run(lambda tx: tx.fetchone(name, params))
+
+    async def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int:
+        return await self.run(lambda tx: tx.execute(name, params))
+
+    async def transaction(
+        self,
+        fn: Callable[[Tx], Awaitable[T]],
+        *,
+        isolation: str = "READ COMMITTED",
+        replays: int = MAX_REPLAYS,
+    ) -> T:
+        """Run ``fn(tx)`` in one transaction; replay it on deadlock or lock-wait errors."""
+        if isolation not in ("READ COMMITTED", "REPEATABLE READ"):
+            raise ValueError(f"unsupported isolation level {isolation!r}")
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with self.connection() as conn:
+                    try:
+                        await conn.query(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
+                        await conn.begin()
+                        result = await fn(Tx(conn))
+                        await conn.commit()
+                        return result
+                    except (trio_mysql.MySQLError, OrbitError) as exc:
+                        # A statement failed or the body gave up: roll back before the
+                        # connection goes back to the pool. If the connection itself broke,
+                        # or the rollback does not finish quickly, close it instead (the
+                        # server rolls back a closed connection's transaction).
+                        if conn.open and errno_of(exc) not in CONNECTION_ERRNOS:
+                            with trio.CancelScope(shield=True), trio.move_on_after(ROLLBACK_TIMEOUT_S) as scope:
+                                try:
+                                    await conn.rollback()
+                                except Exception:
+                                    conn.close()
+                            if scope.cancelled_caught:
+                                conn.close()
+                        else:
+                            conn.close()
+                        raise
+                    except BaseException:
+                        # Cancelled or crashed mid-protocol: the connection state is unknown.
+                        conn.close()
+                        raise
+            except (trio_mysql.MySQLError, OSError, trio.BrokenResourceError) as exc:
+                errno = errno_of(exc)
+                if errno in REPLAYABLE_ERRNOS and attempt <= replays:
+                    self.replays += 1
+                    if self.on_replay is not None:
+                        self.on_replay(errno)
+                    await trio.sleep(random.uniform(0, REPLAY_BACKOFF_S * attempt))
+                    continue
+                raise translate(exc) from exc
+
+    async def ping(self) -> None:
+        await self.run(lambda tx: tx.fetchall("ping"))
+
+    async def aclose(self) -> None:
+        while self._idle:
+            conn = self._idle.pop()
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await conn.aclose()
+            self._open -= 1

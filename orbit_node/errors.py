@@ -1,0 +1,105 @@
+"""The one error hierarchy of the node.
+
+Every error that crosses a public boundary (HTTP, WebSocket, CLI, SDK) is an
+``OrbitError`` with a stable machine ``code`` and, where one field is at fault,
+the ``field`` it names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class OrbitError(Exception):
+    """Root of every error the node raises on purpose."""
+
+    code = "INTERNAL"
+    http_status = 500
+
+    def __init__(self, message: str, *, field: str | None = None, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.details = details or {}
+
+
+class InvalidArgument(OrbitError):
+    code = "INVALID_ARGUMENT"
+    http_status = 400
+
+
+class Unauthenticated(OrbitError):
+    code = "UNAUTHENTICATED"
+    http_status = 401
+
+
+class PermissionDenied(OrbitError):
+    code = "PERMISSION_DENIED"
+    http_status = 403
+
+
+class NotFound(OrbitError):
+    code = "NOT_FOUND"
+    http_status = 404
+
+
+class AlreadyExists(OrbitError):
+    code = "ALREADY_EXISTS"
+    http_status = 409
+
+
+class IdempotencyConflict(OrbitError):
+    code = "IDEMPOTENCY_CONFLICT"
+    http_status = 409
+
+
+class FailedPrecondition(OrbitError):
+    code = "FAILED_PRECONDITION"
+    http_status = 409
+
+
+class ResourceExhausted(OrbitError):
+    code = "RESOURCE_EXHAUSTED"
+    http_status = 429
+
+
+class PayloadTooLarge(OrbitError):
+    code = "PAYLOAD_TOO_LARGE"
+    http_status = 413
+
+
+class UnsupportedMediaType(OrbitError):
+    code = "UNSUPPORTED_MEDIA_TYPE"
+    http_status = 415
+
+
+class Unavailable(OrbitError):
+    """The database cannot be reached (or answered with a connection-level failure)."""
+
+    code = "UNAVAILABLE"
+    http_status = 503
+
+
+class DatabaseError(OrbitError):
+    """The database refused a statement for a reason that is not the caller's input."""
+
+    code = "INTERNAL"
+    http_status = 500
+
+    def __init__(self, message: str, *, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
+
+class SchemaMismatch(OrbitError):
+    """The database schema is not the version this code expects."""
+
+    code = "FAILED_PRECONDITION"
+    http_status = 503
+
+
+class ConfigError(OrbitError):
+    """Bad configuration: reported as one line, never a traceback."""
+
+    code = "INVALID_ARGUMENT"
+    http_status = 400

@@ -1,0 +1,119 @@
+"""The node process: HTTP/WebSocket server plus the background services, one nursery.
+
+Shutdown is two-phase (hypercorn's trio runner, River's fetch/work contexts):
+``request_shutdown()`` first stops new claims and connections, then running
+connections get ``shutdown_grace_s`` to drain; whatever is left is cancelled and
+reservations committed but never sent are recovered by the database lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+
+from . import __version__
+from .api.app import NodeState, create_app
+from .config import NodeConfig
+from .db import Database
+from .ids import random_id
+
+log = logging.getLogger("orbit.node")
+
+# How often the node row's heartbeat is refreshed (operators' view only; it decides nothing).
+NODE_HEARTBEAT_S = 10.0
+
+# A service is started with `await nursery.start(service, node)` and runs until cancelled.
+Service = Callable[..., Awaitable[None]]
+
+
+@attrs.define(eq=False)
+class Node:
+    config: NodeConfig
+    node_id: str = attrs.field(factory=random_id)
+    db: Database = attrs.field(init=False)
+    state: NodeState = attrs.field(init=False)
+    bound: list[str] = attrs.field(factory=list, init=False)
+    _shutdown: trio.Event = attrs.field(factory=trio.Event, init=False)
+    services: list[Service] = attrs.field(factory=list)
+
+    def __attrs_post_init__(self):
+        self.db = Database(self.config.dsn, size=self.config.db_pool_size)
+        self.state = NodeState(config=self.config, db=self.db, node_id=self.node_id)
+
+    def request_shutdown(self) -> None:
+        self._shutdown.set()
+
+    def _hypercorn_config(self) -> HypercornConfig:
+        hc = HypercornConfig()
+        hc.bind = [f"{self.config.http_host}:{self.config.http_port}"]
+        if self.config.tls_cert:
+            hc.certfile = self.config.tls_cert
+            hc.keyfile = self.config.tls_key
+        hc.accesslog = None
+        hc.errorlog = logging.getLogger("orbit.hypercorn")
+        hc.graceful_timeout = self.config.shutdown_grace_s
+        hc.websocket_max_message_size = self.config.max_ws_message_bytes
+        hc.h11_max_incomplete_size = 64 * 1024
+        hc.include_server_header = False
+        return hc
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await trio.sleep(NODE_HEARTBEAT_S)
+            try:
+                await self.db.execute("node_heartbeat", {"node_id": self.node_id})
+            except Exception as exc:  # the database may be down; readiness reports it
+                log.warning("node heartbeat failed: %s", exc)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until ``request_shutdown()``; reports the bound addresses when listening."""
+        try:
+            with trio.move_on_after(5):
+                await self.db.execute(
+                    "node_register",
+                    {
+                        "node_id": self.node_id,
+                        "hostname": socket.gethostname()[:255],
+                        "http_addr": f"{self.config.http_host}:{self.config.http_port}",
+                        "version": __version__,
+                    },
+                )
+        except Exception as exc:
+            log.warning("node registration failed (continuing; readiness reports the database): %s", exc)
+        app = create_app(self.state)
+        served = trio.Event()
+
+        async def serve_http(task_status=trio.TASK_STATUS_IGNORED):
+            try:
+                # Returns once the shutdown trigger fired and hypercorn's graceful
+                # drain (graceful_timeout) is over.
+                await serve(app, self._hypercorn_config(), shutdown_trigger=self._shutdown.wait, task_status=task_status)
+            finally:
+                served.set()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for service in self.services:
+                    await nursery.start(service, self)
+                nursery.start_soon(self._heartbeat)
+                self.bound = await nursery.start(serve_http)
+                task_status.started(self.bound)
+                await served.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                try:
+                    await self.db.execute("node_stopped", {"node_id": self.node_id})
+                except Exception:
+                    pass
+                await self.db.aclose()
+
+    @property
+    def shutdown_requested(self) -> trio.Event:
+        return self._shutdown

@@ -1,0 +1,51 @@
+"""Configuration is validated at construction; bad values are one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from orbit_node.config import Dsn, NodeConfig, SchedulerLimits
+from orbit_node.errors import ConfigError
+
+
+def test_dsn_url_forms():
+    dsn = Dsn.parse("mysql://us%40er:p%3Ass@db.example:3307/orbit")
+    assert (dsn.user, dsn.password, dsn.host, dsn.port, dsn.database) == ("us@er", "p:ss", "db.example", 3307, "orbit")
+    sock = Dsn.parse("mariadb://root@localhost/orbit?unix_socket=/run/mysqld/mysqld.sock")
+    assert sock.unix_socket == "/run/mysqld/mysqld.sock"
+    assert Dsn.parse(dsn.url()) == dsn
+    assert "p:ss" not in repr(dsn)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["postgres://x@h/db", "mysql://root@host", "mysql://root@host/a/b", "mysql://root@host:99999/db", "mysql://h/db?x=1"],
+)
+def test_bad_dsn_is_a_config_error(bad):
+    with pytest.raises(ConfigError) as info:
+        Dsn.parse(bad)
+    assert info.value.field == "ORBIT_MYSQL_DSN"
+    assert "\n" not in info.value.message
+
+
+def test_from_env_validates_everything():
+    config = NodeConfig.from_env({"ORBIT_MYSQL_DSN": "mysql://root@127.0.0.1/orbit", "ORBIT_HTTP_ADDR": "0.0.0.0:9000"})
+    assert (config.http_host, config.http_port) == ("0.0.0.0", 9000)
+    assert config.scheduler == SchedulerLimits()
+    assert (config.scheduler.sql_slots, config.scheduler.max_requests) == (4, 128)
+    for env, field in [
+        ({}, "ORBIT_MYSQL_DSN"),
+        ({"ORBIT_MYSQL_DSN": "mysql://r@h/d", "ORBIT_HTTP_ADDR": "nope"}, "ORBIT_HTTP_ADDR"),
+        ({"ORBIT_MYSQL_DSN": "mysql://r@h/d", "ORBIT_TLS_CERT": "/c"}, "ORBIT_TLS_CERT"),
+        ({"ORBIT_MYSQL_DSN": "mysql://r@h/d", "ORBIT_RUN_LEASE_S": "-1"}, "run_lease_s"),
+        ({"ORBIT_MYSQL_DSN": "mysql://r@h/d", "ORBIT_RUN_LEASE_S": "x"}, "ORBIT_RUN_LEASE_S"),
+        ({"ORBIT_MYSQL_DSN": "mysql://r@h/d", "ORBIT_TYPO": "1"}, "ORBIT_TYPO"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            NodeConfig.from_env(env)
+        assert info.value.field == field
+
+
+def test_scheduler_limits_reject_nonsense():
+    with pytest.raises(ConfigError):
+        SchedulerLimits(sql_slots=0)

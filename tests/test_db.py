@@ -1,0 +1,91 @@
+"""The database layer: replay of conflicts, error translation, the UTC database clock."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from orbit_node.config import Dsn
+from orbit_node.db import Database
+from orbit_node.db.queries import parse_blocks
+from orbit_node.errors import DatabaseError, Unavailable
+
+
+async def test_deadlock_is_replayed_and_invisible_to_the_caller(db):
+    await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY, v INT) ENGINE=InnoDB"))
+    await db.run(lambda tx: tx.execute_raw("INSERT INTO t VALUES (1, 0), (2, 0)"))
+    first_locked = [trio.Event(), trio.Event()]
+    runs = [0, 0]
+
+    def body(me: int, first: int, second: int):
+        async def run(tx):
+            runs[me] += 1
+            await tx.execute_raw("UPDATE t SET v = v + 1 WHERE id = %s", (first,))
+            if runs[me] == 1:
+                first_locked[me].set()
+                await first_locked[1 - me].wait()
+            await tx.execute_raw("UPDATE t SET v = v + 1 WHERE id = %s", (second,))
+            return runs[me]
+
+        return run
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(db.transaction, body(0, 1, 2))
+        nursery.start_soon(db.transaction, body(1, 2, 1))
+    rows = await db.run(lambda tx: tx.fetchall_raw("SELECT id, v FROM t ORDER BY id"))
+    # Both transactions committed exactly once despite the deadlock between them.
+    assert [(r["id"], r["v"]) for r in rows] == [(1, 2), (2, 2)]
+    assert sum(runs) == 3
+    assert db.replays == 1
+
+
+async def test_statement_errors_are_translated_and_roll_back(db):
+    await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY) ENGINE=InnoDB"))
+
+    async def body(tx):
+        await tx.execute_raw("INSERT INTO t VALUES (1)")
+        await tx.execute_raw("INSERT INTO t VALUES (1)")
+
+    with pytest.raises(DatabaseError) as info:
+        await db.transaction(body)
+    assert info.value.errno == 1062
+    rows = await db.run(lambda tx: tx.fetchall_raw("SELECT COUNT(*) AS n FROM t"))
+    assert rows[0]["n"] == 0
+
+
+async def test_unreachable_server_is_unavailable():
+    dead = Database(Dsn.parse("mysql://root@127.0.0.1:1/x"), size=1, connect_timeout_s=1)
+    with pytest.raises(Unavailable):
+        await dead.ping()
+
+
+async def test_sessions_run_in_utc(db):
+    rows = await db.run(lambda tx: tx.fetchall_raw("SELECT @@session.time_zone AS tz, NOW(6) = UTC_TIMESTAMP(6) AS utc"))
+    assert rows[0]["tz"] == "+00:00"
+    assert rows[0]["utc"] == 1
+
+
+async def test_cancelled_transaction_leaves_no_broken_connection_in_the_pool(db):
+    await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY) ENGINE=InnoDB"))
+
+    async def slow(tx):
+        await tx.execute_raw("INSERT INTO t VALUES (1)")
+        await tx.fetchall_raw("SELECT SLEEP(5)")
+
+    with trio.move_on_after(0.2):
+        await db.transaction(slow)
+    assert db.statistics().in_use == 0
+    # The interrupted transaction was rolled back by the server when its connection closed.
+    for _ in range(50):
+        rows = await db.run(lambda tx: tx.fetchall_raw("SELECT COUNT(*) AS n FROM t"))
+        if rows[0]["n"] == 0:
+            break
+        await trio.sleep(0.1)
+    assert rows[0]["n"] == 0
+
+
+def test_named_query_blocks_parse_and_reject_duplicates():
+    blocks = parse_blocks("-- name: a\nSELECT 1;\n-- a comment\n-- name: b\nSELECT 2\n")
+    assert blocks == {"a": "SELECT 1", "b": "SELECT 2"}
+    with pytest.raises(ValueError):
+        parse_blocks("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n")

@@ -1,0 +1,141 @@
+"""Forward-only migrations on a real database, including the P3 upgrade path."""
+
+from __future__ import annotations
+
+import pytest
+
+from orbit_node.db import Database, migrate
+from orbit_node.errors import DatabaseError, SchemaMismatch
+
+
+async def schema_dump(db: Database) -> list[tuple]:
+    rows = await db.run(
+        lambda tx: tx.fetchall_raw(
+            "SELECT table_name AS t, column_name AS c, column_type AS ty FROM information_schema.columns"
+            " WHERE table_schema = DATABASE() ORDER BY table_name, ordinal_position"
+        )
+    )
+    return [(r["t"], r["c"], r["ty"]) for r in rows]
+
+
+async def test_up_from_empty_then_status_then_up_again_changes_nothing(empty_dsn):
+    db = Database(empty_dsn, size=1)
+    try:
+        assert await migrate.current_version(db) == 0
+        applied = await migrate.up(db)
+        assert [m.version for m in applied] == list(range(1, migrate.HEAD + 1))
+        assert migrate.HEAD == 12
+        status = await migrate.status(db)
+        assert [(s.version, s.state) for s in status] == [(v, "applied") for v in range(1, 13)]
+        before = await schema_dump(db)
+        assert await migrate.up(db) == []
+        assert await schema_dump(db) == before
+        assert await migrate.current_version(db) == 12
+    finally:
+        await db.aclose()
+
+
+async def test_refuses_database_with_newer_unknown_version(dsn):
+    db = Database(dsn, size=1)
+    try:
+        await db.run(
+            lambda tx: tx.execute_raw(
+                "INSERT INTO orbit_schema_migrations (version, name, checksum) VALUES (13, 'future', REPEAT('0', 64))"
+            )
+        )
+        with pytest.raises(SchemaMismatch, match="newer"):
+            await migrate.up(db)
+        assert [s.state for s in await migrate.status(db)][-1] == "unknown"
+    finally:
+        await db.aclose()
+
+
+async def test_refuses_when_an_applied_file_changed(dsn):
+    db = Database(dsn, size=1)
+    try:
+        await db.run(lambda tx: tx.execute_raw("UPDATE orbit_schema_migrations SET checksum = REPEAT('1', 64) WHERE version = 3"))
+        with pytest.raises(SchemaMismatch, match="changed"):
+            await migrate.up(db)
+    finally:
+        await db.aclose()
+
+
+INSERT_OLD_TASK = (
+    "INSERT INTO tasks (task_id, application_id, namespace_id, queue_id, handler, handler_version,"
+    " payload_version, payload, state, available_at, attempts)"
+    " VALUES (%s, 'a', 'n', 'q', 'h', 'v1', 'v1', %s, %s, %s, %s)"
+)
+
+
+async def test_p3_upgrade_path_keeps_every_task_and_orders_them_by_available_at(empty_dsn):
+    db = Database(empty_dsn, size=1)
+    try:
+        await migrate.up(db, target=11)
+        assert await migrate.current_version(db) == 11
+        big = '{"n": 123456789012345678901234567890}'
+        tasks = [
+            (f"{i:032x}", big, state, f"2026-01-01 00:00:{i:02d}.123456", i % 3)
+            for i, state in enumerate(["queued", "running", "succeeded", "failed", "queued", "reserved"])
+        ]
+
+        async def seed(tx):
+            for row in tasks:
+                await tx.execute_raw(INSERT_OLD_TASK, row)
+                await tx.execute_raw(
+                    "INSERT INTO task_attempts (task_id, attempt, fencing_token, reserved_at, outcome)"
+                    " VALUES (%s, 1, %s, %s, 'succeeded')",
+                    (row[0], "1-" + row[0][:16], row[3]),
+                )
+
+        await db.transaction(seed)
+        await migrate.up(db)
+        rows = await db.run(
+            lambda tx: tx.fetchall_raw(
+                "SELECT task_id, payload, state, attempts, priority, available_at, dispatch_at FROM tasks ORDER BY task_id"
+            )
+        )
+        assert len(rows) == len(tasks)
+        for row, original in zip(rows, tasks):
+            assert row["task_id"] == original[0]
+            assert row["payload"] == big
+            assert row["state"] == original[2]
+            assert row["attempts"] == original[4]
+            assert row["priority"] == 0
+            assert row["dispatch_at"] == row["available_at"]
+        attempts = await db.run(lambda tx: tx.fetchall_raw("SELECT COUNT(*) AS n FROM task_attempts"))
+        assert attempts[0]["n"] == len(tasks)
+        for bad in (10, -1):
+            with pytest.raises(DatabaseError) as info:
+                await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET priority = %s WHERE task_id = %s", (bad, tasks[0][0])))
+            assert info.value.errno in (4025, 3819)  # MariaDB / MySQL CHECK constraint violation
+        await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET priority = 9 WHERE task_id = %s", (tasks[0][0],)))
+        row = (await db.run(lambda tx: tx.fetchall_raw(
+            "SELECT TIMESTAMPDIFF(SECOND, dispatch_at, available_at) AS lead_s FROM tasks WHERE task_id = %s", (tasks[0][0],)
+        )))[0]
+        assert row["lead_s"] == 270
+    finally:
+        await db.aclose()
+
+
+async def test_dispatch_columns_are_documented_in_the_schema(dsn):
+    db = Database(dsn, size=1)
+    try:
+        rows = await db.run(
+            lambda tx: tx.fetchall_raw(
+                "SELECT column_name AS c, column_comment AS comment, extra, column_default AS d, is_nullable AS n"
+                " FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = 'tasks'"
+                " AND column_name IN ('priority', 'dispatch_at')"
+            )
+        )
+        by_name = {r["c"]: r for r in rows}
+        assert "STORED GENERATED" in by_name["dispatch_at"]["extra"].upper()
+        assert "grants no execution right" in by_name["dispatch_at"]["comment"]
+        assert by_name["priority"]["n"] == "NO" and by_name["priority"]["d"] == "0"
+        fks = await db.run(
+            lambda tx: tx.fetchall_raw(
+                "SELECT COUNT(*) AS n FROM information_schema.referential_constraints WHERE constraint_schema = DATABASE()"
+            )
+        )
+        assert fks[0]["n"] == 0
+    finally:
+        await db.aclose()

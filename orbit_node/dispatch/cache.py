@@ -1,0 +1,82 @@
+"""The node's empty-result cache (P3 section 3), sans-IO.
+
+An empty claim for (namespace, queue, exact capability set, resource-key support)
+is remembered for one scan cycle, so identical probes in that cycle cost no SQL.
+It authorizes nothing and changes no persistent state: a hit only means "do not
+ask the database for this queue yet". Different capability sets never share an
+entry. At most ``max_entries`` are kept (least recently used goes first). A task
+accepted through this node for a queue forgets that queue's entries at once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+
+import attrs
+
+
+@attrs.frozen
+class CacheKey:
+    namespace_id: str
+    queue_id: str
+    # The connection's exact capability set and resource-key declaration.
+    capabilities: frozenset[Hashable]
+    resource_key_support: bool
+
+
+@attrs.frozen
+class CacheStatistics:
+    entries: int
+    hits: int
+    misses: int
+    stores: int
+    evictions: int
+
+
+@attrs.define(eq=False)
+class EmptyResultCache:
+    ttl_s: float
+    max_entries: int
+    _entries: OrderedDict[CacheKey, float] = attrs.field(factory=OrderedDict, init=False)
+    hits: int = attrs.field(default=0, init=False)
+    misses: int = attrs.field(default=0, init=False)
+    stores: int = attrs.field(default=0, init=False)
+    evictions: int = attrs.field(default=0, init=False)
+
+    def is_empty(self, key: CacheKey, now: float, *, count: bool = True) -> bool:
+        """True while a fresh empty result is remembered for ``key``."""
+        expires = self._entries.get(key)
+        if expires is not None and now < expires:
+            if count:
+                self.hits += 1
+            return True
+        if expires is not None:
+            del self._entries[key]
+        if count:
+            self.misses += 1
+        return False
+
+    def store_empty(self, key: CacheKey, now: float) -> None:
+        self._entries[key] = now + self.ttl_s
+        self._entries.move_to_end(key)
+        self.stores += 1
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+            self.evictions += 1
+
+    def forget(self, key: CacheKey) -> None:
+        self._entries.pop(key, None)
+
+    def forget_queue(self, queue_id: str) -> None:
+        for key in [k for k in self._entries if k.queue_id == queue_id]:
+            del self._entries[key]
+
+    def next_expiry(self) -> float | None:
+        return min(self._entries.values(), default=None)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def statistics(self) -> CacheStatistics:
+        return CacheStatistics(len(self._entries), self.hits, self.misses, self.stores, self.evictions)

@@ -1,0 +1,255 @@
+"""The node-wide fair claim scheduler (P3 section 3), as a pure state machine.
+
+No I/O and no clock of its own: every decision takes ``now`` (trio's clock in the
+node) and returns what to do. The trio adapter (``pool.py``) does the awaiting.
+
+Limits (``SchedulerLimits``, development baseline):
+* at most ``sql_slots`` claims in flight per node (4);
+* at most ``in_flight_per_application`` in-flight claims per application (1);
+* at most ``max_requests`` pending + in-flight requests per node (128);
+* at most ``outstanding_per_connection`` request per connection (1);
+* at most ``claims_per_connection_per_cycle`` grants per connection per scan cycle (4 per 1 s).
+
+Selection order: rotate the active applications -> rotate that application's queues
+-> request order of connections inside the queue. A request that serves several
+queues waits in the line of each and is granted at whichever queue's turn comes
+first (then leaves every line). An application that is skipped (its in-flight
+claim is still running, or nothing of it is eligible) keeps its place; the one
+that is granted goes to the back. So an application with 10 queues and 40
+connections gets no more turns than one with 1 queue and 1 connection while both
+stay busy. The application is the server-side owner of the connection's namespace.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, OrderedDict
+from collections.abc import Hashable
+
+import attrs
+
+from ..config import SchedulerLimits
+from .cache import CacheKey, EmptyResultCache
+
+
+class SchedulerRefused(Exception):
+    """A request the scheduler will not take now; the connection may ask again later."""
+
+
+class SchedulerFull(SchedulerRefused):
+    """The node already holds ``max_requests`` pending + in-flight requests."""
+
+
+class AlreadyOutstanding(SchedulerRefused):
+    """The connection already has its one outstanding request."""
+
+
+@attrs.frozen(kw_only=True)
+class ClaimTicket:
+    """One connection's claim request, as the scheduler sees it."""
+
+    connection_id: str
+    application_id: str
+    namespace_id: str
+    queue_ids: tuple[str, ...]
+    capabilities: frozenset[Hashable]
+    resource_key_support: bool
+    limit: int
+
+    def cache_key(self, queue_id: str) -> CacheKey:
+        return CacheKey(self.namespace_id, queue_id, self.capabilities, self.resource_key_support)
+
+
+@attrs.frozen
+class Grant:
+    """Permission to run one claim for ``ticket`` in ``queue_id`` now."""
+
+    ticket: ClaimTicket
+    queue_id: str
+
+
+@attrs.frozen
+class SchedulerStatistics:
+    pending: int
+    in_flight: int
+    active_applications: int
+    turns_by_application: dict[str, int]
+    max_in_flight_seen: int
+    max_application_in_flight_seen: int
+    max_requests_seen: int
+    cached_empty_skips: int
+    refused: int
+
+
+@attrs.define(eq=False)
+class FairScheduler:
+    limits: SchedulerLimits
+    cache: EmptyResultCache = attrs.field(default=None)
+    _pending: dict[str, ClaimTicket] = attrs.field(factory=dict, init=False)
+    _in_flight: dict[str, Grant] = attrs.field(factory=dict, init=False)
+    _app_in_flight: Counter = attrs.field(factory=Counter, init=False)
+    # Rotation of applications with waiting requests (front = next turn).
+    _apps: OrderedDict[str, None] = attrs.field(factory=OrderedDict, init=False)
+    # Per application: rotation of its queues with waiting requests.
+    _app_queues: dict[str, OrderedDict[str, None]] = attrs.field(factory=dict, init=False)
+    # Per queue: waiting connections in request order.
+    _lines: dict[str, OrderedDict[str, None]] = attrs.field(factory=dict, init=False)
+    # Per connection: (cycle number, grants in that cycle).
+    _cycle_grants: dict[str, tuple[int, int]] = attrs.field(factory=dict, init=False)
+    _turns: Counter = attrs.field(factory=Counter, init=False)
+    _max_in_flight: int = attrs.field(default=0, init=False)
+    _max_app_in_flight: int = attrs.field(default=0, init=False)
+    _max_requests: int = attrs.field(default=0, init=False)
+    _cached_skips: int = attrs.field(default=0, init=False)
+    _refused: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self):
+        if self.cache is None:
+            self.cache = EmptyResultCache(self.limits.scan_cycle_s, self.limits.empty_cache_entries)
+
+    # -- requests ----------------------------------------------------------------------
+
+    def outstanding(self, connection_id: str) -> bool:
+        return connection_id in self._pending or connection_id in self._in_flight
+
+    def submit(self, ticket: ClaimTicket) -> None:
+        """Queue a connection's request; raises ``SchedulerRefused`` when a limit says no."""
+        if not ticket.queue_ids:
+            raise ValueError("a claim request needs at least one queue")
+        if self.outstanding(ticket.connection_id):
+            self._refused += 1
+            raise AlreadyOutstanding(ticket.connection_id)
+        if len(self._pending) + len(self._in_flight) >= self.limits.max_requests:
+            self._refused += 1
+            raise SchedulerFull(f"{self.limits.max_requests} claim requests already held")
+        self._pending[ticket.connection_id] = ticket
+        app_queues = self._app_queues.setdefault(ticket.application_id, OrderedDict())
+        self._apps.setdefault(ticket.application_id, None)
+        for queue_id in dict.fromkeys(ticket.queue_ids):
+            self._lines.setdefault(queue_id, OrderedDict())[ticket.connection_id] = None
+            app_queues.setdefault(queue_id, None)
+        self._max_requests = max(self._max_requests, len(self._pending) + len(self._in_flight))
+
+    def withdraw(self, connection_id: str) -> ClaimTicket | None:
+        """Drop a connection's pending request (connection closed). In-flight claims finish normally."""
+        ticket = self._pending.pop(connection_id, None)
+        if ticket is not None:
+            self._leave_lines(ticket)
+        return ticket
+
+    def withdraw_all(self) -> list[ClaimTicket]:
+        """Drop every pending request (node shutting down)."""
+        return [t for t in (self.withdraw(c) for c in list(self._pending)) if t is not None]
+
+    def _leave_lines(self, ticket: ClaimTicket) -> None:
+        app_queues = self._app_queues.get(ticket.application_id)
+        for queue_id in dict.fromkeys(ticket.queue_ids):
+            line = self._lines.get(queue_id)
+            if line is None:
+                continue
+            line.pop(ticket.connection_id, None)
+            if not line:
+                del self._lines[queue_id]
+                if app_queues is not None:
+                    app_queues.pop(queue_id, None)
+        if app_queues is not None and not app_queues:
+            del self._app_queues[ticket.application_id]
+            self._apps.pop(ticket.application_id, None)
+
+    # -- decisions ---------------------------------------------------------------------
+
+    def _cycle(self, now: float) -> int:
+        return math.floor(now / self.limits.scan_cycle_s)
+
+    def _paced_out(self, connection_id: str, cycle: int) -> bool:
+        seen_cycle, count = self._cycle_grants.get(connection_id, (cycle, 0))
+        return seen_cycle == cycle and count >= self.limits.claims_per_connection_per_cycle
+
+    def _pick(self, now: float) -> Grant | None:
+        cycle = self._cycle(now)
+        for app_id in self._apps:
+            if self._app_in_flight[app_id] >= self.limits.in_flight_per_application:
+                continue
+            for queue_id in self._app_queues[app_id]:
+                for connection_id in self._lines[queue_id]:
+                    ticket = self._pending[connection_id]
+                    if self._paced_out(connection_id, cycle):
+                        continue
+                    if self.cache.is_empty(ticket.cache_key(queue_id), now, count=False):
+                        self._cached_skips += 1
+                        continue
+                    return Grant(ticket, queue_id)
+        return None
+
+    def grant(self, now: float) -> list[Grant]:
+        """Every claim that may start now, in fairness order."""
+        grants = []
+        while len(self._in_flight) < self.limits.sql_slots:
+            grant = self._pick(now)
+            if grant is None:
+                break
+            ticket = grant.ticket
+            app_id = ticket.application_id
+            # The granted application and queue go to the back of their rotations.
+            self._apps.move_to_end(app_id)
+            self._app_queues[app_id].move_to_end(grant.queue_id)
+            del self._pending[ticket.connection_id]
+            self._leave_lines(ticket)
+            self._in_flight[ticket.connection_id] = grant
+            self._app_in_flight[app_id] += 1
+            cycle = self._cycle(now)
+            seen_cycle, count = self._cycle_grants.get(ticket.connection_id, (cycle, 0))
+            self._cycle_grants[ticket.connection_id] = (cycle, count + 1 if seen_cycle == cycle else 1)
+            self._turns[app_id] += 1
+            self._max_in_flight = max(self._max_in_flight, len(self._in_flight))
+            self._max_app_in_flight = max(self._max_app_in_flight, self._app_in_flight[app_id])
+            grants.append(grant)
+        return grants
+
+    def complete(self, grant: Grant, now: float, *, empty: bool) -> None:
+        """A granted claim finished; an empty result is remembered for one scan cycle."""
+        ticket = grant.ticket
+        if self._in_flight.get(ticket.connection_id) is not grant:
+            raise ValueError(f"no in-flight claim {grant!r}")
+        del self._in_flight[ticket.connection_id]
+        self._app_in_flight[ticket.application_id] -= 1
+        if not self._app_in_flight[ticket.application_id]:
+            del self._app_in_flight[ticket.application_id]
+        if empty:
+            self.cache.store_empty(ticket.cache_key(grant.queue_id), now)
+
+    def forget_connection(self, connection_id: str) -> None:
+        """The connection is gone for good: drop its request and its pacing record."""
+        self.withdraw(connection_id)
+        if connection_id not in self._in_flight:
+            self._cycle_grants.pop(connection_id, None)
+
+    def task_arrived(self, queue_id: str) -> None:
+        """A task was accepted for ``queue_id`` through this node: its empty entries are stale."""
+        self.cache.forget_queue(queue_id)
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When a waiting request may become eligible without any event (pacing or cache expiry)."""
+        if not self._pending or len(self._in_flight) >= self.limits.sql_slots:
+            return None
+        times = []
+        cycle = self._cycle(now)
+        if any(self._paced_out(c, cycle) for c in self._pending):
+            times.append((cycle + 1) * self.limits.scan_cycle_s)
+        expiry = self.cache.next_expiry()
+        if expiry is not None:
+            times.append(max(expiry, now))
+        return min(times, default=None)
+
+    def statistics(self) -> SchedulerStatistics:
+        return SchedulerStatistics(
+            pending=len(self._pending),
+            in_flight=len(self._in_flight),
+            active_applications=len(self._apps),
+            turns_by_application=dict(self._turns),
+            max_in_flight_seen=self._max_in_flight,
+            max_application_in_flight_seen=self._max_app_in_flight,
+            max_requests_seen=self._max_requests,
+            cached_empty_skips=self._cached_skips,
+            refused=self._refused,
+        )

@@ -1,0 +1,248 @@
+"""The fair scheduler's pure core: rotation, limits, pacing and the empty-result cache."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from orbit_node.config import SchedulerLimits
+from orbit_node.dispatch.cache import CacheKey, EmptyResultCache
+from orbit_node.dispatch.scheduler import AlreadyOutstanding, ClaimTicket, FairScheduler, SchedulerFull
+
+CAPS = frozenset({("h", "v1", "v1")})
+
+
+def ticket(conn: str, app: str, *queues: str, caps=CAPS, rk=False, ns=None) -> ClaimTicket:
+    return ClaimTicket(
+        connection_id=conn,
+        application_id=app,
+        namespace_id=ns or f"ns-{app}",
+        queue_ids=tuple(queues),
+        capabilities=caps,
+        resource_key_support=rk,
+        limit=4,
+    )
+
+
+def drain_one_at_a_time(s: FairScheduler, now: float = 0.0, *, resubmit=None, rounds: int = 100):
+    """Grant, complete, (optionally resubmit) repeatedly; returns the grant sequence."""
+    order = []
+    for _ in range(rounds):
+        grants = s.grant(now)
+        if not grants:
+            break
+        for g in grants:
+            order.append((g.ticket.application_id, g.queue_id, g.ticket.connection_id))
+            s.complete(g, now, empty=False)
+            if resubmit:
+                s.submit(resubmit(g.ticket))
+    return order
+
+
+def test_rotation_applications_then_queues_then_connections():
+    s = FairScheduler(SchedulerLimits(sql_slots=1))
+    # Application A: queues qa1 (connections a1, a2) and qa2 (a3); B: qb1 (b1, b2); C: qc1 (c1).
+    for t in [
+        ticket("a1", "A", "qa1"), ticket("a2", "A", "qa1"), ticket("a3", "A", "qa2"),
+        ticket("b1", "B", "qb1"), ticket("b2", "B", "qb1"), ticket("c1", "C", "qc1"),
+    ]:
+        s.submit(t)
+    order = drain_one_at_a_time(s)
+    assert order == [
+        ("A", "qa1", "a1"), ("B", "qb1", "b1"), ("C", "qc1", "c1"),
+        ("A", "qa2", "a3"), ("B", "qb1", "b2"),
+        ("A", "qa1", "a2"),
+    ]
+
+
+def test_rotation_with_continuous_demand_three_apps_many_queues():
+    s = FairScheduler(SchedulerLimits(sql_slots=1, claims_per_connection_per_cycle=10**6))
+    conns = []
+    for app, nq, per_q in (("A", 3, 2), ("B", 2, 1), ("C", 1, 3)):
+        for q in range(nq):
+            for c in range(per_q):
+                conns.append(ticket(f"{app}{q}{c}", app, f"{app}-q{q}"))
+    for t in conns:
+        s.submit(t)
+    order = drain_one_at_a_time(s, resubmit=lambda t: t, rounds=60)
+    apps = [a for a, _, _ in order]
+    assert apps[:9] == ["A", "B", "C"] * 3
+    # Inside A, queues rotate: q0, q1, q2, q0, ...
+    a_queues = [q for a, q, _ in order if a == "A"][:6]
+    assert a_queues == ["A-q0", "A-q1", "A-q2", "A-q0", "A-q1", "A-q2"]
+    # Inside A-q0, connections take turns in request order.
+    a_q0 = [c for a, q, c in order if q == "A-q0"][:4]
+    assert a_q0 == ["A00", "A01", "A00", "A01"]
+
+
+def test_big_application_gets_no_more_turns_than_small_one_while_both_busy():
+    s = FairScheduler(SchedulerLimits(claims_per_connection_per_cycle=10**6))
+    for q in range(10):
+        for c in range(4):
+            s.submit(ticket(f"big-{q}-{c}", "big", f"big-q{q}"))
+    s.submit(ticket("small", "small", "small-q"))
+    in_flight = []
+    for step in range(400):
+        in_flight.extend(s.grant(float(step)))
+        # Complete the oldest claim and resubmit for that connection: both stay busy.
+        g = in_flight.pop(0)
+        s.complete(g, float(step), empty=False)
+        s.submit(g.ticket)
+    turns = s.statistics().turns_by_application
+    assert abs(turns["big"] - turns["small"]) <= 1, turns
+
+
+def test_limits_are_never_exceeded_under_random_load():
+    limits = SchedulerLimits()
+    s = FairScheduler(limits)
+    rng = random.Random(7)
+    conns = [ticket(f"c{i}", f"app{i % 9}", *(f"q{i % 9}-{k}" for k in range(1 + i % 3))) for i in range(200)]
+    in_flight = []
+    refused_full = 0
+    now = 0.0
+    for _ in range(5000):
+        now += rng.random() * 0.05
+        action = rng.random()
+        if action < 0.5:
+            t = rng.choice(conns)
+            try:
+                s.submit(t)
+            except AlreadyOutstanding:
+                pass
+            except SchedulerFull:
+                refused_full += 1
+        elif action < 0.6:
+            s.forget_connection(rng.choice(conns).connection_id)
+        else:
+            if in_flight and rng.random() < 0.5:
+                g = in_flight.pop(rng.randrange(len(in_flight)))
+                s.complete(g, now, empty=rng.random() < 0.3)
+        granted = s.grant(now)
+        in_flight.extend(granted)
+        stats = s.statistics()
+        assert stats.in_flight <= 4
+        assert stats.pending + stats.in_flight <= 128
+        per_app = {}
+        for g in in_flight:
+            per_app[g.ticket.application_id] = per_app.get(g.ticket.application_id, 0) + 1
+        assert max(per_app.values(), default=0) <= 1
+        per_conn = [g.ticket.connection_id for g in in_flight]
+        assert len(per_conn) == len(set(per_conn))
+    stats = s.statistics()
+    assert stats.max_in_flight_seen == 4
+    assert stats.max_application_in_flight_seen == 1
+    assert stats.max_requests_seen <= 128
+
+
+def test_request_limit_and_one_outstanding_per_connection():
+    s = FairScheduler(SchedulerLimits())
+    for i in range(128):
+        s.submit(ticket(f"c{i}", f"a{i}", "q"))
+    with pytest.raises(SchedulerFull):
+        s.submit(ticket("c128", "a128", "q"))
+    with pytest.raises(AlreadyOutstanding):
+        s.submit(ticket("c0", "a0", "q"))
+    grants = s.grant(0.0)
+    assert len(grants) == 4
+    # In-flight requests still count against the 128 and against their connection.
+    with pytest.raises(AlreadyOutstanding):
+        s.submit(grants[0].ticket)
+    with pytest.raises(SchedulerFull):
+        s.submit(ticket("c999", "a999", "q"))
+    s.complete(grants[0], 0.0, empty=False)
+    s.submit(ticket("c999", "a999", "q"))
+
+
+def test_one_in_flight_per_application_lets_other_applications_claim():
+    s = FairScheduler(SchedulerLimits())
+    for i in range(10):
+        s.submit(ticket(f"a{i}", "A", f"qa{i}"))
+    s.submit(ticket("b0", "B", "qb"))
+    grants = s.grant(0.0)
+    assert [g.ticket.application_id for g in grants] == ["A", "B"]
+    assert s.grant(0.0) == []
+
+
+def test_pacing_four_claims_per_connection_per_cycle():
+    s = FairScheduler(SchedulerLimits())
+    t = ticket("c", "A", "q")
+    times = []
+    now = 0.0
+    while len(times) < 12:
+        s.submit(t)
+        grants = s.grant(now)
+        if grants:
+            times.append(now)
+            s.complete(grants[0], now, empty=False)
+        else:
+            wake = s.next_wakeup(now)
+            assert wake is not None and wake > now
+            s.withdraw("c")
+            now = wake
+            continue
+        s.withdraw("c")
+        now += 0.01
+    cycles = [int(t // 1.0) for t in times]
+    assert cycles == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_multi_queue_request_is_served_once_at_the_first_turn():
+    s = FairScheduler(SchedulerLimits(sql_slots=1))
+    s.submit(ticket("x", "A", "q1", "q2"))
+    s.submit(ticket("y", "A", "q2"))
+    g1 = s.grant(0.0)
+    assert [(g.ticket.connection_id, g.queue_id) for g in g1] == [("x", "q1")]
+    s.complete(g1[0], 0.0, empty=False)
+    g2 = s.grant(0.0)
+    # x left q2's line when it was granted in q1; y is next there.
+    assert [(g.ticket.connection_id, g.queue_id) for g in g2] == [("y", "q2")]
+    s.complete(g2[0], 0.0, empty=False)
+    assert s.grant(0.0) == []
+    assert s.statistics().pending == 0
+
+
+def test_empty_result_cache_holds_requests_without_sql_until_expiry_or_arrival():
+    s = FairScheduler(SchedulerLimits())
+    t = ticket("c1", "A", "q")
+    s.submit(t)
+    [g] = s.grant(0.0)
+    s.complete(g, 0.0, empty=True)
+    # Same key within the cycle: no grant (no SQL), for this and for another connection alike.
+    s.submit(t)
+    s.submit(ticket("c2", "A", "q"))
+    assert s.grant(0.5) == []
+    assert s.statistics().cached_empty_skips >= 2
+    assert s.next_wakeup(0.5) == pytest.approx(1.0)
+    # A different capability set never shares the entry.
+    s.submit(ticket("c3", "A", "q", caps=frozenset({("h", "v2", "v1")})))
+    assert [g.ticket.connection_id for g in s.grant(0.5)] == ["c3"]
+    # Expiry: one scan cycle later the queue is asked again.
+    assert [g.ticket.connection_id for g in s.grant(1.0)] == []  # A's one in-flight claim (c3) still runs
+    s.complete(s._in_flight["c3"], 1.0, empty=False)
+    assert [g.ticket.connection_id for g in s.grant(1.0)] == ["c1"]
+
+
+def test_task_arrival_wakes_the_queue_at_once():
+    s = FairScheduler(SchedulerLimits())
+    t = ticket("c1", "A", "q")
+    s.submit(t)
+    [g] = s.grant(0.0)
+    s.complete(g, 0.0, empty=True)
+    s.submit(t)
+    assert s.grant(0.1) == []
+    s.task_arrived("q")
+    assert [g.ticket.connection_id for g in s.grant(0.1)] == ["c1"]
+
+
+def test_cache_bound_and_expiry():
+    cache = EmptyResultCache(ttl_s=1.0, max_entries=128)
+    keys = [CacheKey("ns", f"q{i}", CAPS, False) for i in range(200)]
+    for i, key in enumerate(keys):
+        cache.store_empty(key, 0.0)
+        assert len(cache) <= 128
+    assert len(cache) == 128 and cache.evictions == 72
+    assert not cache.is_empty(keys[0], 0.1)  # evicted first
+    assert cache.is_empty(keys[-1], 0.1)
+    assert not cache.is_empty(keys[-1], 1.0)  # expired after one cycle
+    assert not cache.is_empty(CacheKey("ns", "q199", CAPS, True), 0.1)  # resource-key support differs

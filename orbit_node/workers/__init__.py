@@ -1,0 +1,1 @@
+"""Worker connections: the sans-IO protocol, the per-connection control loop, the endpoint."""

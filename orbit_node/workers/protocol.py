@@ -1,0 +1,378 @@
+"""The Worker protocol, sans-IO: parse and validate inbound messages, build outbound ones.
+
+The public description is ``schema/worker-protocol.schema.json``; tests validate every
+message the node sends against it. Messages are JSON objects with a ``type``.
+
+Worker -> node: ``hello``, ``heartbeat``, ``start``, ``renew``, ``finish``, ``release``, ``drain``.
+Node -> Worker: ``welcome``, ``heartbeat``, ``dispatch``, ``ack``, ``cancel``, ``drain``, ``error``.
+
+Batching: one ``dispatch`` carries every reservation of a claim, and ``start``,
+``renew``, ``finish`` and ``release`` each carry a list of tasks, acknowledged by one
+``ack`` with a result per task, so a busy Worker pays one round trip per batch,
+not per task per transition.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+# WebSocket close codes the node uses (documented in docs/worker-protocol.md).
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001  # node shutting down, after drain
+CLOSE_POLICY = 1008  # permission problems found after the handshake
+CLOSE_TOO_BIG = 1009  # message over the configured limit
+CLOSE_INTERNAL = 1011
+CLOSE_HEARTBEAT_TIMEOUT = 4000  # nothing received for heartbeat_timeout_s
+CLOSE_PROTOCOL = 4002  # out-of-order or repeated protocol violations
+
+MAX_TASKS_PER_MESSAGE = 1000
+MAX_CAPACITY = 1000
+MAX_QUEUES = 64
+MAX_CAPABILITIES = 256
+_NAME = re.compile(r"^[A-Za-z0-9._:/-]{1,200}$")
+_VERSION = re.compile(r"^[A-Za-z0-9._+-]{1,64}$")
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_TOKEN = re.compile(r"^[0-9]{1,10}-[0-9a-f]{16}$")
+
+
+class ProtocolError(Exception):
+    """A bad inbound message. ``close_code`` set means the connection must close."""
+
+    def __init__(self, code: str, message: str, *, field: str | None = None, close_code: int | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+        self.close_code = close_code
+
+
+@attrs.frozen
+class Capability:
+    handler: str
+    handler_version: str
+    payload_version: str
+
+
+@attrs.frozen
+class TaskRef:
+    task_id: str
+    token: str
+
+
+@attrs.frozen
+class FinishReport:
+    task_id: str
+    token: str
+    outcome: str  # succeeded | failed
+    result_json: str | None
+    error: Mapping[str, Any] | None
+    retryable: bool
+
+
+@attrs.frozen
+class Hello:
+    queues: tuple[str, ...]
+    capabilities: frozenset[Capability]
+    resource_keys: bool
+    capacity: int
+    client_name: str | None
+    client_version: str | None
+
+
+@attrs.frozen
+class Heartbeat:
+    pass
+
+
+@attrs.frozen
+class Start:
+    tasks: tuple[TaskRef, ...]
+
+
+@attrs.frozen
+class Renew:
+    tasks: tuple[TaskRef, ...]
+
+
+@attrs.frozen
+class Release:
+    tasks: tuple[TaskRef, ...]
+
+
+@attrs.frozen
+class Finish:
+    tasks: tuple[FinishReport, ...]
+
+
+@attrs.frozen
+class Drain:
+    pass
+
+
+Message = Hello | Heartbeat | Start | Renew | Release | Finish | Drain
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _no_duplicates(pairs):
+    result = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """JSON with no duplicate keys and no NaN/Infinity; ValueError otherwise."""
+    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+
+
+def _invalid(message: str, field: str) -> ProtocolError:
+    return ProtocolError("INVALID_MESSAGE", message, field=field)
+
+
+def _fields(obj: Mapping[str, Any], required: set[str], optional: set[str], where: str) -> None:
+    unknown = sorted(set(obj) - required - optional - {"type"})
+    if unknown:
+        raise _invalid(f"unknown field {unknown[0]!r}", f"{where}{unknown[0]}")
+    missing = sorted(required - set(obj))
+    if missing:
+        raise _invalid(f"missing field {missing[0]!r}", f"{where}{missing[0]}")
+
+
+def _string(value: Any, pattern: re.Pattern, field: str) -> str:
+    if not isinstance(value, str) or not pattern.match(value):
+        raise _invalid(f"{field}: invalid value", field)
+    return value
+
+
+def _int(value: Any, low: int, high: int, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _invalid(f"{field}: expected an integer {low}..{high}", field)
+    return value
+
+
+def _bool(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise _invalid(f"{field}: expected true or false", field)
+    return value
+
+
+def _list(value: Any, field: str, *, low: int, high: int) -> list:
+    if not isinstance(value, list) or not low <= len(value) <= high:
+        raise _invalid(f"{field}: expected a list of {low}..{high} items", field)
+    return value
+
+
+def _object(value: Any, field: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise _invalid(f"{field}: expected an object", field)
+    return value
+
+
+def _task_refs(obj: Mapping[str, Any]) -> tuple[TaskRef, ...]:
+    _fields(obj, {"tasks"}, set(), "")
+    refs = []
+    for i, item in enumerate(_list(obj["tasks"], "tasks", low=1, high=MAX_TASKS_PER_MESSAGE)):
+        item = _object(item, f"tasks[{i}]")
+        _fields(item, {"task_id", "token"}, set(), f"tasks[{i}].")
+        refs.append(
+            TaskRef(_string(item["task_id"], _HEX32, f"tasks[{i}].task_id"), _string(item["token"], _TOKEN, f"tasks[{i}].token"))
+        )
+    return tuple(refs)
+
+
+def _hello(obj: Mapping[str, Any]) -> Hello:
+    _fields(obj, {"queues", "capabilities", "capacity"}, {"resource_keys", "client"}, "")
+    queues = tuple(
+        _string(q, _HEX32, f"queues[{i}]") for i, q in enumerate(_list(obj["queues"], "queues", low=1, high=MAX_QUEUES))
+    )
+    caps = set()
+    for i, item in enumerate(_list(obj["capabilities"], "capabilities", low=1, high=MAX_CAPABILITIES)):
+        item = _object(item, f"capabilities[{i}]")
+        _fields(item, {"handler", "handler_version", "payload_version"}, set(), f"capabilities[{i}].")
+        caps.add(
+            Capability(
+                _string(item["handler"], _NAME, f"capabilities[{i}].handler"),
+                _string(item["handler_version"], _VERSION, f"capabilities[{i}].handler_version"),
+                _string(item["payload_version"], _VERSION, f"capabilities[{i}].payload_version"),
+            )
+        )
+    client_name = client_version = None
+    if "client" in obj:
+        client = _object(obj["client"], "client")
+        _fields(client, set(), {"name", "version"}, "client.")
+        if "name" in client:
+            client_name = _string(client["name"], _NAME, "client.name")
+        if "version" in client:
+            client_version = _string(client["version"], _VERSION, "client.version")
+    return Hello(
+        queues=tuple(dict.fromkeys(queues)),
+        capabilities=frozenset(caps),
+        resource_keys=_bool(obj.get("resource_keys", False), "resource_keys"),
+        capacity=_int(obj["capacity"], 1, MAX_CAPACITY, "capacity"),
+        client_name=client_name,
+        client_version=client_version,
+    )
+
+
+def _finish(obj: Mapping[str, Any]) -> Finish:
+    _fields(obj, {"tasks"}, set(), "")
+    reports = []
+    for i, item in enumerate(_list(obj["tasks"], "tasks", low=1, high=MAX_TASKS_PER_MESSAGE)):
+        where = f"tasks[{i}]"
+        item = _object(item, where)
+        _fields(item, {"task_id", "token", "outcome"}, {"result", "error", "retryable"}, f"{where}.")
+        outcome = item["outcome"]
+        if outcome == "succeeded":
+            if "error" in item or "retryable" in item:
+                raise _invalid("a succeeded task carries result, not error/retryable", f"{where}.error")
+            result_json = json.dumps(item.get("result"), separators=(",", ":"), ensure_ascii=False)
+            error = None
+            retryable = False
+        elif outcome == "failed":
+            if "result" in item:
+                raise _invalid("a failed task carries error, not result", f"{where}.result")
+            error = _object(item.get("error", {}), f"{where}.error")
+            unknown = sorted(set(error) - {"message", "code", "details"})
+            if unknown:
+                raise _invalid(f"unknown field {unknown[0]!r}", f"{where}.error.{unknown[0]}")
+            if "message" in error and (not isinstance(error["message"], str) or len(error["message"]) > 4096):
+                raise _invalid("error.message: expected a string of at most 4096 characters", f"{where}.error.message")
+            if "code" in error and (not isinstance(error["code"], str) or len(error["code"]) > 128):
+                raise _invalid("error.code: expected a string of at most 128 characters", f"{where}.error.code")
+            result_json = None
+            retryable = _bool(item.get("retryable", True), f"{where}.retryable")
+        else:
+            raise _invalid('outcome must be "succeeded" or "failed"', f"{where}.outcome")
+        reports.append(
+            FinishReport(
+                task_id=_string(item["task_id"], _HEX32, f"{where}.task_id"),
+                token=_string(item["token"], _TOKEN, f"{where}.token"),
+                outcome=outcome,
+                result_json=result_json,
+                error=error,
+                retryable=retryable,
+            )
+        )
+    return Finish(tuple(reports))
+
+
+def _empty(cls):
+    def parse(obj: Mapping[str, Any]):
+        _fields(obj, set(), set(), "")
+        return cls()
+
+    return parse
+
+
+_PARSERS = {
+    "hello": _hello,
+    "heartbeat": _empty(Heartbeat),
+    "start": lambda obj: Start(_task_refs(obj)),
+    "renew": lambda obj: Renew(_task_refs(obj)),
+    "release": lambda obj: Release(_task_refs(obj)),
+    "finish": _finish,
+    "drain": _empty(Drain),
+}
+
+
+def parse_message(data: str | bytes) -> Message:
+    """Parse one inbound frame into a message, or raise ``ProtocolError``."""
+    try:
+        obj = loads_strict(data)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError("MALFORMED_MESSAGE", f"not a JSON message: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("MALFORMED_MESSAGE", "a message must be a JSON object")
+    kind = obj.get("type")
+    parser = _PARSERS.get(kind) if isinstance(kind, str) else None
+    if parser is None:
+        raise ProtocolError("UNKNOWN_TYPE", f"unknown message type {kind!r}", field="type")
+    return parser(obj)
+
+
+# -- outbound ------------------------------------------------------------------------
+
+
+def dumps(message: Mapping[str, Any]) -> str:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def welcome(*, connection_id: str, node_id: str, heartbeat_interval_s: float, heartbeat_timeout_s: float,
+            max_message_bytes: int, reservation_lease_s: float, run_lease_s: float) -> dict[str, Any]:
+    return {
+        "type": "welcome",
+        "connection_id": connection_id,
+        "node_id": node_id,
+        "heartbeat_interval_s": heartbeat_interval_s,
+        "heartbeat_timeout_s": heartbeat_timeout_s,
+        "max_message_bytes": max_message_bytes,
+        "reservation_lease_s": reservation_lease_s,
+        "run_lease_s": run_lease_s,
+    }
+
+
+def heartbeat() -> dict[str, Any]:
+    return {"type": "heartbeat"}
+
+
+def timestamp(value) -> str | None:
+    """Database DATETIME (UTC, naive) -> RFC 3339 with microseconds."""
+    if value is None:
+        return None
+    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def dispatch_task(r) -> dict[str, Any]:
+    """One reservation as the Worker sees it; ``priority`` only when non-zero."""
+    task = {
+        "task_id": r.task_id,
+        "token": r.fencing_token,
+        "queue_id": r.queue_id,
+        "handler": r.handler,
+        "handler_version": r.handler_version,
+        "payload_version": r.payload_version,
+        "payload": json.loads(r.payload_json),
+        "attempt": r.attempt,
+        "max_attempts": r.max_attempts,
+        "lease_expires_at": timestamp(r.lease_expires_at),
+    }
+    if r.deadline is not None:
+        task["deadline"] = timestamp(r.deadline)
+    if r.resource_key is not None:
+        task["resource_key"] = r.resource_key
+    if r.priority:
+        task["priority"] = r.priority
+    return task
+
+
+def dispatch(reservations) -> dict[str, Any]:
+    return {"type": "dispatch", "tasks": [dispatch_task(r) for r in reservations]}
+
+
+def ack(of: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "ack", "of": of, "results": results}
+
+
+def cancel(items: list[tuple[str, str]]) -> dict[str, Any]:
+    return {"type": "cancel", "tasks": [{"task_id": task_id, "reason": reason} for task_id, reason in items]}
+
+
+def drain() -> dict[str, Any]:
+    return {"type": "drain"}
+
+
+def error(code: str, message: str, field: str | None = None) -> dict[str, Any]:
+    body = {"type": "error", "code": code, "message": message}
+    if field is not None:
+        body["field"] = field
+    return body

@@ -1,0 +1,116 @@
+"""The sans-IO Worker protocol: strict parsing, and outbound messages that match the schema."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import attrs
+import jsonschema
+import pytest
+
+from orbit_node.workers import protocol as p
+
+from .protocol_schema import validate_message
+
+TASK = "0" * 31 + "1"
+QUEUE = "a" * 32
+TOKEN = "1-0123456789abcdef"
+
+GOOD_INBOUND = [
+    {"type": "hello", "queues": [QUEUE], "capabilities": [{"handler": "object.prepare", "handler_version": "v1", "payload_version": "v1"}],
+     "capacity": 4, "resource_keys": True, "client": {"name": "orbit-python", "version": "0.1.0"}},
+    {"type": "heartbeat"},
+    {"type": "start", "tasks": [{"task_id": TASK, "token": TOKEN}]},
+    {"type": "renew", "tasks": [{"task_id": TASK, "token": TOKEN}, {"task_id": "b" * 32, "token": "2-" + "f" * 16}]},
+    {"type": "release", "tasks": [{"task_id": TASK, "token": TOKEN}]},
+    {"type": "finish", "tasks": [{"task_id": TASK, "token": TOKEN, "outcome": "succeeded", "result": {"n": 10**30}}]},
+    {"type": "finish", "tasks": [{"task_id": TASK, "token": TOKEN, "outcome": "failed", "retryable": False,
+                                  "error": {"message": "boom", "code": "E1"}}]},
+    {"type": "drain"},
+]
+
+BAD_INBOUND = [
+    ("{", "MALFORMED_MESSAGE", None),
+    ("[1]", "MALFORMED_MESSAGE", None),
+    ('{"type":"heartbeat","type":"heartbeat"}', "MALFORMED_MESSAGE", None),
+    ('{"type":"start","tasks":[{"task_id":"' + TASK + '","token":NaN}]}', "MALFORMED_MESSAGE", None),
+    ('{"type":"launch"}', "UNKNOWN_TYPE", "type"),
+    ('{"type":"heartbeat","extra":1}', "INVALID_MESSAGE", "extra"),
+    ('{"type":"hello","queues":[],"capabilities":[],"capacity":1}', "INVALID_MESSAGE", "queues"),
+    ('{"type":"hello","queues":["' + QUEUE + '"],"capabilities":[{"handler":"h","handler_version":"v1","payload_version":"v1"}],"capacity":0}',
+     "INVALID_MESSAGE", "capacity"),
+    ('{"type":"hello","queues":["' + QUEUE + '"],"capabilities":[{"handler":"h","handler_version":"v1","payload_version":"v1"}],"capacity":true}',
+     "INVALID_MESSAGE", "capacity"),
+    ('{"type":"start","tasks":[{"task_id":"xyz","token":"' + TOKEN + '"}]}', "INVALID_MESSAGE", "tasks[0].task_id"),
+    ('{"type":"start","tasks":[{"task_id":"' + TASK + '","token":"forged"}]}', "INVALID_MESSAGE", "tasks[0].token"),
+    ('{"type":"finish","tasks":[{"task_id":"' + TASK + '","token":"' + TOKEN + '","outcome":"maybe"}]}', "INVALID_MESSAGE", "tasks[0].outcome"),
+    ('{"type":"finish","tasks":[{"task_id":"' + TASK + '","token":"' + TOKEN + '","outcome":"failed","result":1}]}', "INVALID_MESSAGE", "tasks[0].result"),
+]
+
+
+@pytest.mark.parametrize("message", GOOD_INBOUND, ids=lambda m: m["type"])
+def test_good_inbound_messages_parse_and_match_the_schema(message):
+    validate_message(message, direction="worker")
+    parsed = p.parse_message(json.dumps(message))
+    assert type(parsed).__name__.lower() == message["type"]
+
+
+@pytest.mark.parametrize("text,code,field", BAD_INBOUND)
+def test_bad_inbound_messages_are_refused_with_a_code_and_the_schema_agrees(text, code, field):
+    with pytest.raises(p.ProtocolError) as info:
+        p.parse_message(text)
+    assert info.value.code == code
+    if field is not None:
+        assert info.value.field == field
+    try:
+        as_json = p.loads_strict(text)
+    except ValueError:
+        return  # not JSON a schema can see (syntax, duplicate keys, NaN)
+    with pytest.raises(jsonschema.ValidationError):
+        validate_message(as_json)
+
+
+def test_finish_keeps_big_integers_exact():
+    msg = p.parse_message(json.dumps(GOOD_INBOUND[5]))
+    assert msg.tasks[0].result_json == '{"n":1000000000000000000000000000000}'
+
+
+@attrs.frozen
+class FakeReservation:
+    task_id: str = TASK
+    fencing_token: str = TOKEN
+    queue_id: str = QUEUE
+    handler: str = "object.prepare"
+    handler_version: str = "v1"
+    payload_version: str = "v1"
+    payload_json: str = '{"big": 123456789012345678901234567890}'
+    attempt: int = 1
+    max_attempts: int = 3
+    lease_expires_at: dt.datetime = dt.datetime(2026, 1, 1, 0, 0, 30, 123456)
+    deadline: dt.datetime | None = None
+    resource_key: str | None = None
+    priority: int = 0
+
+
+def test_outbound_messages_match_the_schema():
+    default = p.dispatch([FakeReservation()])
+    validate_message(default, direction="node")
+    assert "priority" not in default["tasks"][0]
+    assert p.dumps(default).count("123456789012345678901234567890") == 1
+    prioritized = p.dispatch([FakeReservation(priority=9, deadline=dt.datetime(2026, 1, 1, 0, 1), resource_key="r")])
+    validate_message(prioritized, direction="node")
+    assert prioritized["tasks"][0]["priority"] == 9
+    for message in [
+        p.welcome(connection_id="c1", node_id="f" * 32, heartbeat_interval_s=10, heartbeat_timeout_s=30,
+                  max_message_bytes=1 << 20, reservation_lease_s=30, run_lease_s=60),
+        p.heartbeat(),
+        p.ack("start", [{"task_id": TASK, "ok": True, "state": "running", "lease_expires_at": "2026-01-01T00:00:00.000000Z"}]),
+        p.ack("finish", [{"task_id": TASK, "ok": False, "code": "OWNERSHIP_LOST"}]),
+        p.cancel([(TASK, "deadline")]),
+        p.drain(),
+        p.error("OUT_OF_ORDER", "hello first", "type"),
+    ]:
+        validate_message(message, direction="node")
+    with pytest.raises(jsonschema.ValidationError):
+        validate_message({"type": "dispatch", "tasks": [{**default["tasks"][0], "priority": 0}]})

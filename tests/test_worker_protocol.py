@@ -114,3 +114,14 @@ def test_outbound_messages_match_the_schema():
         validate_message(message, direction="node")
     with pytest.raises(jsonschema.ValidationError):
         validate_message({"type": "dispatch", "tasks": [{**default["tasks"][0], "priority": 0}]})
+
+
+def test_message_ids_are_parsed_and_echoed_in_acks():
+    msg = p.parse_message(json.dumps({"type": "start", "id": "m-7", "tasks": [{"task_id": TASK, "token": TOKEN}]}))
+    assert msg.id == "m-7"
+    ack = p.ack("start", [{"task_id": TASK, "ok": True}], msg.id)
+    validate_message(ack, direction="node")
+    assert ack["id"] == "m-7"
+    with pytest.raises(p.ProtocolError) as info:
+        p.parse_message(json.dumps({"type": "renew", "id": "bad id!", "tasks": [{"task_id": TASK, "token": TOKEN}]}))
+    assert info.value.field == "id"

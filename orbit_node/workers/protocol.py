@@ -38,6 +38,7 @@ _NAME = re.compile(r"^[A-Za-z0-9._:/-]{1,200}$")
 _VERSION = re.compile(r"^[A-Za-z0-9._+-]{1,64}$")
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _TOKEN = re.compile(r"^[0-9]{1,10}-[0-9a-f]{16}$")
+_MESSAGE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
 class ProtocolError(Exception):
@@ -92,21 +93,25 @@ class Heartbeat:
 @attrs.frozen
 class Start:
     tasks: tuple[TaskRef, ...]
+    id: str | None = None
 
 
 @attrs.frozen
 class Renew:
     tasks: tuple[TaskRef, ...]
+    id: str | None = None
 
 
 @attrs.frozen
 class Release:
     tasks: tuple[TaskRef, ...]
+    id: str | None = None
 
 
 @attrs.frozen
 class Finish:
     tasks: tuple[FinishReport, ...]
+    id: str | None = None
 
 
 @attrs.frozen
@@ -178,8 +183,12 @@ def _object(value: Any, field: str) -> Mapping[str, Any]:
     return value
 
 
+def _message_id(obj: Mapping[str, Any]) -> str | None:
+    return _string(obj["id"], _MESSAGE_ID, "id") if "id" in obj else None
+
+
 def _task_refs(obj: Mapping[str, Any]) -> tuple[TaskRef, ...]:
-    _fields(obj, {"tasks"}, set(), "")
+    _fields(obj, {"tasks"}, {"id"}, "")
     refs = []
     for i, item in enumerate(_list(obj["tasks"], "tasks", low=1, high=MAX_TASKS_PER_MESSAGE)):
         item = _object(item, f"tasks[{i}]")
@@ -225,7 +234,7 @@ def _hello(obj: Mapping[str, Any]) -> Hello:
 
 
 def _finish(obj: Mapping[str, Any]) -> Finish:
-    _fields(obj, {"tasks"}, set(), "")
+    _fields(obj, {"tasks"}, {"id"}, "")
     reports = []
     for i, item in enumerate(_list(obj["tasks"], "tasks", low=1, high=MAX_TASKS_PER_MESSAGE)):
         where = f"tasks[{i}]"
@@ -263,7 +272,7 @@ def _finish(obj: Mapping[str, Any]) -> Finish:
                 retryable=retryable,
             )
         )
-    return Finish(tuple(reports))
+    return Finish(tuple(reports), _message_id(obj))
 
 
 def _empty(cls):
@@ -277,9 +286,9 @@ def _empty(cls):
 _PARSERS = {
     "hello": _hello,
     "heartbeat": _empty(Heartbeat),
-    "start": lambda obj: Start(_task_refs(obj)),
-    "renew": lambda obj: Renew(_task_refs(obj)),
-    "release": lambda obj: Release(_task_refs(obj)),
+    "start": lambda obj: Start(_task_refs(obj), _message_id(obj)),
+    "renew": lambda obj: Renew(_task_refs(obj), _message_id(obj)),
+    "release": lambda obj: Release(_task_refs(obj), _message_id(obj)),
     "finish": _finish,
     "drain": _empty(Drain),
 }
@@ -359,8 +368,11 @@ def dispatch(reservations) -> dict[str, Any]:
     return {"type": "dispatch", "tasks": [dispatch_task(r) for r in reservations]}
 
 
-def ack(of: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"type": "ack", "of": of, "results": results}
+def ack(of: str, results: list[dict[str, Any]], message_id: str | None = None) -> dict[str, Any]:
+    body = {"type": "ack", "of": of, "results": results}
+    if message_id is not None:
+        body["id"] = message_id
+    return body
 
 
 def cancel(items: list[tuple[str, str]]) -> dict[str, Any]:

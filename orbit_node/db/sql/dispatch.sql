@@ -1,3 +1,62 @@
+-- Dispatch core: claims, transitions, recovery and explanations (orbit_node.store.dispatch).
+--
+-- Every time that decides ownership is the database clock NOW(6) (UTC sessions).
+-- Lock order, always: applications -> queues -> tasks -> resource_keys. Claims and the
+-- sweeper lock task and resource-key rows only with SKIP LOCKED, so they never wait on
+-- them; transitions (start, renew, finish, release) lock their own task rows (plain
+-- FOR UPDATE, primary key order) and then resource keys.
+--
+-- Per-task values of a batch (tokens, results, errors, next available_at) travel as one
+-- JSON object keyed by task id (%(values)s), so a batch is one statement whatever its
+-- size. Text values in it are hex-encoded UTF-8, so they come back byte for byte.
+
+-- ---------------------------------------------------------------------------------
+-- Claim
+-- ---------------------------------------------------------------------------------
+
+-- Gates of the requested queues and their application, without locking anything.
+-- name: claim_gates
+SELECT q.queue_id, q.paused, q.max_concurrency, q.max_starts_per_second,
+       a.suspended AS app_suspended,
+       a.max_concurrent_executions AS app_max_concurrent,
+       a.max_starts_per_second AS app_max_starts
+  FROM queues q
+  JOIN applications a ON a.application_id = q.application_id
+ WHERE q.namespace_id = %(namespace_id)s
+   AND q.application_id = %(application_id)s
+   AND q.queue_id IN %(queue_ids)s
+
+-- Quota: the application row is the mutex of its quota across all nodes. UNIX_TIMESTAMP()
+-- is the database-clock second of this statement (start-rate window).
+-- name: claim_lock_application
+SELECT suspended, max_concurrent_executions, max_starts_per_second,
+       start_window_s, start_window_count, UNIX_TIMESTAMP() AS now_s
+  FROM applications
+ WHERE application_id = %(application_id)s
+   FOR UPDATE
+
+-- name: claim_count_application_live
+SELECT COUNT(*) AS live
+  FROM tasks FORCE INDEX (ix_tasks_app_state)
+ WHERE application_id = %(application_id)s
+   AND state IN ('reserved', 'running')
+
+-- Queue controls: rows locked in primary-key order so two claims never wait on each other
+-- in opposite orders.
+-- name: claim_lock_queues
+SELECT queue_id, paused, max_concurrency, max_starts_per_second,
+       start_window_s, start_window_count, UNIX_TIMESTAMP() AS now_s
+  FROM queues
+ WHERE queue_id IN %(queue_ids)s
+ ORDER BY queue_id
+   FOR UPDATE
+
+-- name: claim_count_queue_live
+SELECT COUNT(*) AS live
+  FROM tasks FORCE INDEX (ix_tasks_dispatch)
+ WHERE queue_id = %(queue_id)s
+   AND state IN ('reserved', 'running')
+
 -- Claim, step 1: a non-locking ordered read of candidates through the dispatch index.
 -- dispatch_at <= available_at always holds, so "dispatch_at <= NOW(6)" bounds the
 -- index range even with millions of future tasks; available_at <= NOW(6) is the real
@@ -13,3 +72,242 @@ SELECT task_id, resource_key, deadline, attempts, max_attempts
    AND (%(resource_keys)s OR resource_key IS NULL)
  ORDER BY dispatch_at, available_at, task_id
  LIMIT %(limit)s
+
+-- Occupancy of resource keys as committed (non-locking): the holder and its state. A key
+-- is free when it has no holder, or (repair) when its holder no longer holds it.
+-- name: claim_key_state
+SELECT rk.resource_key, rk.holder_task_id, h.state AS holder_state
+  FROM resource_keys rk
+  LEFT JOIN tasks h ON h.task_id = rk.holder_task_id
+ WHERE rk.namespace_id = %(namespace_id)s
+   AND rk.resource_key IN %(keys)s
+
+-- Claim, step 2: lock exactly the chosen candidates by primary key; rows another claim
+-- holds are skipped, rows that changed since step 1 are re-checked out.
+-- name: claim_lock_tasks
+SELECT task_id, queue_id, namespace_id, application_id, handler, handler_version,
+       payload_version, payload, priority, attempts, max_attempts, deadline, resource_key,
+       available_at, cancel_requested, state, fencing_token, lease_expires_at, FALSE AS lease_valid,
+       backoff_initial_ms, backoff_max_ms, backoff_multiplier,
+       (deadline IS NOT NULL AND deadline <= NOW(6)) AS past_deadline,
+       NOW(6) AS now
+  FROM tasks
+ WHERE task_id IN %(task_ids)s
+   AND state = 'queued'
+   AND available_at <= NOW(6)
+   FOR UPDATE SKIP LOCKED
+
+-- name: claim_lock_keys
+SELECT resource_key, holder_task_id
+  FROM resource_keys
+ WHERE namespace_id = %(namespace_id)s
+   AND resource_key IN %(keys)s
+   FOR UPDATE SKIP LOCKED
+
+-- A key named by a task whose submit did not create its occupancy row.
+-- name: claim_insert_key
+INSERT IGNORE INTO resource_keys (namespace_id, resource_key, holder_task_id)
+VALUES (%(namespace_id)s, %(resource_key)s, %(task_id)s)
+
+-- name: claim_hold_key
+UPDATE resource_keys
+   SET holder_task_id = %(task_id)s
+ WHERE namespace_id = %(namespace_id)s
+   AND resource_key = %(resource_key)s
+
+-- Claim, step 3: the reservation. %(values)s maps task id -> fencing token.
+-- name: claim_reserve
+UPDATE tasks
+   SET state = 'reserved',
+       owner_node_id = %(node_id)s,
+       connection_id = %(connection_id)s,
+       fencing_token = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '"'))),
+       reserved_at = %(now)s,
+       lease_expires_at = %(lease_expires_at)s,
+       started_at = NULL,
+       finished_at = NULL
+ WHERE task_id IN %(task_ids)s
+   AND state = 'queued'
+
+-- name: claim_insert_attempts
+INSERT INTO task_attempts (task_id, attempt, fencing_token, owner_node_id, connection_id, reserved_at)
+SELECT task_id, attempts + 1, fencing_token, owner_node_id, connection_id, reserved_at
+  FROM tasks
+ WHERE task_id IN %(task_ids)s
+
+-- name: claim_application_window
+UPDATE applications
+   SET start_window_s = %(window_s)s, start_window_count = %(window_count)s
+ WHERE application_id = %(application_id)s
+
+-- name: claim_queue_window
+UPDATE queues
+   SET start_window_s = %(window_s)s, start_window_count = %(window_count)s
+ WHERE queue_id = %(queue_id)s
+
+-- ---------------------------------------------------------------------------------
+-- Transitions: start, renew, finish, release
+-- ---------------------------------------------------------------------------------
+
+-- The compare-and-set read of every transition: the rows are locked (waiting if a claim
+-- or the sweeper holds them, briefly) and judged with this statement's NOW(6).
+-- name: transition_lock
+SELECT task_id, namespace_id, state, fencing_token, cancel_requested, resource_key,
+       attempts, max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, deadline,
+       lease_expires_at,
+       (lease_expires_at IS NOT NULL AND lease_expires_at > NOW(6)) AS lease_valid,
+       (deadline IS NOT NULL AND deadline <= NOW(6)) AS past_deadline,
+       NOW(6) AS now
+  FROM tasks
+ WHERE task_id IN %(task_ids)s
+   FOR UPDATE
+
+-- Attempts named by (task id, token): how an older or repeated transition is answered.
+-- name: transition_attempts
+SELECT task_id, fencing_token, outcome, started_at
+  FROM task_attempts
+ WHERE task_id IN %(task_ids)s
+   AND (task_id, fencing_token) IN %(pairs)s
+
+-- name: start_tasks
+UPDATE tasks
+   SET state = 'running',
+       attempts = attempts + 1,
+       started_at = %(now)s,
+       lease_expires_at = %(lease_expires_at)s
+ WHERE task_id IN %(task_ids)s
+   AND state = 'reserved'
+
+-- name: start_attempts
+UPDATE task_attempts
+   SET started_at = %(now)s
+ WHERE task_id IN %(task_ids)s
+   AND (task_id, fencing_token) IN %(pairs)s
+
+-- name: renew_tasks
+UPDATE tasks
+   SET lease_expires_at = %(lease_expires_at)s
+ WHERE task_id IN %(task_ids)s
+
+-- Close the open attempt rows. %(values)s: task id -> {"o": outcome, "e": hex error}.
+-- name: settle_attempts
+UPDATE task_attempts
+   SET outcome = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".o'))),
+       error = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".e')))) USING utf8mb4),
+       finished_at = NOW(6)
+ WHERE task_id IN %(task_ids)s
+   AND (task_id, fencing_token) IN %(pairs)s
+   AND outcome IS NULL
+
+-- Terminal states. %(values)s: task id -> {"s": state, "r": hex result, "e": hex error}
+-- (result and error are NULL when absent).
+-- The fencing token stays on the row, so a late Start/Finish of that attempt can be
+-- told what happened to it.
+-- name: settle_terminal
+UPDATE tasks
+   SET state = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".s'))),
+       result = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".r')))) USING utf8mb4),
+       error = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".e')))) USING utf8mb4),
+       finished_at = NOW(6),
+       lease_expires_at = NULL
+ WHERE task_id IN %(task_ids)s
+
+-- Back to the queue (release, expired reservation, retry). %(values)s: task id ->
+-- {"a": next available_at or absent to keep it, "e": hex error or absent}. dispatch_at
+-- is generated from available_at and follows by itself; priority never changes.
+-- name: settle_requeue
+UPDATE tasks
+   SET state = 'queued',
+       available_at = COALESCE(
+         CAST(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".a'))) AS DATETIME(6)),
+         available_at),
+       error = COALESCE(
+         CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".e')))) USING utf8mb4),
+         error),
+       owner_node_id = NULL,
+       connection_id = NULL,
+       fencing_token = NULL,
+       lease_expires_at = NULL
+ WHERE task_id IN %(task_ids)s
+
+-- name: settle_release_keys
+UPDATE resource_keys
+   SET holder_task_id = NULL
+ WHERE (namespace_id, resource_key) IN %(keys)s
+   AND holder_task_id IN %(task_ids)s
+
+-- ---------------------------------------------------------------------------------
+-- Recovery (any node, concurrently): non-locking candidate reads, then lock by primary
+-- key with SKIP LOCKED and re-check the condition with NOW(6).
+-- ---------------------------------------------------------------------------------
+
+-- name: recover_lease_candidates
+SELECT task_id
+  FROM tasks FORCE INDEX (ix_tasks_lease)
+ WHERE state IN ('reserved', 'running')
+   AND lease_expires_at <= NOW(6)
+ LIMIT %(limit)s
+
+-- name: recover_deadline_candidates
+SELECT task_id
+  FROM tasks FORCE INDEX (ix_tasks_deadline)
+ WHERE state = 'queued'
+   AND deadline <= NOW(6)
+ LIMIT %(limit)s
+
+-- name: recover_lock
+SELECT task_id, namespace_id, state, fencing_token, cancel_requested, resource_key,
+       attempts, max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, deadline,
+       lease_expires_at, FALSE AS lease_valid,
+       (deadline IS NOT NULL AND deadline <= NOW(6)) AS past_deadline,
+       NOW(6) AS now
+  FROM tasks
+ WHERE task_id IN %(task_ids)s
+   AND (   (state IN ('reserved', 'running') AND lease_expires_at <= NOW(6))
+        OR (state = 'queued' AND deadline <= NOW(6)))
+   FOR UPDATE SKIP LOCKED
+
+-- ---------------------------------------------------------------------------------
+-- Explanation (read only)
+-- ---------------------------------------------------------------------------------
+
+-- name: explain_task
+SELECT t.task_id, t.queue_id, t.namespace_id, t.application_id, t.handler, t.handler_version,
+       t.payload_version, t.state, t.priority, t.available_at, t.dispatch_at, t.deadline,
+       t.attempts, t.max_attempts, t.resource_key, t.cancel_requested, t.owner_node_id,
+       t.connection_id, t.lease_expires_at,
+       NOW(6) AS now, UNIX_TIMESTAMP() AS now_s,
+       q.name AS queue_name, q.paused AS queue_paused, q.max_concurrency AS queue_max_concurrency,
+       q.max_starts_per_second AS queue_max_starts, q.start_window_s AS queue_window_s,
+       q.start_window_count AS queue_window_count,
+       a.suspended AS app_suspended, a.max_concurrent_executions AS app_max_concurrent,
+       a.max_starts_per_second AS app_max_starts, a.start_window_s AS app_window_s,
+       a.start_window_count AS app_window_count
+  FROM tasks t
+  JOIN queues q ON q.queue_id = t.queue_id
+  JOIN applications a ON a.application_id = t.application_id
+ WHERE t.task_id = %(task_id)s
+   AND t.namespace_id = %(namespace_id)s
+
+-- Due queued tasks of the queue ahead of this one in dispatch order (any handler, and
+-- of this task's handler capability).
+-- name: explain_position
+SELECT COUNT(*) AS ahead,
+       COALESCE(SUM(handler = %(handler)s AND handler_version = %(handler_version)s
+                    AND payload_version = %(payload_version)s), 0) AS ahead_same_capability
+  FROM tasks FORCE INDEX (ix_tasks_dispatch)
+ WHERE queue_id = %(queue_id)s
+   AND state = 'queued'
+   AND dispatch_at <= %(dispatch_at)s
+   AND available_at <= NOW(6)
+   AND (dispatch_at, available_at, task_id) < (%(dispatch_at)s, %(available_at)s, %(task_id)s)
+
+-- Worker connections registered in the namespace, with their node's liveness.
+-- name: explain_workers
+SELECT wc.connection_id, wc.node_id, wc.queues, wc.capabilities, wc.resource_key_support,
+       n.stopped_at AS node_stopped_at,
+       (n.node_id IS NOT NULL AND n.stopped_at IS NULL
+        AND n.heartbeat_at > NOW(6) - INTERVAL %(node_stale_s)s SECOND) AS node_alive
+  FROM worker_connections wc
+  LEFT JOIN nodes n ON n.node_id = wc.node_id
+ WHERE wc.namespace_id = %(namespace_id)s

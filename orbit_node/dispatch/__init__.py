@@ -1,0 +1,6 @@
+"""Dispatch on the node: retry backoff, the recovery sweeper, the fair claim scheduler.
+
+The ownership rules themselves (claims, leases, fencing, quotas) live in the database
+transactions of ``orbit_node.store.dispatch``. Import submodules directly; this package
+imports nothing so that importing one part never pulls in the others.
+"""

@@ -18,6 +18,8 @@ import trio
 from orbit_node.config import Dsn, NodeConfig
 from orbit_node.db import Database, migrate
 
+from .nodeutil import run_node
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -82,3 +84,13 @@ async def db(dsn):
 @pytest.fixture
 def node_config(dsn) -> NodeConfig:
     return NodeConfig(dsn=dsn, http_host="127.0.0.1", http_port=0, shutdown_grace_s=2.0)
+
+
+@pytest.fixture
+async def running_node(node_config):
+    """A real ``orbit_node.node.Node`` on a free port of 127.0.0.1, serving this test's database.
+
+    ``running_node.base_url`` is its URL; ``running_node.client(token)`` an httpx client.
+    """
+    async with run_node(node_config) as running:
+        yield running

@@ -6,16 +6,17 @@ import logging
 
 import attrs
 import trio
-from quart import request
+from quart import Blueprint, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ..config import NodeConfig
 from ..db import Database
 from ..db import migrate
-from ..errors import NotFound, OrbitError, PayloadTooLarge, InvalidArgument, Unavailable
+from ..errors import DatabaseError, InvalidArgument, NotFound, OrbitError, PayloadTooLarge, Unavailable
+from ..store.tasks import TaskStore
 from ..store.tenancy import TenancyStore
-from . import envelope
+from . import auth, envelope, queues, tasks, validation
 
 log = logging.getLogger("orbit.http")
 
@@ -31,15 +32,31 @@ class NodeState:
     db: Database
     node_id: str
     tenancy: TenancyStore = attrs.field(init=False)
+    tasks: TaskStore = attrs.field(init=False)
     # Extra services (dispatch, workers, plans) attach themselves here.
     services: dict = attrs.field(factory=dict)
 
     def __attrs_post_init__(self):
         self.tenancy = TenancyStore(self.db)
+        self.tasks = TaskStore(self.db)
+
+
+class MethodNotAllowed(OrbitError):
+    code = "METHOD_NOT_ALLOWED"
+    http_status = 405
+
+
+def v1_blueprint() -> Blueprint:
+    """The authenticated task interface: every route under it needs a bearer credential."""
+    v1 = Blueprint("v1", __name__, url_prefix="/v1")
+    v1.before_request(auth.authenticate)
+    v1.register_blueprint(tasks.bp)
+    v1.register_blueprint(queues.bp)
+    return v1
 
 
 def create_app(state: NodeState) -> QuartTrio:
-    app = QuartTrio("orbit_node")
+    app = QuartTrio("orbit_node", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = state.config.max_body_bytes
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.extensions["orbit"] = state
@@ -47,11 +64,16 @@ def create_app(state: NodeState) -> QuartTrio:
     @app.before_request
     async def _request_id():
         envelope.current_request_id()
+        # A declared body over the limit is refused before authentication or reading.
+        validation.check_declared_length()
 
     @app.errorhandler(OrbitError)
     async def _orbit_error(exc: OrbitError):
         if exc.http_status >= 500:
-            log.error("request failed: %s", exc.message)
+            log.error("request failed: %s", exc.message, extra={"request_id": envelope.current_request_id()})
+        if isinstance(exc, DatabaseError):
+            # The statement and the server's words stay in the log, not in the response.
+            return envelope.error(OrbitError("internal error"))
         return envelope.error(exc)
 
     @app.errorhandler(HTTPException)
@@ -62,15 +84,16 @@ def create_app(state: NodeState) -> QuartTrio:
                 f"request body exceeds {state.config.max_body_bytes} bytes", field="body"
             )
         elif status == 404:
-            mapped = NotFound(f"no route {request.path}", field="path")
+            mapped = NotFound(f"path: no route {request.path}", field="path")
         elif status == 405:
-            mapped = InvalidArgument(f"method {request.method} not allowed on {request.path}", field="method")
-            mapped.http_status = 405
-            mapped.code = "METHOD_NOT_ALLOWED"
+            mapped = MethodNotAllowed(f"method: {request.method} is not allowed on {request.path}", field="method")
         else:
             mapped = InvalidArgument(exc.description or "bad request", field=None)
             mapped.http_status = status
-        return envelope.error(mapped)
+        response = envelope.error(mapped)
+        if status == 405 and getattr(exc, "valid_methods", None):
+            response.headers["Allow"] = ", ".join(sorted(exc.valid_methods))
+        return response
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception):
@@ -98,4 +121,5 @@ def create_app(state: NodeState) -> QuartTrio:
             )
         return envelope.ok({"status": "ready", "schema_version": version})
 
+    app.register_blueprint(v1_blueprint())
     return app

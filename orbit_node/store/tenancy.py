@@ -24,6 +24,8 @@ SCOPES = (
     "workers:consume",
 )
 ALL_QUEUES = "*"
+# The per-queue controls a queue carries (NULL = unlimited).
+QUEUE_CONTROLS = ("max_concurrency", "max_starts_per_second")
 TOKEN_PREFIX = "orb_"
 # orb_ + 32-hex credential id + 64-hex secret.
 TOKEN_LENGTH = len(TOKEN_PREFIX) + 32 + 64
@@ -210,7 +212,7 @@ class TenancyStore:
         if is_hex32(queue_id):
             row = await self.db.fetchone("queue_by_id", {"namespace_id": namespace_id, "queue_id": queue_id})
         if row is None:
-            raise NotFound(f"queue {queue_id} not found", field="queue_id")
+            raise NotFound(f"queue_id: queue {queue_id} not found", field="queue_id")
         return Queue.from_row(row)
 
     async def get_queue_by_name(self, namespace_id: str, name: str) -> Queue:
@@ -219,8 +221,17 @@ class TenancyStore:
             raise NotFound(f"queue {name!r} not found", field="queue")
         return Queue.from_row(row)
 
-    async def list_queues(self, namespace_id: str, *, after: str = "", limit: int = 100) -> list[Queue]:
-        rows = await self.db.fetchall("queue_list", {"namespace_id": namespace_id, "after": after, "limit": limit})
+    async def list_queues(
+        self, namespace_id: str, *, after: str = "", limit: int = 100, queue_ids: Sequence[str] | None = None
+    ) -> list[Queue]:
+        """Queues in id order after ``after``; ``queue_ids`` limits them to those ids (None: all)."""
+        params = {"namespace_id": namespace_id, "after": after, "limit": limit}
+        if queue_ids is None:
+            rows = await self.db.fetchall("queue_list", params)
+        elif not queue_ids:
+            rows = []
+        else:
+            rows = await self.db.fetchall("queue_list_in", {**params, "queue_ids": tuple(queue_ids)})
         return [Queue.from_row(r) for r in rows]
 
     async def set_queue_paused(self, namespace_id: str, queue_id: str, paused: bool) -> Queue:
@@ -241,6 +252,19 @@ class TenancyStore:
                 "max_starts_per_second": max_starts_per_second,
             },
         )
+        return await self.get_queue(namespace_id, queue_id)
+
+    async def update_queue_controls(self, namespace_id: str, queue_id: str, changes: Mapping[str, int | None]) -> Queue:
+        """Set the named controls (``max_concurrency``, ``max_starts_per_second``; None = unlimited), keep the others."""
+        unknown = set(changes) - set(QUEUE_CONTROLS)
+        if unknown:
+            raise InvalidArgument(f"{sorted(unknown)[0]}: not a queue control", field=sorted(unknown)[0])
+        await self.get_queue(namespace_id, queue_id)
+        params: dict[str, Any] = {"namespace_id": namespace_id, "queue_id": queue_id}
+        for name in QUEUE_CONTROLS:
+            params[f"set_{name}"] = name in changes
+            params[name] = changes.get(name)
+        await self.db.execute("queue_patch_controls", params)
         return await self.get_queue(namespace_id, queue_id)
 
     # -- credentials -----------------------------------------------------------------

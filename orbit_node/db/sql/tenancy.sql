@@ -47,6 +47,13 @@ SELECT * FROM queues
  ORDER BY queue_id
  LIMIT %(limit)s
 
+-- A listing limited to the queues a queue-scoped credential may see.
+-- name: queue_list_in
+SELECT * FROM queues
+ WHERE namespace_id = %(namespace_id)s AND queue_id > %(after)s AND queue_id IN %(queue_ids)s
+ ORDER BY queue_id
+ LIMIT %(limit)s
+
 -- name: queue_set_paused
 UPDATE queues SET paused = %(paused)s WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s
 
@@ -73,3 +80,11 @@ UPDATE credentials SET revoked_at = NOW(6) WHERE credential_id = %(credential_id
 -- name: credential_list
 SELECT credential_id, namespace_id, name, scopes, created_at, revoked_at
   FROM credentials WHERE namespace_id = %(namespace_id)s ORDER BY created_at, credential_id
+
+-- Change only the controls the caller names (flags), in one statement, so two
+-- concurrent changes of different controls do not undo each other.
+-- name: queue_patch_controls
+UPDATE queues
+   SET max_concurrency = IF(%(set_max_concurrency)s, %(max_concurrency)s, max_concurrency),
+       max_starts_per_second = IF(%(set_max_starts_per_second)s, %(max_starts_per_second)s, max_starts_per_second)
+ WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s

@@ -1,0 +1,90 @@
+"""Routes of /v1/queues: create, get, list, pause, resume, controls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Blueprint
+
+from ..store.tenancy import Queue
+from . import envelope, validation
+from .auth import node_state, principal, readable_queues, require_all_queues, require_queue_read
+
+bp = Blueprint("queues", __name__)
+
+LIST_PARAMS = ("limit", "cursor")
+# Cursor kind of queue listings (a task cursor is refused here).
+CURSOR_KIND = "q1"
+
+
+def queue_json(queue: Queue) -> dict[str, Any]:
+    return {
+        "queue_id": queue.queue_id,
+        "name": queue.name,
+        "paused": queue.paused,
+        "max_concurrency": queue.max_concurrency,
+        "max_starts_per_second": queue.max_starts_per_second,
+        "created_at": envelope.timestamp(queue.created_at),
+    }
+
+
+@bp.post("/queues")
+async def create_queue():
+    # A new queue is in no queue list, so creating one needs the scope for all queues.
+    who = require_all_queues("queues:manage")
+    fields = validation.create_queue(await validation.json_object(required=True))
+    queue, _ = await node_state().tenancy.create_queue(
+        who.namespace_id,
+        who.application_id,
+        fields["name"],
+        max_concurrency=fields["max_concurrency"],
+        max_starts_per_second=fields["max_starts_per_second"],
+    )
+    return envelope.ok(queue_json(queue), 201)
+
+
+@bp.get("/queues/<queue_id>")
+async def get_queue(queue_id: str):
+    who = require_queue_read(validation.path_id(queue_id, "queue_id"))
+    return envelope.ok(queue_json(await node_state().tenancy.get_queue(who.namespace_id, queue_id)))
+
+
+@bp.get("/queues")
+async def list_queues():
+    queue_ids = readable_queues()
+    params = validation.query(LIST_PARAMS)
+    after = validation.decode_cursor(CURSOR_KIND, params)
+    limit = validation.limit(params)
+    queues = await node_state().tenancy.list_queues(
+        principal().namespace_id, after=after or "", limit=limit + 1, queue_ids=queue_ids
+    )
+    last = queues[limit - 1].queue_id if len(queues) > limit else None
+    return envelope.ok([queue_json(q) for q in queues[:limit]], next_cursor=validation.encode_cursor(CURSOR_KIND, last))
+
+
+def _manage(queue_id: str) -> str:
+    """Check the path id and queues:manage for it; returns the namespace."""
+    who = principal()
+    who.require("queues:manage", validation.path_id(queue_id, "queue_id"))
+    return who.namespace_id
+
+
+@bp.post("/queues/<queue_id>/pause")
+async def pause_queue(queue_id: str):
+    namespace_id = _manage(queue_id)
+    validation.no_fields(await validation.json_object(required=False))
+    return envelope.ok(queue_json(await node_state().tenancy.set_queue_paused(namespace_id, queue_id, True)))
+
+
+@bp.post("/queues/<queue_id>/resume")
+async def resume_queue(queue_id: str):
+    namespace_id = _manage(queue_id)
+    validation.no_fields(await validation.json_object(required=False))
+    return envelope.ok(queue_json(await node_state().tenancy.set_queue_paused(namespace_id, queue_id, False)))
+
+
+@bp.patch("/queues/<queue_id>/controls")
+async def set_queue_controls(queue_id: str):
+    namespace_id = _manage(queue_id)
+    changes = validation.queue_controls(await validation.json_object(required=True))
+    return envelope.ok(queue_json(await node_state().tenancy.update_queue_controls(namespace_id, queue_id, changes)))

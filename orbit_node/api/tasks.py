@@ -1,0 +1,128 @@
+"""Routes of /v1/tasks: submit (idempotent), detail, list, cancel."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from quart import Blueprint
+
+from ..store.tasks import Task, TaskSummary
+from . import envelope, validation
+from .auth import node_state, require_any
+
+bp = Blueprint("tasks", __name__)
+
+# Query parameters of GET /v1/tasks.
+LIST_PARAMS = ("queue_id", "state", "limit", "cursor")
+# Cursor kind of task listings (a queue cursor is refused here).
+CURSOR_KIND = "t1"
+
+
+def _stored_json(text: str) -> Any:
+    """result/error columns hold JSON text; an older row may hold plain text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def summary_json(task: TaskSummary) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "task_id": task.task_id,
+        "queue_id": task.queue_id,
+        "handler": task.handler,
+        "handler_version": task.handler_version,
+        "payload_version": task.payload_version,
+        "state": task.state,
+    }
+    # P3: priority appears only when non-zero; absent means the normal priority 0.
+    if task.priority:
+        data["priority"] = task.priority
+    data.update(
+        attempts=task.attempts,
+        max_attempts=task.max_attempts,
+        available_at=envelope.timestamp(task.available_at),
+        deadline=envelope.timestamp(task.deadline),
+        resource_key=task.resource_key,
+        cancel_requested=task.cancel_requested,
+        created_at=envelope.timestamp(task.created_at),
+        finished_at=envelope.timestamp(task.finished_at),
+    )
+    return data
+
+
+def task_json(task: Task) -> dict[str, Any]:
+    data = summary_json(task)
+    data.update(
+        payload=task.payload,
+        backoff={
+            "initial_ms": task.backoff_initial_ms,
+            "max_ms": task.backoff_max_ms,
+            "multiplier": task.backoff_multiplier,
+        },
+        reserved_at=envelope.timestamp(task.reserved_at),
+        started_at=envelope.timestamp(task.started_at),
+        updated_at=envelope.timestamp(task.updated_at),
+        plan_id=task.plan_id,
+        plan_version=task.plan_version,
+    )
+    if task.result_json is not None:
+        data["result"] = _stored_json(task.result_json)
+    if task.error_text is not None:
+        data["error"] = _stored_json(task.error_text)
+    return data
+
+
+@bp.post("/tasks")
+async def submit_task():
+    who = require_any("tasks:submit")
+    key = validation.idempotency_key()
+    new = validation.submit_task(await validation.json_object(required=True))
+    who.require("tasks:submit", new.queue_id)
+    accepted = await node_state().tasks.submit(who.namespace_id, key, new)
+    return envelope.ok(task_json(accepted.task), 201 if accepted.created else 200)
+
+
+@bp.get("/tasks/<task_id>")
+async def get_task(task_id: str):
+    who = require_any("tasks:read")
+    task = await node_state().tasks.get(who.namespace_id, validation.path_id(task_id, "task_id"))
+    who.require("tasks:read", task.queue_id)
+    return envelope.ok(task_json(task))
+
+
+@bp.get("/tasks")
+async def list_tasks():
+    who = require_any("tasks:read")
+    params = validation.query(LIST_PARAMS)
+    queue_id = params.get("queue_id")
+    state = validation.state(params)
+    before = validation.decode_cursor(CURSOR_KIND, params)
+    limit = validation.limit(params)
+    if queue_id is not None:
+        validation.path_id(queue_id, "queue_id")
+        who.require("tasks:read", queue_id)
+        await node_state().tenancy.get_queue(who.namespace_id, queue_id)
+    page = await node_state().tasks.list(
+        who.namespace_id,
+        queue_ids=who.queue_filter("tasks:read"),
+        queue_id=queue_id,
+        state=state,
+        before=before,
+        limit=limit,
+    )
+    return envelope.ok(
+        [summary_json(t) for t in page.tasks], next_cursor=validation.encode_cursor(CURSOR_KIND, page.last)
+    )
+
+
+@bp.post("/tasks/<task_id>/cancel")
+async def cancel_task(task_id: str):
+    who = require_any("tasks:cancel")
+    validation.path_id(task_id, "task_id")
+    validation.no_fields(await validation.json_object(required=False))
+    tasks = node_state().tasks
+    task = await tasks.get(who.namespace_id, task_id)
+    who.require("tasks:cancel", task.queue_id)
+    return envelope.ok(task_json(await tasks.cancel(who.namespace_id, task_id)))

@@ -1,0 +1,498 @@
+"""A trio-native client of the task interface (HTTP, JSON) over httpx.
+
+    async with OrbitClient.from_env() as client:          # ORBIT_URL, ORBIT_CREDENTIALS_FILE
+        accepted = await client.submit_task("prepare-001", SubmitTaskRequest(
+            queue_id=queue_id, handler="object.prepare", handler_version="v1",
+            payload_version="v1", payload={"object_ref": "objects/example"}, priority=9))
+        accepted.task.priority, accepted.created
+
+Every error the server reports is raised as an ``ApiError`` subclass carrying the
+server's ``code``, ``field`` and ``request_id``. Timeouts are the caller's: wrap a
+call in ``trio.fail_after(...)`` / ``trio.move_on_after(...)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.parse
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import attrs
+import httpx
+
+from ..errors import ConfigError, OrbitError
+
+T = TypeVar("T")
+
+# Keys every credentials file has (the format orbit-admin bootstrap writes).
+CREDENTIALS_KEYS = ("url", "token", "application", "namespace", "environment", "scopes", "queues")
+
+
+# -- errors ------------------------------------------------------------------------
+
+
+class OrbitClientError(OrbitError):
+    """Root of the errors this client raises."""
+
+    code = "CLIENT_ERROR"
+
+
+class TransportError(OrbitClientError):
+    """The node could not be reached, or the connection broke before an answer."""
+
+    code = "TRANSPORT_ERROR"
+
+
+class ProtocolError(OrbitClientError):
+    """The node answered with something that is not the API's envelope."""
+
+    code = "PROTOCOL_ERROR"
+
+    def __init__(self, message: str, *, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class ApiError(OrbitClientError):
+    """The node refused a request: its status, stable code, the field at fault and the request id."""
+
+    def __init__(self, message: str, *, status: int, code: str, field: str | None, request_id: str | None):
+        super().__init__(message, field=field)
+        self.status = status
+        self.code = code
+        self.request_id = request_id
+
+    def __str__(self) -> str:
+        return f"{self.code} ({self.status}): {self.message} [request_id={self.request_id}]"
+
+
+class InvalidArgumentError(ApiError):
+    pass
+
+
+class UnauthenticatedError(ApiError):
+    pass
+
+
+class PermissionDeniedError(ApiError):
+    pass
+
+
+class NotFoundError(ApiError):
+    pass
+
+
+class AlreadyExistsError(ApiError):
+    pass
+
+
+class IdempotencyConflictError(ApiError):
+    pass
+
+
+class FailedPreconditionError(ApiError):
+    pass
+
+
+class ResourceExhaustedError(ApiError):
+    pass
+
+
+class PayloadTooLargeError(ApiError):
+    pass
+
+
+class UnsupportedMediaTypeError(ApiError):
+    pass
+
+
+class UnavailableError(ApiError):
+    pass
+
+
+class InternalError(ApiError):
+    pass
+
+
+ERRORS_BY_CODE: dict[str, type[ApiError]] = {
+    "INVALID_ARGUMENT": InvalidArgumentError,
+    "UNAUTHENTICATED": UnauthenticatedError,
+    "PERMISSION_DENIED": PermissionDeniedError,
+    "NOT_FOUND": NotFoundError,
+    "ALREADY_EXISTS": AlreadyExistsError,
+    "IDEMPOTENCY_CONFLICT": IdempotencyConflictError,
+    "FAILED_PRECONDITION": FailedPreconditionError,
+    "RESOURCE_EXHAUSTED": ResourceExhaustedError,
+    "PAYLOAD_TOO_LARGE": PayloadTooLargeError,
+    "UNSUPPORTED_MEDIA_TYPE": UnsupportedMediaTypeError,
+    "UNAVAILABLE": UnavailableError,
+    "INTERNAL": InternalError,
+}
+
+
+# -- values ------------------------------------------------------------------------
+
+
+def _rfc3339(value: datetime) -> str:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("timestamps must be timezone-aware datetimes")
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _aware(instance: Any, attribute: attrs.Attribute, value: datetime | None) -> None:
+    if value is not None and (value.tzinfo is None or value.utcoffset() is None):
+        raise ValueError(f"{attribute.name} must be a timezone-aware datetime")
+
+
+def _segment(value: str) -> str:
+    """An id as one path segment, whatever the caller passed."""
+    return urllib.parse.quote(value, safe="")
+
+
+def _time(value: str | datetime | None) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(value)
+
+
+@attrs.frozen(kw_only=True)
+class Backoff:
+    """Retry backoff of a task; None leaves the server's default (1000 ms, 300000 ms, 2.0)."""
+
+    initial_ms: int | None = None
+    max_ms: int | None = None
+    multiplier: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in attrs.asdict(self).items() if v is not None}
+
+
+@attrs.frozen(kw_only=True)
+class SubmitTaskRequest:
+    queue_id: str
+    handler: str
+    handler_version: str
+    payload_version: str
+    # Any JSON value; integers of any size are kept exactly.
+    payload: Any
+    # 0-9; 0 is never sent, so the request digest stays the one of a request without priority.
+    priority: int = 0
+    available_at: datetime | None = attrs.field(default=None, validator=_aware)
+    delay_s: float | None = None
+    deadline: datetime | None = attrs.field(default=None, validator=_aware)
+    max_attempts: int | None = None
+    backoff: Backoff | None = None
+    resource_key: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "queue_id": self.queue_id,
+            "handler": self.handler,
+            "handler_version": self.handler_version,
+            "payload_version": self.payload_version,
+            "payload": self.payload,
+        }
+        if self.priority != 0:
+            body["priority"] = self.priority
+        if self.available_at is not None:
+            body["available_at"] = _rfc3339(self.available_at)
+        if self.delay_s is not None:
+            body["delay_s"] = self.delay_s
+        if self.deadline is not None:
+            body["deadline"] = _rfc3339(self.deadline)
+        if self.max_attempts is not None:
+            body["max_attempts"] = self.max_attempts
+        if self.backoff is not None:
+            body["backoff"] = self.backoff.to_json()
+        if self.resource_key is not None:
+            body["resource_key"] = self.resource_key
+        return body
+
+
+def _time_field(*, optional: bool = False) -> Any:
+    return attrs.field(converter=_time if optional else _required_time)
+
+
+def _required_time(value: str | datetime) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
+
+
+class _FromJson:
+    """``from_json``: every attrs field from the key of its name; absent keys take the default."""
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Any:
+        try:
+            return cls(
+                **{f.name: data[f.name] for f in attrs.fields(cls) if f.name in data or f.default is attrs.NOTHING}
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"{cls.__name__}: unexpected shape from the server ({exc!r})") from None
+
+
+@attrs.frozen(kw_only=True)
+class TaskSummary(_FromJson):
+    task_id: str
+    queue_id: str
+    handler: str
+    handler_version: str
+    payload_version: str
+    state: str
+    # Absent on the wire means 0 (normal priority).
+    priority: int = 0
+    attempts: int
+    max_attempts: int
+    available_at: datetime = _time_field()
+    deadline: datetime | None = _time_field(optional=True)
+    resource_key: str | None
+    cancel_requested: bool
+    created_at: datetime = _time_field()
+    finished_at: datetime | None = _time_field(optional=True)
+
+
+@attrs.frozen(kw_only=True)
+class Task(TaskSummary):
+    payload: Any
+    backoff: Backoff = attrs.field(converter=lambda value: value if isinstance(value, Backoff) else Backoff(**value))
+    reserved_at: datetime | None = _time_field(optional=True)
+    started_at: datetime | None = _time_field(optional=True)
+    updated_at: datetime = _time_field()
+    plan_id: str | None
+    plan_version: int | None
+    # Present once the task finished with a result / an error (None otherwise).
+    result: Any = None
+    error: Any = None
+
+
+@attrs.frozen(kw_only=True)
+class Queue(_FromJson):
+    queue_id: str
+    name: str
+    paused: bool
+    max_concurrency: int | None
+    max_starts_per_second: int | None
+    created_at: datetime = _time_field()
+
+
+@attrs.frozen
+class Page(Generic[T]):
+    items: list[T]
+    # Pass to the next call to continue; None on the last page.
+    next_cursor: str | None
+
+
+@attrs.frozen
+class SubmitResult:
+    task: Task
+    # True for the first acceptance (201), False for an identical repeat (200).
+    created: bool
+
+
+@attrs.frozen(kw_only=True)
+class Credentials:
+    """The credentials file ``orbit-admin bootstrap`` writes."""
+
+    url: str
+    token: str = attrs.field(repr=False)
+    application: str
+    namespace: str
+    environment: str
+    scopes: tuple[str, ...]
+    queues: Mapping[str, str]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "Credentials":
+        where = f"credentials file {os.fspath(path)}"
+        try:
+            document = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot be read ({exc.strerror})", field="ORBIT_CREDENTIALS_FILE") from None
+        except ValueError:
+            raise ConfigError(f"{where}: not valid JSON", field="ORBIT_CREDENTIALS_FILE") from None
+        if not isinstance(document, dict):
+            raise ConfigError(f"{where}: expected a JSON object", field="ORBIT_CREDENTIALS_FILE")
+        missing = [key for key in CREDENTIALS_KEYS if key not in document]
+        if missing:
+            raise ConfigError(f"{where}: missing {missing[0]!r}", field="ORBIT_CREDENTIALS_FILE")
+        return cls(
+            url=str(document["url"]),
+            token=str(document["token"]),
+            application=str(document["application"]),
+            namespace=str(document["namespace"]),
+            environment=str(document["environment"]),
+            scopes=tuple(document["scopes"]),
+            queues=dict(document["queues"]),
+        )
+
+
+_UNSET: Any = object()
+
+
+# -- the client --------------------------------------------------------------------
+
+
+class OrbitClient:
+    """One node's task interface. Use as ``async with``, or call ``aclose()``."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        event_hooks: Mapping[str, list] | None = None,
+    ):
+        self.url = url.rstrip("/")
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            transport=transport,
+            event_hooks=dict(event_hooks or {}),
+            # Timeouts are cancel scopes set by the caller (trio.fail_after around a call).
+            timeout=None,
+        )
+
+    @classmethod
+    def from_credentials(cls, credentials: Credentials, *, url: str | None = None, **kwargs: Any) -> "OrbitClient":
+        return cls(url or credentials.url, credentials.token, **kwargs)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> "OrbitClient":
+        """ORBIT_CREDENTIALS_FILE (required) and ORBIT_URL (overrides the file's url)."""
+        env = os.environ if env is None else env
+        path = env.get("ORBIT_CREDENTIALS_FILE")
+        if not path:
+            raise ConfigError("ORBIT_CREDENTIALS_FILE is not set", field="ORBIT_CREDENTIALS_FILE")
+        return cls.from_credentials(Credentials.load(path), url=env.get("ORBIT_URL") or None, **kwargs)
+
+    async def __aenter__(self) -> "OrbitClient":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        """Send one request; returns (status, envelope) or raises the server's error."""
+        request_headers = dict(headers or {})
+        content = None
+        if body is not None:
+            content = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+            request_headers["Content-Type"] = "application/json"
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            response = await self._http.request(method, path, content=content, params=query, headers=request_headers)
+        except httpx.TransportError as exc:
+            raise TransportError(f"{method} {path}: {exc!r}") from exc
+        try:
+            document = json.loads(response.content)
+        except ValueError:
+            document = None
+        if not isinstance(document, dict):
+            raise ProtocolError(
+                f"{method} {path}: HTTP {response.status_code} without a JSON envelope", status=response.status_code
+            )
+        error = document.get("error")
+        if isinstance(error, dict):
+            code = str(error.get("code", "UNKNOWN"))
+            raise ERRORS_BY_CODE.get(code, ApiError)(
+                str(error.get("message", "")),
+                status=response.status_code,
+                code=code,
+                field=error.get("field"),
+                request_id=document.get("request_id"),
+            )
+        if not 200 <= response.status_code < 300 or "data" not in document:
+            raise ProtocolError(f"{method} {path}: HTTP {response.status_code} without data", status=response.status_code)
+        return response.status_code, document
+
+    # -- tasks
+
+    async def submit_task(self, acceptance_key: str, request: SubmitTaskRequest) -> SubmitResult:
+        """Submit once per ``acceptance_key``: repeating the same request returns the same task.
+
+        Safe to retry after a TransportError with the same key and request.
+        """
+        status, document = await self._call(
+            "POST", "/v1/tasks", body=request.to_json(), headers={"Idempotency-Key": acceptance_key}
+        )
+        return SubmitResult(Task.from_json(document["data"]), created=status == 201)
+
+    async def get_task(self, task_id: str) -> Task:
+        _, document = await self._call("GET", f"/v1/tasks/{_segment(task_id)}")
+        return Task.from_json(document["data"])
+
+    async def list_tasks(
+        self,
+        *,
+        queue_id: str | None = None,
+        state: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[TaskSummary]:
+        """One page of summaries, newest first."""
+        _, document = await self._call(
+            "GET", "/v1/tasks", params={"queue_id": queue_id, "state": state, "limit": limit, "cursor": cursor}
+        )
+        return Page([TaskSummary.from_json(item) for item in document["data"]], document.get("next_cursor"))
+
+    async def cancel_task(self, task_id: str) -> Task:
+        _, document = await self._call("POST", f"/v1/tasks/{_segment(task_id)}/cancel")
+        return Task.from_json(document["data"])
+
+    # -- queues
+
+    async def create_queue(
+        self, name: str, *, max_concurrency: int | None = None, max_starts_per_second: int | None = None
+    ) -> Queue:
+        body: dict[str, Any] = {"name": name}
+        if max_concurrency is not None:
+            body["max_concurrency"] = max_concurrency
+        if max_starts_per_second is not None:
+            body["max_starts_per_second"] = max_starts_per_second
+        _, document = await self._call("POST", "/v1/queues", body=body)
+        return Queue.from_json(document["data"])
+
+    async def get_queue(self, queue_id: str) -> Queue:
+        _, document = await self._call("GET", f"/v1/queues/{_segment(queue_id)}")
+        return Queue.from_json(document["data"])
+
+    async def list_queues(self, *, limit: int | None = None, cursor: str | None = None) -> Page[Queue]:
+        _, document = await self._call("GET", "/v1/queues", params={"limit": limit, "cursor": cursor})
+        return Page([Queue.from_json(item) for item in document["data"]], document.get("next_cursor"))
+
+    async def pause_queue(self, queue_id: str) -> Queue:
+        _, document = await self._call("POST", f"/v1/queues/{_segment(queue_id)}/pause")
+        return Queue.from_json(document["data"])
+
+    async def resume_queue(self, queue_id: str) -> Queue:
+        _, document = await self._call("POST", f"/v1/queues/{_segment(queue_id)}/resume")
+        return Queue.from_json(document["data"])
+
+    async def set_queue_controls(
+        self, queue_id: str, *, max_concurrency: int | None = _UNSET, max_starts_per_second: int | None = _UNSET
+    ) -> Queue:
+        """Change the named controls; None means unlimited, an omitted control is kept."""
+        body = {
+            name: value
+            for name, value in (("max_concurrency", max_concurrency), ("max_starts_per_second", max_starts_per_second))
+            if value is not _UNSET
+        }
+        if not body:
+            raise ValueError("set_queue_controls: name max_concurrency and/or max_starts_per_second")
+        _, document = await self._call("PATCH", f"/v1/queues/{_segment(queue_id)}/controls", body=body)
+        return Queue.from_json(document["data"])

@@ -101,3 +101,18 @@ async def count_rows(db: Database, table: str) -> int:
 async def stored_counts(db: Database) -> dict[str, int]:
     """Rows a submission writes: tasks, idempotency records and resource keys."""
     return {table: await count_rows(db, table) for table in ("tasks", "idempotency_records", "resource_keys")}
+
+
+def assert_error(response: httpx.Response, status: int, code: str, field: str | None) -> dict:
+    """The error envelope: status, stable code, the field named (also in the message), request id."""
+    assert response.status_code == status, response.text
+    document = response.json()
+    assert set(document) == {"error", "request_id"}, document
+    assert set(document["error"]) == {"code", "message", "field"}, document
+    assert document["error"]["code"] == code, document
+    assert document["error"]["field"] == field, document
+    if field is not None:
+        assert field in document["error"]["message"], document
+    assert document["request_id"].startswith("req_")
+    assert response.headers["X-Request-Id"] == document["request_id"]
+    return document["error"]

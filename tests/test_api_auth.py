@@ -7,7 +7,7 @@ import pytest
 
 from orbit_node.store.tenancy import SCOPES, TenancyStore
 
-from .nodeutil import Tenant, make_tenant, make_token, stored_counts
+from .nodeutil import Tenant, assert_error, make_tenant, make_token, stored_counts
 
 TASK_BODY = {"handler": "object.prepare", "handler_version": "v1", "payload_version": "v1", "payload": {"n": 1}}
 
@@ -43,13 +43,6 @@ ROUTE_IDS = [
     "submit", "get-task", "list-tasks", "cancel", "create-queue", "get-queue", "list-queues", "pause", "resume",
     "controls",
 ]
-
-
-def assert_error(response, status: int, code: str, field: str):
-    assert response.status_code == status, response.text
-    document = response.json()
-    assert document["error"]["code"] == code and document["error"]["field"] == field
-    assert document["request_id"].startswith("req_")
 
 
 @pytest.mark.parametrize("index", range(len(ROUTE_IDS)), ids=ROUTE_IDS)

@@ -7,7 +7,7 @@ import httpx
 import pytest
 import trio
 
-from .nodeutil import make_tenant, make_token, stored_counts
+from .nodeutil import assert_error, make_tenant, make_token, stored_counts
 
 
 def request_body(queue_id: str, **extra) -> dict:
@@ -43,9 +43,7 @@ async def test_first_201_repeat_200_same_task_changed_409(running_node, db):
             {**request_body(tenant.queue_id, priority=9), "payload": {"object_ref": "objects/other"}},
         ):
             conflict = await submit(client, "prepare-operation-001", changed)
-            assert conflict.status_code == 409, conflict.text
-            error = conflict.json()["error"]
-            assert error["code"] == "IDEMPOTENCY_CONFLICT" and error["field"] == "Idempotency-Key"
+            assert_error(conflict, 409, "IDEMPOTENCY_CONFLICT", "Idempotency-Key")
     assert await stored_counts(db) == {"tasks": 1, "idempotency_records": 1, "resource_keys": 0}
 
 

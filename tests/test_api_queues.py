@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from .nodeutil import make_tenant
+from .nodeutil import assert_error, make_tenant
 
 QUEUE_KEYS = {"queue_id", "name", "paused", "max_concurrency", "max_starts_per_second", "created_at"}
-
-
-def assert_error(response, status: int, code: str, field: str):
-    assert response.status_code == status, response.text
-    assert response.json()["error"]["code"] == code and response.json()["error"]["field"] == field
 
 
 async def queue_row(db, queue_id: str) -> dict:

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from .nodeutil import make_tenant
+from .nodeutil import assert_error, make_tenant
 
 TASK = {"handler": "object.prepare", "handler_version": "v1", "payload_version": "v1", "payload": {"n": 1}}
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
@@ -156,8 +156,7 @@ async def test_get_unknown_task_is_404(running_node, db):
     tenant = await make_tenant(db)
     async with running_node.client(tenant.token) as client:
         response = await client.get("/v1/tasks/" + "0" * 32)
-    assert response.status_code == 404
-    assert response.json()["error"]["code"] == "NOT_FOUND" and response.json()["error"]["field"] == "task_id"
+    assert_error(response, 404, "NOT_FOUND", "task_id")
 
 
 async def test_list_filters_and_pages_newest_first(running_node, db):
@@ -230,9 +229,7 @@ async def test_cancel_finished_task_is_failed_precondition(running_node, db, sta
         await set_columns(db, task["task_id"], "state = %s, finished_at = NOW(6)", state)
         response = await client.post(f"/v1/tasks/{task['task_id']}/cancel")
         detail = (await client.get(f"/v1/tasks/{task['task_id']}")).json()["data"]
-    assert response.status_code == 409
-    error = response.json()["error"]
-    assert error["code"] == "FAILED_PRECONDITION" and error["field"] == "task_id" and state in error["message"]
+    assert state in assert_error(response, 409, "FAILED_PRECONDITION", "task_id")["message"]
     assert detail["state"] == state and detail["cancel_requested"] is False
 
 

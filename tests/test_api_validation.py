@@ -9,7 +9,7 @@ import urllib.parse
 import pytest
 import trio
 
-from .nodeutil import Tenant, make_tenant, stored_counts
+from .nodeutil import Tenant, assert_error, make_tenant, stored_counts
 
 NOTHING = {"tasks": 0, "idempotency_records": 0, "resource_keys": 0}
 QUEUE = "{queue}"
@@ -136,18 +136,6 @@ async def post(running_node, tenant: Tenant, content: bytes, *, headers=None):
     request_headers.update(headers or {})
     async with running_node.client(tenant.token) as client:
         return await client.post("/v1/tasks", content=content, headers=request_headers)
-
-
-def assert_error(response, status: int, code: str, field: str | None):
-    assert response.status_code == status, response.text
-    document = response.json()
-    assert set(document) == {"error", "request_id"}
-    assert document["error"]["code"] == code
-    assert document["error"]["field"] == field
-    assert document["request_id"].startswith("req_")
-    assert response.headers["X-Request-Id"] == document["request_id"]
-    if field is not None:
-        assert field in document["error"]["message"]
 
 
 async def test_the_valid_base_body_is_accepted(running_node, db):
@@ -409,3 +397,25 @@ async def test_action_routes_refuse_body_fields(running_node, db):
         # An empty JSON object is the same as no body.
         response = await client.post(f"/v1/queues/{tenant.queue_id}/pause", json={})
         assert response.status_code == 200 and response.json()["data"]["paused"] is True
+
+
+async def test_a_refused_body_does_not_leave_a_hung_connection(running_node, db, node_config):
+    # A response given before the body is read closes the connection; the client's next
+    # request opens a new one instead of waiting forever on the old one.
+    tenant = await make_tenant(db)
+    big = b" " * (node_config.max_body_bytes * 4)
+    async with running_node.client(tenant.token) as client:
+        with trio.fail_after(20):
+            for _ in range(3):
+                refused = await client.post(
+                    "/v1/tasks", content=big, headers={"Idempotency-Key": "k", "Content-Type": "application/json"}
+                )
+                assert_error(refused, 413, "PAYLOAD_TOO_LARGE", "body")
+                assert refused.headers["Connection"] == "close"
+                assert (await client.get("/healthz")).status_code == 200
+            unauthenticated = await client.post(
+                "/v1/tasks", content=big[:500_000], headers={"Authorization": "Bearer nope", "Content-Type": "application/json"}
+            )
+            assert_error(unauthenticated, 401, "UNAUTHENTICATED", "authorization")
+            assert (await client.get("/healthz")).status_code == 200
+    assert await stored_counts(db) == NOTHING

@@ -67,6 +67,15 @@ def create_app(state: NodeState) -> QuartTrio:
         # A declared body over the limit is refused before authentication or reading.
         validation.check_declared_length()
 
+    @app.after_request
+    async def _close_after_unread_body(response):
+        # A response given before the body was read (413, 401, 415, ...) leaves unread
+        # bytes on the connection, and hypercorn stops reading once the app is done:
+        # close it, so the client neither hangs on it nor reuses it.
+        if validation.has_body() and not validation.body_was_read():
+            response.headers["Connection"] = "close"
+        return response
+
     @app.errorhandler(OrbitError)
     async def _orbit_error(exc: OrbitError):
         if exc.http_status >= 500:

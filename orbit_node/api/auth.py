@@ -49,14 +49,14 @@ def require_any(scope: str) -> Principal:
     """The credential holds ``scope`` for at least one queue (or all queues)."""
     who = principal()
     if not who.scopes.get(scope):
-        raise PermissionDenied(f"credential lacks scope {scope}", field="authorization")
+        raise PermissionDenied(f"authorization: credential lacks scope {scope}", field="authorization")
     return who
 
 
 def require_all_queues(scope: str) -> Principal:
     who = principal()
     if who.scopes.get(scope) != ALL_QUEUES:
-        raise PermissionDenied(f"credential lacks scope {scope} for all queues", field="authorization")
+        raise PermissionDenied(f"authorization: credential lacks scope {scope} for all queues", field="authorization")
     return who
 
 
@@ -64,7 +64,7 @@ def require_queue_read(queue_id: str) -> Principal:
     who = principal()
     if not any(who.allows(scope, queue_id) for scope in QUEUE_READ_SCOPES):
         raise PermissionDenied(
-            f"credential lacks scope queues:manage or tasks:read for queue {queue_id}", field="authorization"
+            f"authorization: credential lacks scope queues:manage or tasks:read for queue {queue_id}", field="authorization"
         )
     return who
 
@@ -74,7 +74,7 @@ def readable_queues() -> list[str] | None:
     who = principal()
     grants = [who.queue_filter(scope) for scope in QUEUE_READ_SCOPES if who.scopes.get(scope)]
     if not grants:
-        raise PermissionDenied("credential lacks scope queues:manage or tasks:read", field="authorization")
+        raise PermissionDenied("authorization: credential lacks scope queues:manage or tasks:read", field="authorization")
     if any(grant is None for grant in grants):
         return None
     return sorted({queue_id for grant in grants for queue_id in grant})

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from quart import current_app, request
+from quart import current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..errors import InvalidArgument, PayloadTooLarge, UnsupportedMediaType
@@ -169,7 +169,8 @@ def check_declared_length() -> None:
         raise PayloadTooLarge(f"body: request body exceeds {limit} bytes", field="body")
 
 
-def _has_body() -> bool:
+def has_body() -> bool:
+    """The request declares a body (a length above zero, or chunked)."""
     return (request.content_length or 0) > 0 or "chunked" in request.headers.get("Transfer-Encoding", "").lower()
 
 
@@ -188,14 +189,20 @@ async def read_body() -> bytes:
     """The raw body, never more than the configured limit (chunked bodies included)."""
     check_declared_length()
     try:
-        return await request.get_data(cache=False)
+        raw = await request.get_data(cache=False)
     except RequestEntityTooLarge:
         raise PayloadTooLarge(f"body: request body exceeds {_max_body_bytes()} bytes", field="body") from None
+    g.body_read = True
+    return raw
+
+
+def body_was_read() -> bool:
+    return getattr(g, "body_read", False)
 
 
 async def json_object(*, required: bool) -> dict[str, Any]:
     """The body as a JSON object. Without ``required``, an empty body reads as ``{}``."""
-    if not _has_body():
+    if not has_body():
         if required:
             raise InvalidArgument("body: expected a JSON object, got an empty body", field="body")
         return {}

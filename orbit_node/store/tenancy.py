@@ -83,7 +83,7 @@ class Principal:
     def require(self, scope: str, queue_id: str | None = None) -> None:
         if not self.allows(scope, queue_id):
             target = f" for queue {queue_id}" if queue_id else ""
-            raise PermissionDenied(f"credential lacks scope {scope}{target}", field="authorization")
+            raise PermissionDenied(f"authorization: credential lacks scope {scope}{target}", field="authorization")
 
     def queue_filter(self, scope: str) -> list[str] | None:
         """Queue ids a scope is limited to, or None for all queues of the namespace."""
@@ -134,7 +134,7 @@ class TenancyStore:
     async def application_by_name(self, name: str) -> dict[str, Any]:
         row = await self.db.fetchone("app_by_name", {"name": name})
         if row is None:
-            raise NotFound(f"application {name!r} not found", field="application")
+            raise NotFound(f"application: {name!r} not found", field="application")
         return row
 
     async def ensure_namespace(self, application_id: str, name: str, environment: str) -> dict[str, Any]:
@@ -148,7 +148,7 @@ class TenancyStore:
         row = await self.db.transaction(body)
         if row["environment"] != environment:
             raise AlreadyExists(
-                f"namespace {name!r} exists with environment {row['environment']!r}", field="environment"
+                f"environment: namespace {name!r} exists with environment {row['environment']!r}", field="environment"
             )
         return row
 
@@ -204,7 +204,7 @@ class TenancyStore:
             else:
                 raise
         if not created and not exist_ok:
-            raise AlreadyExists(f"queue {name!r} already exists in this namespace", field="name")
+            raise AlreadyExists(f"name: a queue named {name!r} already exists in this namespace", field="name")
         return Queue.from_row(row), created
 
     async def get_queue(self, namespace_id: str, queue_id: str) -> Queue:
@@ -218,7 +218,7 @@ class TenancyStore:
     async def get_queue_by_name(self, namespace_id: str, name: str) -> Queue:
         row = await self.db.fetchone("queue_by_name", {"namespace_id": namespace_id, "name": name})
         if row is None:
-            raise NotFound(f"queue {name!r} not found", field="queue")
+            raise NotFound(f"queue: {name!r} not found", field="queue")
         return Queue.from_row(row)
 
     async def list_queues(
@@ -288,14 +288,14 @@ class TenancyStore:
 
     async def revoke_credential(self, credential_id: str) -> None:
         if not is_hex32(credential_id) or await self.db.fetchone("credential_by_id", {"credential_id": credential_id}) is None:
-            raise NotFound(f"credential {credential_id} not found", field="credential_id")
+            raise NotFound(f"credential_id: credential {credential_id} not found", field="credential_id")
         await self.db.execute("credential_revoke", {"credential_id": credential_id})
 
     async def authenticate(self, token: str | None) -> Principal:
         """Resolve a bearer token. Unknown, malformed and revoked tokens look the same."""
         parts = split_token(token or "")
         if parts is None:
-            raise Unauthenticated("missing or malformed bearer credential", field="authorization")
+            raise Unauthenticated("authorization: missing or malformed bearer credential", field="authorization")
         credential_id, secret = parts
         row = await self.db.fetchone("credential_by_id", {"credential_id": credential_id})
         if (
@@ -303,7 +303,7 @@ class TenancyStore:
             or row["revoked_at"] is not None
             or not hmac.compare_digest(row["secret_sha256"], hash_secret(secret))
         ):
-            raise Unauthenticated("unknown or revoked credential", field="authorization")
+            raise Unauthenticated("authorization: unknown or revoked credential", field="authorization")
         return Principal(
             credential_id=credential_id,
             namespace_id=row["namespace_id"],

@@ -90,14 +90,17 @@ def create_app(state: NodeState) -> QuartTrio:
         status = exc.code or 500
         if status == 413:
             mapped: OrbitError = PayloadTooLarge(
-                f"request body exceeds {state.config.max_body_bytes} bytes", field="body"
+                f"body: request body exceeds {state.config.max_body_bytes} bytes", field="body"
             )
         elif status == 404:
             mapped = NotFound(f"path: no route {request.path}", field="path")
         elif status == 405:
             mapped = MethodNotAllowed(f"method: {request.method} is not allowed on {request.path}", field="method")
+        elif status == 408:
+            mapped = InvalidArgument("body: the request body did not arrive in time", field="body")
+            mapped.http_status = 408
         else:
-            mapped = InvalidArgument(exc.description or "bad request", field=None)
+            mapped = InvalidArgument(f"request: {exc.description or 'bad request'}", field="request")
             mapped.http_status = status
         response = envelope.error(mapped)
         if status == 405 and getattr(exc, "valid_methods", None):

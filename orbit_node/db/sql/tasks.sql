@@ -52,12 +52,14 @@ SELECT task_id, application_id, namespace_id, queue_id, handler, handler_version
  WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
 
 -- Newest first. Optional filters are NULL when absent (the server folds the constant
--- test away); queue-scoped credentials pass the queue ids they may read.
+-- test away); queue-scoped credentials pass the queue ids they may read. The
+-- (namespace_id, task_id) index bounds the scan to the namespace and gives the order,
+-- so a page never sorts and never reads another tenant's rows.
 -- name: task_list
 SELECT task_id, queue_id, handler, handler_version, payload_version, state, priority,
        available_at, deadline, attempts, max_attempts, resource_key, cancel_requested,
        created_at, finished_at
-  FROM tasks
+  FROM tasks FORCE INDEX (ix_tasks_ns_task)
  WHERE namespace_id = %(namespace_id)s
    AND task_id < %(before)s
    AND (%(queue_id)s IS NULL OR queue_id = %(queue_id)s)

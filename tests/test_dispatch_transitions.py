@@ -47,6 +47,7 @@ async def test_start_moves_reserved_to_running_with_a_run_lease(db):
     _, r = await reserved(db, store)
     result = await store.start(r.task_id, r.fencing_token)
     assert result.outcome is Outcome.STARTED and not result.duplicate
+    assert (result.ok, result.state, result.code) == (True, "running", None)
     row = await task_row(db, r.task_id)
     assert (row["state"], row["attempts"]) == ("running", 1)
     assert row["lease_expires_at"] == result.lease_expires_at == row["started_at"] + timedelta(seconds=45)
@@ -84,6 +85,9 @@ async def test_batch_forms_return_one_outcome_per_item(db):
         Outcome.STARTED, Outcome.OWNERSHIP_LOST, Outcome.OWNERSHIP_LOST, Outcome.STARTED, Outcome.STARTED
     ]
     assert [x.lost_reason for x in results[1:3]] == [LostReason.TOKEN_MISMATCH, LostReason.NOT_FOUND]
+    assert [(x.ok, x.code, x.state) for x in results[1:3]] == [
+        (False, "OWNERSHIP_LOST", "reserved"), (False, "OWNERSHIP_LOST", None)
+    ]
     assert results[4].duplicate and not results[0].duplicate
     finished = await store.finish_many(
         [FinishItem(r1.task_id, r1.fencing_token, '"one"'), FinishItem(r3.task_id, r3.fencing_token, None, {"code": "X"})]
@@ -106,7 +110,8 @@ async def test_start_past_deadline_settles_expired_and_frees_the_key(db):
     _, r = await reserved(db, store, deadline_in_s=30, resource_key="k")
     await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET deadline = NOW(6) - INTERVAL 1 SECOND"))
     result = await store.start(r.task_id, r.fencing_token)
-    assert result.outcome is Outcome.EXPIRED
+    # Not started: ok is false and the outcome says why.
+    assert (result.outcome, result.ok, result.code, result.state) == (Outcome.EXPIRED, False, "TASK_EXPIRED", "expired")
     row = await task_row(db, r.task_id)
     assert (row["state"], row["attempts"]) == ("expired", 0)
     assert (await attempt_rows(db, r.task_id))[0]["outcome"] == "expired"
@@ -173,7 +178,7 @@ async def test_retryable_failure_goes_back_to_the_queue_until_attempts_run_out(d
     store = dispatch_store(db)
     owner, r = await running(db, store, max_attempts=2, backoff_initial_ms=10, backoff_max_ms=10)
     first = await store.finish(r.task_id, r.fencing_token, error={"code": "E1", "message": "m"}, retryable=True)
-    assert first.outcome is Outcome.RETRY
+    assert (first.outcome, first.ok, first.state) == (Outcome.RETRY, True, "queued")
     row = await task_row(db, r.task_id)
     assert (row["state"], row["attempts"], row["fencing_token"], row["owner_node_id"]) == ("queued", 1, None, None)
     assert json.loads(row["error"]) == {"code": "E1", "message": "m"}
@@ -233,7 +238,7 @@ async def test_duplicate_finish_of_a_retried_attempt_is_answered_while_the_next_
     (next_attempt,) = await store.claim(claim_request(owner))
     await store.start(next_attempt.task_id, next_attempt.fencing_token)
     repeat = await store.finish(r.task_id, r.fencing_token, error={"code": "E"}, retryable=True)
-    assert (repeat.outcome, repeat.duplicate) == (Outcome.RETRY, True)
+    assert (repeat.outcome, repeat.duplicate, repeat.ok, repeat.state) == (Outcome.RETRY, True, True, "running")
     row = await task_row(db, r.task_id)
     assert (row["state"], row["fencing_token"]) == ("running", next_attempt.fencing_token)
 

@@ -163,10 +163,20 @@ class FinishItem:
             raise ValueError("a finish carries a result or an error, not both")
 
 
+def _applied(result: "TransitionResult") -> bool:
+    return result.outcome is not Outcome.OWNERSHIP_LOST
+
+
 @attrs.frozen(kw_only=True)
 class TransitionResult:
     task_id: str
     outcome: Outcome
+    # The transition asked for took effect (or had already, for a duplicate). False when
+    # ownership was lost, and for a Start or renew of a reservation that had been settled
+    # as cancelled/expired (then ``outcome`` says which).
+    ok: bool = attrs.field(default=attrs.Factory(_applied, takes_self=True))
+    # The task's state after this transaction (None when the task does not exist).
+    state: str | None = None
     # RENEWED / STARTED: the new lease expiry (database clock).
     lease_expires_at: datetime | None = None
     # RETRY: when the task becomes due again.
@@ -179,8 +189,11 @@ class TransitionResult:
     lost_reason: LostReason | None = None
 
     @property
-    def ok(self) -> bool:
-        return self.outcome is not Outcome.OWNERSHIP_LOST
+    def code(self) -> str | None:
+        """A stable machine code when the transition did not take effect."""
+        if self.ok:
+            return None
+        return OwnershipLost.code if self.outcome is Outcome.OWNERSHIP_LOST else f"TASK_{self.outcome.name}"
 
 
 @attrs.frozen
@@ -431,20 +444,37 @@ def _lost(task_id: str, reason: LostReason) -> TransitionResult:
     return TransitionResult(task_id=task_id, outcome=Outcome.OWNERSHIP_LOST, lost_reason=reason)
 
 
-def _not_owned(row: _Row, token: str, *states: str) -> TransitionResult | None:
+def _not_owned(row: _Row, token: str, states: Sequence[str], *, settled_ok: bool) -> TransitionResult | None:
     """The refusal for a token that is not current or a state the transition does not apply to.
 
     A reservation that Start, release or the sweeper settled as cancelled/expired is
-    answered with that outcome when it is named by its own token."""
+    answered with that outcome when it is named by its own token (``ok`` is
+    ``settled_ok``: true for a release, which wanted it gone anyway)."""
     if row.fencing_token != token:
         return _lost(row.task_id, LostReason.TOKEN_MISMATCH)
     if row.state in states:
         return None
-    if row.state == "cancelled":
-        return TransitionResult(task_id=row.task_id, outcome=Outcome.CANCELLED, duplicate=True)
-    if row.state == "expired":
-        return TransitionResult(task_id=row.task_id, outcome=Outcome.EXPIRED, duplicate=True)
+    if row.state in ("cancelled", "expired"):
+        return TransitionResult(task_id=row.task_id, outcome=Outcome(row.state), ok=settled_ok, duplicate=True)
     return _lost(row.task_id, LostReason.WRONG_STATE)
+
+
+# The task state each fresh outcome leaves behind.
+_STATE_AFTER = {
+    Outcome.STARTED: "running",
+    Outcome.RELEASED: "queued",
+    Outcome.RETRY: "queued",
+    Outcome.SUCCEEDED: "succeeded",
+    Outcome.FAILED: "failed",
+    Outcome.CANCELLED: "cancelled",
+    Outcome.EXPIRED: "expired",
+}
+
+
+def _with_state(result: TransitionResult, row: _Row) -> TransitionResult:
+    if result.duplicate or result.outcome not in _STATE_AFTER:
+        return attrs.evolve(result, state=row.state)
+    return attrs.evolve(result, state=_STATE_AFTER[result.outcome])
 
 
 def _pair(item: tuple[str, str]) -> tuple[str, str]:
@@ -539,7 +569,10 @@ class DispatchStore:
                     results.append(attrs.evolve(first[item_key], duplicate=True))
                     continue
                 row = rows.get(item_key[0])
-                result = _lost(item_key[0], LostReason.NOT_FOUND) if row is None else decide(row, item, writes, context)
+                if row is None:
+                    result = _lost(item_key[0], LostReason.NOT_FOUND)
+                else:
+                    result = _with_state(decide(row, item, writes, context), row)
                 first[item_key] = result
                 results.append(result)
             await writes.apply(tx)
@@ -552,7 +585,7 @@ class DispatchStore:
         return await self._transition("start.locked", list(items), _pair, self._decide_start)
 
     def _decide_start(self, row: _Row, item: tuple[str, str], writes: _Writes, _: Any) -> TransitionResult:
-        refused = _not_owned(row, item[1], *LIVE_STATES)
+        refused = _not_owned(row, item[1], LIVE_STATES, settled_ok=False)
         if refused is not None:
             return refused
         if not row.lease_valid:
@@ -568,7 +601,7 @@ class DispatchStore:
             state, error = ("expired", DEADLINE_ERROR) if row.past_deadline else ("cancelled", CANCELLED_ERROR)
             writes.close_attempt(row, state, error)
             writes.settle(row, state, error=error)
-            return TransitionResult(task_id=row.task_id, outcome=Outcome(state))
+            return TransitionResult(task_id=row.task_id, outcome=Outcome(state), ok=False)
         lease = row.now + timedelta(seconds=self.run_lease_s)
         writes.start(row, item[1], lease)
         return TransitionResult(task_id=row.task_id, outcome=Outcome.STARTED, lease_expires_at=lease)
@@ -578,7 +611,7 @@ class DispatchStore:
         return await self._transition("renew.locked", list(items), _pair, self._decide_renew)
 
     def _decide_renew(self, row: _Row, item: tuple[str, str], writes: _Writes, _: Any) -> TransitionResult:
-        refused = _not_owned(row, item[1], *LIVE_STATES)
+        refused = _not_owned(row, item[1], LIVE_STATES, settled_ok=False)
         if refused is not None:
             return refused
         if not row.lease_valid:
@@ -597,7 +630,7 @@ class DispatchStore:
         return await self._transition("release.locked", list(items), _pair, self._decide_release)
 
     def _decide_release(self, row: _Row, item: tuple[str, str], writes: _Writes, _: Any) -> TransitionResult:
-        refused = _not_owned(row, item[1], "reserved")
+        refused = _not_owned(row, item[1], ("reserved",), settled_ok=True)
         if refused is not None:
             return refused
         return TransitionResult(task_id=row.task_id, outcome=_unstarted_back(row, writes, attempt_outcome="released"))

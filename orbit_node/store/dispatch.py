@@ -41,6 +41,10 @@ TERMINAL_STATES = ("succeeded", "failed", "cancelled", "expired")
 # taken by concurrent claims or settled: enough to fill a batch under contention, while
 # the transaction stays short.
 MAX_CLAIM_ROUNDS = 4
+# Once concurrent claims won some of the rows a claim picked, its next rounds read this
+# many times further ahead and pick at random there, so contending claims stop chasing the
+# same rows in lockstep. An uncontended claim always takes exactly the head, in order.
+CONTENDED_LOOKAHEAD = 4
 # Default rows per recovery transaction: a sweep pass stays a few milliseconds long.
 RECOVERY_BATCH = 256
 # The tasks.error column is TEXT (64 KiB). Larger error objects are cut down to their
@@ -938,11 +942,12 @@ class _Claim:
     async def _claim_queue(self, queue_id: str, want: int) -> list[Mapping[str, Any]]:
         """Lock and keep up to ``want`` due tasks of one queue, in dispatch order."""
         taken: list[Mapping[str, Any]] = []
+        contended = False
         for _ in range(MAX_CLAIM_ROUNDS):
             need = want - len(taken)
             if need <= 0:
                 break
-            read_limit = need + len(self.tried)
+            read_limit = (need + len(self.tried)) * (CONTENDED_LOOKAHEAD if contended else 1)
             candidates = await self.tx.fetchall(
                 "claim_candidates",
                 {
@@ -952,12 +957,16 @@ class _Claim:
                     "limit": read_limit,
                 },
             )
-            picked = await self._pick([c for c in candidates if c["task_id"] not in self.tried], need)
+            fresh = [c for c in candidates if c["task_id"] not in self.tried]
+            if contended:
+                fresh = self.store.rng.sample(fresh, len(fresh))
+            picked = await self._pick(fresh, need)
             if picked:
                 rows = await self.tx.fetchall("claim_lock_tasks", {"task_ids": tuple(c["task_id"] for c in picked)})
+                contended = contended or len(rows) < len(picked)
                 # The lock statement returns rows in primary-key order; keep dispatch order.
                 by_id = {r["task_id"]: r for r in rows}
-                locked = [by_id[c["task_id"]] for c in picked if c["task_id"] in by_id]
+                locked = [by_id[c["task_id"]] for c in candidates if c["task_id"] in by_id]
                 await self.store._at("claim.locked", [r["task_id"] for r in locked])
                 taken.extend(await self._take_keys(self._settle_unrunnable(locked)))
             if len(candidates) < read_limit:

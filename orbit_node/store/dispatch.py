@@ -51,9 +51,9 @@ RECOVERY_BATCH = 256
 # code and the start of their message.
 MAX_ERROR_BYTES = 16 * 1024
 MAX_ERROR_MESSAGE_CHARS = 4096
-# Explanations treat a Worker connection as gone when its node missed three heartbeats
-# (orbit_node.node.NODE_HEARTBEAT_S is 10 s) or stopped.
-NODE_STALE_S = 30
+# Explanations treat a registered Worker connection as gone when its node missed three
+# registry heartbeats (every 10 s) or stopped.
+WORKER_STALE_S = 30
 # Attempt outcomes written by Finish (the attempt had started). A Finish repeated with
 # the same token is answered from these and writes nothing.
 FINISH_OUTCOMES = frozenset({"succeeded", "retry", "failed", "cancelled", "expired"})
@@ -1235,9 +1235,9 @@ async def _capable_connections(tx: Tx, task: Mapping[str, Any]) -> int:
     wanted = [task["handler"], task["handler_version"], task["payload_version"]]
     count = 0
     for conn in await tx.fetchall(
-        "explain_workers", {"namespace_id": task["namespace_id"], "node_stale_s": NODE_STALE_S}
+        "explain_workers", {"namespace_id": task["namespace_id"], "stale_s": WORKER_STALE_S}
     ):
-        if not conn["node_alive"]:
+        if not conn["alive"]:
             continue
         if task["resource_key"] is not None and not conn["resource_key_support"]:
             continue

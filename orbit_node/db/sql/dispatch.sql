@@ -302,12 +302,11 @@ SELECT COUNT(*) AS ahead,
    AND available_at <= NOW(6)
    AND (dispatch_at, available_at, task_id) < (%(dispatch_at)s, %(available_at)s, %(task_id)s)
 
--- Worker connections registered in the namespace, with their node's liveness.
+-- Worker connections registered in the namespace; alive while their node refreshes the
+-- registry heartbeat and has not stopped.
 -- name: explain_workers
 SELECT wc.connection_id, wc.node_id, wc.queues, wc.capabilities, wc.resource_key_support,
-       n.stopped_at AS node_stopped_at,
-       (n.node_id IS NOT NULL AND n.stopped_at IS NULL
-        AND n.heartbeat_at > NOW(6) - INTERVAL %(node_stale_s)s SECOND) AS node_alive
+       (wc.heartbeat_at > NOW(6) - INTERVAL %(stale_s)s SECOND AND n.stopped_at IS NULL) AS alive
   FROM worker_connections wc
   LEFT JOIN nodes n ON n.node_id = wc.node_id
  WHERE wc.namespace_id = %(namespace_id)s

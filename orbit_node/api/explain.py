@@ -1,0 +1,34 @@
+"""GET /v1/tasks/{task_id}/explain: why a task is (not) being dispatched right now.
+
+Register ``blueprint`` inside the authenticated /v1 blueprint
+(``v1.register_blueprint(explain.blueprint)``): its routes are relative to /v1 and rely
+on ``g.principal`` being set by the /v1 authentication. Scope: ``tasks:read`` for the
+task's queue. Unknown tasks and tasks of another namespace are 404 ``NOT_FOUND``.
+"""
+
+from __future__ import annotations
+
+from quart import Blueprint
+
+from ..store.dispatch import DispatchStore
+from . import envelope, validation
+from .auth import node_state, require_any
+
+blueprint = Blueprint("explain", __name__)
+
+
+def dispatch_store() -> DispatchStore:
+    """The node's dispatch store (the Worker service registers one), else one made here."""
+    state = node_state()
+    store = state.services.get("dispatch")
+    if store is None:
+        store = state.services["dispatch"] = DispatchStore.from_config(state.db, state.config)
+    return store
+
+
+@blueprint.get("/tasks/<task_id>/explain")
+async def explain_task(task_id: str):
+    who = require_any("tasks:read")
+    explanation = await dispatch_store().explain(who.namespace_id, validation.path_id(task_id, "task_id"))
+    who.require("tasks:read", explanation["queue_id"])
+    return envelope.ok(explanation)

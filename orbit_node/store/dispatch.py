@@ -1001,7 +1001,8 @@ class _Claim:
         """Settle locked candidates that can never run; they do not count toward the batch."""
         runnable = []
         for row in locked:
-            task = _Row.from_row(row)
+            # A queued task holds no resource key: settling it releases nothing.
+            task = attrs.evolve(_Row.from_row(row), resource_key=None)
             if row["past_deadline"]:
                 self.writes.settle(task, "expired", error=DEADLINE_ERROR)
             elif row["cancel_requested"]:

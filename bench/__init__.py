@@ -1,0 +1,1 @@
+"""Benchmarks: they print figures measured in one run; they are never tests."""

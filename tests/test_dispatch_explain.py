@@ -52,6 +52,7 @@ async def test_a_dispatchable_task_reports_its_position(db):
         "order": ["dispatch_at", "available_at", "task_id"],
         "due_tasks_ahead": 2,
         "due_tasks_ahead_same_capability": 1,
+        "capped": False,
     }
     assert explanation["priority"] == 1 and explanation["state"] == "queued"
     # dispatch_at = available_at - 30 s, as RFC 3339 text.
@@ -59,6 +60,16 @@ async def test_a_dispatchable_task_reports_its_position(db):
     json.dumps(explanation)  # JSON-ready
     ahead = await dispatch_store(db).explain(owner.namespace_id, first)
     assert ahead["position"]["due_tasks_ahead"] == 0
+
+
+async def test_position_count_is_capped(db, monkeypatch):
+    from orbit_node.store import dispatch
+
+    monkeypatch.setattr(dispatch, "POSITION_CAP", 3)
+    owner = await tenant(db)
+    *_, last = await insert_tasks(db, owner, [TaskSpec(available_in_s=-10 + i) for i in range(6)])
+    position = (await dispatch_store(db).explain(owner.namespace_id, last))["position"]
+    assert (position["due_tasks_ahead"], position["capped"]) == (3, True)
 
 
 async def test_not_due_and_no_capable_worker(db):

@@ -54,6 +54,9 @@ MAX_ERROR_MESSAGE_CHARS = 4096
 # Explanations treat a registered Worker connection as gone when its node missed three
 # registry heartbeats (every 10 s) or stopped.
 WORKER_STALE_S = 30
+# Explanations count the tasks ahead of a task up to this many (an explanation of a task
+# deep in a huge backlog stays cheap; the answer then says "at least").
+POSITION_CAP = 10_000
 # Attempt outcomes written by Finish (the attempt had started). A Finish repeated with
 # the same token is answered from these and writes nothing.
 FINISH_OUTCOMES = frozenset({"succeeded", "retry", "failed", "cancelled", "expired"})
@@ -1184,12 +1187,15 @@ async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
                 "handler": task["handler"],
                 "handler_version": task["handler_version"],
                 "payload_version": task["payload_version"],
+                "cap": POSITION_CAP,
             },
         )
         explanation["position"] = {
             "order": ["dispatch_at", "available_at", "task_id"],
             "due_tasks_ahead": int(position["ahead"]),
             "due_tasks_ahead_same_capability": int(position["ahead_same_capability"]),
+            # True when the count stopped at POSITION_CAP: at least that many are ahead.
+            "capped": int(position["ahead"]) >= POSITION_CAP,
         }
     explanation["dispatchable"] = not reasons
     return explanation

@@ -290,17 +290,18 @@ SELECT t.task_id, t.queue_id, t.namespace_id, t.application_id, t.handler, t.han
    AND t.namespace_id = %(namespace_id)s
 
 -- Due queued tasks of the queue ahead of this one in dispatch order (any handler, and
--- of this task's handler capability).
+-- of this task's handler capability), counted up to %(cap)s index entries.
 -- name: explain_position
-SELECT COUNT(*) AS ahead,
-       COALESCE(SUM(handler = %(handler)s AND handler_version = %(handler_version)s
-                    AND payload_version = %(payload_version)s), 0) AS ahead_same_capability
-  FROM tasks FORCE INDEX (ix_tasks_dispatch)
- WHERE queue_id = %(queue_id)s
-   AND state = 'queued'
-   AND dispatch_at <= %(dispatch_at)s
-   AND available_at <= NOW(6)
-   AND (dispatch_at, available_at, task_id) < (%(dispatch_at)s, %(available_at)s, %(task_id)s)
+SELECT COUNT(*) AS ahead, COALESCE(SUM(same_capability), 0) AS ahead_same_capability
+  FROM (SELECT (handler = %(handler)s AND handler_version = %(handler_version)s
+                AND payload_version = %(payload_version)s) AS same_capability
+          FROM tasks FORCE INDEX (ix_tasks_dispatch)
+         WHERE queue_id = %(queue_id)s
+           AND state = 'queued'
+           AND dispatch_at <= %(dispatch_at)s
+           AND available_at <= NOW(6)
+           AND (dispatch_at, available_at, task_id) < (%(dispatch_at)s, %(available_at)s, %(task_id)s)
+         LIMIT %(cap)s) ahead
 
 -- Worker connections registered in the namespace; alive while their node refreshes the
 -- registry heartbeat and has not stopped.

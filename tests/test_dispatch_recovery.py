@@ -10,7 +10,7 @@ import trio
 
 from orbit_node.db import Database
 from orbit_node.dispatch.recovery import recovery_service
-from orbit_node.store.dispatch import LostReason, Outcome, OwnershipLost, RecoveryStats
+from orbit_node.store.dispatch import FinishItem, LostReason, Outcome, OwnershipLost, RecoveryStats
 
 from .seed import (
     TaskSpec,
@@ -220,8 +220,6 @@ async def test_finish_racing_recovery_finish_first(db):
 
 
 def _success(r):
-    from orbit_node.store.dispatch import FinishItem
-
     return FinishItem(r.task_id, r.fencing_token, '"done"')
 
 

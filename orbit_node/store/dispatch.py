@@ -36,7 +36,6 @@ from ..errors import DatabaseError, FailedPrecondition, NotFound
 from ..ids import is_hex32
 
 LIVE_STATES = ("reserved", "running")
-TERMINAL_STATES = ("succeeded", "failed", "cancelled", "expired")
 # A claim re-reads candidates of a queue at most this often when rows it picked were
 # taken by concurrent claims or settled: enough to fill a batch under contention, while
 # the transaction stays short.

@@ -153,13 +153,18 @@ async def test_real_responses_match_the_document(running_node, db):
             "/v1/tasks",
         )
         plain = {k: v for k, v in body.items() if k not in ("priority", "deadline", "resource_key")}
-        check(await client.post("/v1/tasks", json=plain, headers={"Idempotency-Key": "plain"}), "/v1/tasks")
+        plain_id = check(await client.post("/v1/tasks", json=plain, headers={"Idempotency-Key": "plain"}), "/v1/tasks")[
+            "data"
+        ]["task_id"]
         check(await client.get("/v1/tasks", params={"limit": 1}), "/v1/tasks")
         check(await client.get("/v1/tasks", params={"limit": 0}), "/v1/tasks")
         check(await client.get("/v1/tasks", params={"queue_id": other.queue_id}), "/v1/tasks")
         check(await client.get(f"/v1/tasks/{task_id}"), "/v1/tasks/{task_id}")
         check(await client.get("/v1/tasks/" + "0" * 32), "/v1/tasks/{task_id}")
         check(await client.get("/v1/tasks/xyz"), "/v1/tasks/{task_id}")
+        check(await client.get(f"/v1/tasks/{plain_id}/explain"), "/v1/tasks/{task_id}/explain")
+        check(await client.get(f"/v1/tasks/{task_id}/explain"), "/v1/tasks/{task_id}/explain")
+        check(await client.get("/v1/tasks/" + "0" * 32 + "/explain"), "/v1/tasks/{task_id}/explain")
         check(await client.post(f"/v1/tasks/{task_id}/cancel"), "/v1/tasks/{task_id}/cancel")
         await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET state = 'succeeded', result = '[1]' WHERE task_id = %s", (task_id,)))
         check(await client.post(f"/v1/tasks/{task_id}/cancel"), "/v1/tasks/{task_id}/cancel")

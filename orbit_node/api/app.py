@@ -16,7 +16,7 @@ from ..db import migrate
 from ..errors import DatabaseError, InvalidArgument, NotFound, OrbitError, PayloadTooLarge, Unavailable
 from ..store.tasks import TaskStore
 from ..store.tenancy import TenancyStore
-from . import auth, envelope, queues, tasks, validation
+from . import auth, envelope, explain, queues, tasks, validation
 
 log = logging.getLogger("orbit.http")
 
@@ -52,6 +52,7 @@ def v1_blueprint() -> Blueprint:
     v1.before_request(auth.authenticate)
     v1.register_blueprint(tasks.bp)
     v1.register_blueprint(queues.bp)
+    v1.register_blueprint(explain.blueprint)
     return v1
 
 

@@ -16,6 +16,7 @@ from ..db import migrate
 from ..errors import DatabaseError, InvalidArgument, NotFound, OrbitError, PayloadTooLarge, Unavailable
 from ..store.tasks import TaskStore
 from ..store.tenancy import TenancyStore
+from ..workers.endpoint import blueprint as workers_blueprint
 from . import auth, envelope, explain, queues, tasks, validation
 
 log = logging.getLogger("orbit.http")
@@ -135,4 +136,6 @@ def create_app(state: NodeState) -> QuartTrio:
         return envelope.ok({"status": "ready", "schema_version": version})
 
     app.register_blueprint(v1_blueprint())
+    # The Worker endpoint authenticates at the handshake itself (HTTP refusals, no upgrade).
+    app.register_blueprint(workers_blueprint)
     return app

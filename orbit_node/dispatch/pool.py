@@ -1,0 +1,155 @@
+"""The trio side of the fair claim pool: runs the scheduler's grants as claim SQL.
+
+The decisions are ``FairScheduler``'s (pure); this adapter only awaits. Connections
+hand in one ``ClaimTicket`` with a ``deliver`` callback and go on serving their
+Worker: the control loop never waits on claim SQL. Each grant runs in this pool's
+own nursery; its result goes to ``deliver``. If the connection left meanwhile, the
+reservations are given back at once (``release``) instead of waiting for their lease.
+
+Shutdown (``close()``): pending requests are cancelled (their ``deliver`` gets
+``PoolClosed``), no new grants are made, in-flight claims finish and deliver.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from .scheduler import ClaimTicket, FairScheduler, Grant
+
+log = logging.getLogger("orbit.claims")
+
+Deliver = Callable[[Sequence[Any] | BaseException], None]
+
+
+class PoolClosed(Exception):
+    """The node is shutting down; no more claims."""
+
+
+@attrs.frozen
+class PoolStatistics:
+    claims_with_tasks: int
+    claims_empty: int
+    claims_failed: int
+    tasks_reserved: int
+    cached_empty_skips: int
+    pending: int
+    in_flight: int
+    turns_by_application: dict[str, int]
+
+
+@attrs.define(eq=False)
+class ClaimPool:
+    scheduler: FairScheduler
+    # Runs the claim SQL for a grant; returns the reservations.
+    claim: Callable[[Grant], Awaitable[Sequence[Any]]]
+    # Gives reservations back when their connection is gone.
+    release: Callable[[Sequence[Any]], Awaitable[None]]
+    # Called with (grant, outcome, seconds) after each claim: metrics hook.
+    observe: Callable[[Grant, str, float], None] | None = None
+    _deliver: dict[str, Deliver] = attrs.field(factory=dict, init=False)
+    _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    _idle: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _counts: dict[str, int] = attrs.field(factory=lambda: {"tasks": 0, "empty": 0, "error": 0, "reserved": 0}, init=False)
+
+    # -- called by connections (synchronous, never blocks) ---------------------------------
+
+    def request(self, ticket: ClaimTicket, deliver: Deliver) -> None:
+        """Queue one claim request; raises ``SchedulerRefused`` or ``PoolClosed``."""
+        if self._closed:
+            raise PoolClosed("node is shutting down")
+        self.scheduler.submit(ticket)
+        self._deliver[ticket.connection_id] = deliver
+        self._changed.set()
+
+    def leave(self, connection_id: str) -> None:
+        """The connection is gone: drop its pending request; in-flight results get released."""
+        self.scheduler.forget_connection(connection_id)
+        self._deliver.pop(connection_id, None)
+        self._changed.set()
+
+    def task_arrived(self, queue_id: str) -> None:
+        """A task was accepted for ``queue_id`` through this node: wake its waiting requests."""
+        self.scheduler.task_arrived(queue_id)
+        self._changed.set()
+
+    def close(self) -> None:
+        """Stop granting; cancel pending requests. In-flight claims still finish."""
+        self._closed = True
+        for ticket in self.scheduler.withdraw_all():
+            deliver = self._deliver.pop(ticket.connection_id, None)
+            if deliver is not None:
+                deliver(PoolClosed("node is shutting down"))
+        self._changed.set()
+
+    # -- the service -------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Grant claims until closed and every in-flight claim has finished."""
+        async with trio.open_nursery() as claims:
+            task_status.started()
+            while True:
+                now = trio.current_time()
+                if not self._closed:
+                    for grant in self.scheduler.grant(now):
+                        claims.start_soon(self._run_claim, grant)
+                if self._closed and self.scheduler.statistics().in_flight == 0:
+                    return
+                wakeup = None if self._closed else self.scheduler.next_wakeup(now)
+                self._changed = trio.Event()
+                with trio.move_on_at(math.inf if wakeup is None else wakeup):
+                    await self._changed.wait()
+
+    async def _run_claim(self, grant: Grant) -> None:
+        started = trio.current_time()
+        result: Sequence[Any] | BaseException
+        try:
+            result = await self.claim(grant)
+            outcome = "tasks" if result else "empty"
+        except Exception as exc:  # the database may be down: the connection retries later
+            log.warning("claim failed for connection %s: %s", grant.ticket.connection_id, exc)
+            result, outcome = exc, "error"
+        except BaseException:
+            self.scheduler.complete(grant, trio.current_time(), empty=False)
+            self._changed.set()
+            raise
+        now = trio.current_time()
+        self.scheduler.complete(grant, now, empty=outcome == "empty")
+        self._changed.set()
+        self._counts[outcome] += 1
+        if outcome == "tasks":
+            self._counts["reserved"] += len(result)
+        if self.observe is not None:
+            self.observe(grant, outcome, now - started)
+        deliver = self._deliver.pop(grant.ticket.connection_id, None)
+        if deliver is not None:
+            deliver(result)
+        elif outcome == "tasks":
+            # The connection left while its claim ran: give the reservations back now.
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                try:
+                    await self.release(result)
+                except Exception as exc:
+                    log.warning(
+                        "could not release %d reservations of a closed connection (lease recovery will): %s",
+                        len(result), exc,
+                    )
+
+    def statistics(self) -> PoolStatistics:
+        s = self.scheduler.statistics()
+        return PoolStatistics(
+            claims_with_tasks=self._counts["tasks"],
+            claims_empty=self._counts["empty"],
+            claims_failed=self._counts["error"],
+            tasks_reserved=self._counts["reserved"],
+            cached_empty_skips=s.cached_empty_skips,
+            pending=s.pending,
+            in_flight=s.in_flight,
+            turns_by_application=s.turns_by_application,
+        )

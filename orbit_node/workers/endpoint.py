@@ -1,0 +1,74 @@
+"""``GET /v1/workers/connect``: the WebSocket endpoint on the node's HTTP address.
+
+The handshake is refused with an HTTP status and the usual error envelope when:
+the credential is sent in the query string (400), is missing/unknown/revoked (401),
+lacks ``workers:connect`` (403), or the node already serves ``max_connections``
+Worker connections (503 RESOURCE_EXHAUSTED) or is shutting down (503 UNAVAILABLE).
+A refusal happens before the upgrade and costs the existing connections nothing.
+"""
+
+from __future__ import annotations
+
+from quart import Blueprint, current_app, websocket
+
+from ..api import envelope
+from ..errors import InvalidArgument, OrbitError, ResourceExhausted, Unavailable
+from .connection import WorkerConnection
+
+blueprint = Blueprint("workers", __name__)
+
+# Query parameters that would carry a credential; the handshake refuses them outright.
+CREDENTIAL_PARAMS = ("token", "access_token", "auth", "authorization", "key", "api_key", "credential")
+
+
+class QuartTransport:
+    """The connection's view of a Quart WebSocket. A peer disconnect cancels the handler."""
+
+    async def receive(self):
+        return await websocket.receive()
+
+    async def send(self, text: str) -> None:
+        await websocket.send(text)
+
+    async def close(self, code: int, reason: str) -> None:
+        await websocket.close(code, reason)
+
+
+def _bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+@blueprint.websocket("/v1/workers/connect")
+async def connect():
+    state = current_app.extensions["orbit"]
+    hub = state.services.get("workers")
+    try:
+        if any(name.lower() in CREDENTIAL_PARAMS for name in websocket.args) or "orb_" in websocket.query_string.decode(
+            "latin1"
+        ):
+            raise InvalidArgument(
+                "credentials must be sent in the Authorization header, never in the query string", field="query"
+            )
+        principal = await state.tenancy.authenticate(_bearer(websocket.headers.get("Authorization")))
+        principal.require("workers:connect")
+        if hub is None or hub.shutdown_requested.is_set():
+            raise Unavailable("this node is not accepting Worker connections", field="node")
+        if not hub.try_admit():
+            raise ResourceExhausted(
+                f"this node already serves {hub.config.max_connections} Worker connections; connect to another node",
+                field="connections",
+            )
+    except OrbitError as exc:
+        response = envelope.error(exc)
+        if isinstance(exc, (ResourceExhausted, Unavailable)):
+            response.headers["Retry-After"] = "1"
+        return response
+    try:
+        await websocket.accept()
+        connection = WorkerConnection(hub.new_connection_id(), principal, QuartTransport(), hub)
+        await connection.serve()
+    finally:
+        hub.release_slot()

@@ -89,3 +89,26 @@ def test_named_query_blocks_parse_and_reject_duplicates():
     assert blocks == {"a": "SELECT 1", "b": "SELECT 2"}
     with pytest.raises(ValueError):
         parse_blocks("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n")
+
+
+async def test_a_discarded_connection_is_closed_at_once_so_its_locks_go(db):
+    """A connection dropped mid-transaction must not keep its row locks until garbage collection."""
+    await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY, v INT) ENGINE=InnoDB"))
+    await db.run(lambda tx: tx.execute_raw("INSERT INTO t VALUES (1, 0)"))
+    held = []
+
+    async def lock_then_hang(tx):
+        await tx.execute_raw("UPDATE t SET v = 1 WHERE id = 1")
+        held.append(tx._conn._sock)  # e.g. a traceback frame keeping the socket stream alive
+        await trio.sleep_forever()
+
+    with trio.move_on_after(0.3):
+        await db.transaction(lock_then_hang)
+    assert held  # the socket stream object is still referenced here
+
+    async def update(tx):
+        await tx.execute_raw("SET SESSION innodb_lock_wait_timeout = 2")
+        return await tx.execute_raw("UPDATE t SET v = 2 WHERE id = 1")
+
+    with trio.fail_after(10):
+        assert await db.run(update) == 1

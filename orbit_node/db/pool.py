@@ -50,6 +50,23 @@ SESSION_SETUP = (
 )
 
 
+def hard_close(conn) -> None:
+    """Close a driver connection's socket now.
+
+    trio-mysql's own ``close()`` calls ``close()`` on a ``trio.SocketStream`` (which has
+    none) and swallows the error, leaving the socket to the garbage collector: the
+    server would keep the session, its open transaction and its locks alive. Closing
+    the underlying socket makes the server roll back at once.
+    """
+    stream = getattr(conn, "_sock", None)
+    if stream is not None:
+        try:
+            stream.socket.close()
+        except Exception:
+            pass
+    conn.close()
+
+
 def errno_of(exc: BaseException) -> int | None:
     if isinstance(exc, trio_mysql.MySQLError) and exc.args and isinstance(exc.args[0], int):
         return exc.args[0]
@@ -157,10 +174,10 @@ class Database:
             with trio.fail_after(self.connect_timeout_s):
                 await conn.connect()
         except trio.TooSlowError:
-            conn.close()
+            hard_close(conn)
             raise Unavailable("database unavailable: connect timed out") from None
         except BaseException as exc:
-            conn.close()
+            hard_close(conn)
             if isinstance(exc, (trio_mysql.MySQLError, OSError)):
                 raise translate(exc) from exc
             raise
@@ -168,7 +185,7 @@ class Database:
         return conn
 
     def _discard(self, conn) -> None:
-        conn.close()
+        hard_close(conn)
         self._open -= 1
 
     @asynccontextmanager
@@ -239,15 +256,15 @@ class Database:
                                 try:
                                     await conn.rollback()
                                 except Exception:
-                                    conn.close()
+                                    hard_close(conn)
                             if scope.cancelled_caught:
-                                conn.close()
+                                hard_close(conn)
                         else:
-                            conn.close()
+                            hard_close(conn)
                         raise
                     except BaseException:
                         # Cancelled or crashed mid-protocol: the connection state is unknown.
-                        conn.close()
+                        hard_close(conn)
                         raise
             except (trio_mysql.MySQLError, OSError, trio.BrokenResourceError) as exc:
                 errno = errno_of(exc)

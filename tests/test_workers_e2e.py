@@ -54,8 +54,7 @@ async def test_capacity_one_worker_runs_tasks_in_priority_order(full_node, db):
         with trio.fail_after(20):
             async with trio.open_nursery() as nursery:
                 await nursery.start(worker.run)
-                while worker.completed < 3:
-                    await trio.sleep(0.02)
+                await worker.wait_completed(3)
                 await worker.drain()
         assert executed == [9, 4, 0]
         assert worker.drained

@@ -80,7 +80,13 @@ async def submit_task():
     key = validation.idempotency_key()
     new = validation.submit_task(await validation.json_object(required=True))
     who.require("tasks:submit", new.queue_id)
-    accepted = await node_state().tasks.submit(who.namespace_id, key, new)
+    state = node_state()
+    accepted = await state.tasks.submit(who.namespace_id, key, new)
+    claims = state.services.get("claims")
+    if accepted.created and claims is not None:
+        # Waiting Workers of this queue on this node may claim at once instead of after
+        # their empty-result cache entry expires (a latency shortcut; it decides nothing).
+        claims.task_arrived(new.queue_id)
     return envelope.ok(task_json(accepted.task), 201 if accepted.created else 200)
 
 

@@ -91,6 +91,18 @@ class _Session:
     _ids: Any = attrs.field(factory=lambda: itertools.count(1))
     _waiting: dict[str, Any] = attrs.field(factory=dict)
     running: dict[str, tuple[str, trio.CancelScope]] = attrs.field(factory=dict)
+    # Handlers started or about to start (between the start ack and the handler).
+    busy: int = 0
+    idle: trio.Event = attrs.field(factory=trio.Event)
+
+    def enter(self) -> None:
+        self.busy += 1
+        self.idle = trio.Event()
+
+    def leave(self) -> None:
+        self.busy -= 1
+        if self.busy == 0:
+            self.idle.set()
 
     async def send(self, message: dict) -> None:
         await self.ws.send_message(json.dumps(message, separators=(",", ":")))
@@ -129,6 +141,7 @@ class Worker:
     completed: int = 0
     failed: int = 0
     connections: int = 0
+    _progress: trio.Event = attrs.field(factory=trio.Event)
 
     @property
     def worker_drained(self) -> bool:
@@ -151,6 +164,19 @@ class Worker:
         elif base.startswith("http://"):
             base = "ws://" + base[len("http://"):]
         return base + "/v1/workers/connect"
+
+    async def wait_completed(self, count: int) -> None:
+        """Wait until ``count`` tasks finished successfully through this Worker."""
+        while self.completed < count:
+            await self._progress.wait()
+
+    def _finished(self, succeeded: bool) -> None:
+        if succeeded:
+            self.completed += 1
+        else:
+            self.failed += 1
+        self._progress.set()
+        self._progress = trio.Event()
 
     async def drain(self) -> None:
         """Stop taking tasks, let running handlers finish, disconnect; sets ``drained``."""
@@ -240,15 +266,19 @@ class Worker:
 
     async def _start_and_run(self, session: _Session, tasks: list[dict]) -> None:
         refs = [{"task_id": t["task_id"], "token": t["token"]} for t in tasks]
-        if self._draining:
-            await session.request("release", refs)
-            return
-        results = await session.request("start", refs)
-        by_id = {r["task_id"]: r for r in results}
-        async with trio.open_nursery() as nursery:
-            for t in tasks:
-                if by_id.get(t["task_id"], {}).get("ok"):
-                    nursery.start_soon(self._run_one, session, t)
+        session.enter()
+        try:
+            if self._draining:
+                await session.request("release", refs)
+                return
+            results = await session.request("start", refs)
+            by_id = {r["task_id"]: r for r in results}
+            async with trio.open_nursery() as nursery:
+                for t in tasks:
+                    if by_id.get(t["task_id"], {}).get("ok"):
+                        nursery.start_soon(self._run_one, session, t)
+        finally:
+            session.leave()
 
     async def _run_one(self, session: _Session, raw: dict) -> None:
         task = WorkerTask(
@@ -276,10 +306,7 @@ class Worker:
         finally:
             session.running.pop(task.task_id, None)
         if results and results[0].get("ok"):
-            if report["outcome"] == "succeeded":
-                self.completed += 1
-            else:
-                self.failed += 1
+            self._finished(report["outcome"] == "succeeded")
 
     async def _heartbeats(self, session: _Session) -> None:
         while True:
@@ -304,6 +331,6 @@ class Worker:
         await self._finish_then_close(session)
 
     async def _finish_then_close(self, session: _Session) -> None:
-        while session.running:
-            await trio.sleep(0.01)
+        if session.busy:
+            await session.idle.wait()
         await session.ws.aclose()

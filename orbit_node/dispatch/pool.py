@@ -52,6 +52,10 @@ class ClaimPool:
     release: Callable[[Sequence[Any]], Awaitable[None]]
     # Called with (grant, outcome, seconds) after each claim: metrics hook.
     observe: Callable[[Grant, str, float], None] | None = None
+    # Called with each grant as it is made, in fairness order (metrics: claim turns).
+    on_grant: Callable[[Grant], None] | None = None
+    # Called with each request the scheduler accepted.
+    on_request: Callable[[ClaimTicket], None] | None = None
     _deliver: dict[str, Deliver] = attrs.field(factory=dict, init=False)
     _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
     _closed: bool = attrs.field(default=False, init=False)
@@ -66,6 +70,8 @@ class ClaimPool:
             raise PoolClosed("node is shutting down")
         self.scheduler.submit(ticket)
         self._deliver[ticket.connection_id] = deliver
+        if self.on_request is not None:
+            self.on_request(ticket)
         self._changed.set()
 
     def leave(self, connection_id: str) -> None:
@@ -98,6 +104,8 @@ class ClaimPool:
                 now = trio.current_time()
                 if not self._closed:
                     for grant in self.scheduler.grant(now):
+                        if self.on_grant is not None:
+                            self.on_grant(grant)
                         claims.start_soon(self._run_claim, grant)
                 if self._closed and self.scheduler.statistics().in_flight == 0:
                     return

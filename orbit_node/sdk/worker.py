@@ -82,6 +82,24 @@ class WorkerTask:
 Handler = Callable[[WorkerTask], Awaitable[Any]]
 
 
+def _leaf(group: BaseExceptionGroup) -> BaseException:
+    """The first exception of a group that is not a cancellation (or the first at all)."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for leaf in leaves:
+        if not isinstance(leaf, trio.Cancelled):
+            return leaf
+    return leaves[0]
+
+
 @attrs.define(eq=False)
 class _Session:
     """One live connection: sending, and matching acks to requests by message id."""
@@ -193,7 +211,11 @@ class Worker:
         try:
             while not self._draining:
                 try:
-                    await self._session(task_status if first else trio.TASK_STATUS_IGNORED)
+                    try:
+                        await self._session(task_status if first else trio.TASK_STATUS_IGNORED)
+                    except BaseExceptionGroup as group:
+                        # Nurseries wrap what ended the session; act on the exception itself.
+                        raise _leaf(group) from None
                     first = False
                     backoff = RECONNECT_INITIAL_S
                 except WorkerRejected:

@@ -17,6 +17,12 @@ from .connection import WorkerConnection
 
 blueprint = Blueprint("workers", __name__)
 
+
+class ConnectionLimitReached(ResourceExhausted):
+    """The node serves its maximum of Worker connections: 503, another node may have room."""
+
+    http_status = 503
+
 # Query parameters that would carry a credential; the handshake refuses them outright.
 CREDENTIAL_PARAMS = ("token", "access_token", "auth", "authorization", "key", "api_key", "credential")
 
@@ -57,7 +63,7 @@ async def connect():
         if hub is None or hub.shutdown_requested.is_set():
             raise Unavailable("this node is not accepting Worker connections", field="node")
         if not hub.try_admit():
-            raise ResourceExhausted(
+            raise ConnectionLimitReached(
                 f"this node already serves {hub.config.max_connections} Worker connections; connect to another node",
                 field="connections",
             )

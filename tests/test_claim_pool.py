@@ -1,0 +1,183 @@
+"""The trio claim pool and a connection's timers, on trio's clock (no database needed:
+the claim SQL is replaced by a function that records when it was called)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from orbit_node.config import NodeConfig, SchedulerLimits, Dsn
+from orbit_node.dispatch.pool import ClaimPool, PoolClosed
+from orbit_node.dispatch.scheduler import ClaimTicket, FairScheduler
+from orbit_node.store.tenancy import Principal
+from orbit_node.workers import protocol as p
+from orbit_node.workers.connection import ConnectionClosed, WorkerConnection
+
+CAPS = frozenset({("h", "v1", "v1")})
+
+
+def ticket(conn="c1", app="A", queue="q") -> ClaimTicket:
+    return ClaimTicket(connection_id=conn, application_id=app, namespace_id="ns", queue_ids=(queue,),
+                       capabilities=CAPS, resource_key_support=False, limit=1)
+
+
+async def test_pool_paces_a_connection_to_four_claims_per_cycle(autojump_clock):
+    calls: list[float] = []
+
+    async def claim(grant):
+        calls.append(trio.current_time())
+        await trio.sleep(0.001)
+        return ["task"]
+
+    pool = ClaimPool(FairScheduler(SchedulerLimits()), claim=claim, release=None)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            results = []
+
+            def deliver(result):
+                results.append(result)
+                if len(results) < 12:
+                    pool.request(ticket(), deliver)  # always busy: asks again at once
+
+            start = trio.current_time()
+            pool.request(ticket(), deliver)
+            while len(results) < 12:
+                await trio.sleep(0.05)
+            pool.close()
+    cycles = [int((t - start) // 1.0) for t in calls]
+    assert cycles == [0] * 4 + [1] * 4 + [2] * 4
+
+
+async def test_pool_serves_empty_results_from_the_cache_for_one_cycle(autojump_clock):
+    calls: list[float] = []
+
+    async def claim(grant):
+        calls.append(trio.current_time())
+        return []
+
+    pool = ClaimPool(FairScheduler(SchedulerLimits()), claim=claim, release=None)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            delivered = []
+
+            def deliver(result):
+                if isinstance(result, PoolClosed):
+                    return
+                delivered.append(trio.current_time())
+                pool.request(ticket(), deliver)
+
+            start = trio.current_time()
+            pool.request(ticket(), deliver)
+            await trio.sleep(3.5)
+            pool.close()
+    # One SQL probe per scan cycle, not one per request.
+    assert [round(t - start, 3) for t in calls] == [0.0, 1.0, 2.0, 3.0]
+    assert delivered[-1] <= start + 3.5
+
+
+async def test_close_cancels_pending_requests_and_lets_in_flight_claims_deliver(autojump_clock):
+    release_claim = trio.Event()
+
+    async def claim(grant):
+        await release_claim.wait()
+        return ["reservation"]
+
+    pool = ClaimPool(FairScheduler(SchedulerLimits(in_flight_per_application=1)), claim=claim, release=None)
+    got = {}
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            pool.request(ticket("c1"), lambda r: got.__setitem__("c1", r))
+            pool.request(ticket("c2"), lambda r: got.__setitem__("c2", r))  # same application: waits
+            await trio.testing.wait_all_tasks_blocked()
+            pool.close()
+            assert isinstance(got["c2"], PoolClosed)
+            with pytest.raises(PoolClosed):
+                pool.request(ticket("c3"), lambda r: None)
+            release_claim.set()
+    assert got["c1"] == ["reservation"]
+
+
+async def test_results_of_a_departed_connection_are_released(autojump_clock):
+    released = []
+    go = trio.Event()
+
+    async def claim(grant):
+        await go.wait()
+        return ["r1", "r2"]
+
+    async def release(reservations):
+        released.extend(reservations)
+
+    pool = ClaimPool(FairScheduler(SchedulerLimits()), claim=claim, release=release)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            pool.request(ticket(), lambda r: pytest.fail("delivered to a departed connection"))
+            await trio.testing.wait_all_tasks_blocked()
+            pool.leave("c1")
+            go.set()
+            await trio.testing.wait_all_tasks_blocked()
+            pool.close()
+    assert released == ["r1", "r2"]
+
+
+class MemoryTransport:
+    def __init__(self):
+        self.to_node_send, self.to_node_recv = trio.open_memory_channel(100)
+        self.sent: list[str] = []
+        self.closed: tuple[int, str] | None = None
+
+    async def receive(self):
+        try:
+            return await self.to_node_recv.receive()
+        except trio.EndOfChannel:
+            raise ConnectionClosed("peer closed") from None
+
+    async def send(self, text: str) -> None:
+        self.sent.append(text)
+
+    async def close(self, code: int, reason: str) -> None:
+        self.closed = (code, reason)
+
+
+@attrs.define
+class StubHub:
+    """The hub a connection needs before hello: config, pool, shutdown event, registry calls."""
+
+    config: NodeConfig
+    pool: ClaimPool
+    shutdown_requested: trio.Event = attrs.field(factory=trio.Event)
+    unregistered: int = 0
+
+    async def unregister(self, conn):
+        self.unregistered += 1
+
+
+PRINCIPAL = Principal("c" * 32, "n" * 32, "default", "test", "a" * 32, "app", {})
+
+
+async def test_a_silent_connection_is_closed_after_the_heartbeat_timeout(autojump_clock):
+    config = NodeConfig(dsn=Dsn.parse("mysql://root@127.0.0.1/x"), heartbeat_timeout_s=30)
+    hub = StubHub(config, ClaimPool(FairScheduler(config.scheduler), claim=None, release=None))
+    transport = MemoryTransport()
+    conn = WorkerConnection("c_1", PRINCIPAL, transport, hub)
+    start = trio.current_time()
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.serve)
+            await trio.sleep(20)
+            await transport.to_node_send.send('{"type":"heartbeat"}')  # alive: the clock restarts
+            await trio.sleep(25)
+            assert transport.closed is None
+            while transport.closed is None:
+                await trio.sleep(1)
+            await transport.to_node_send.aclose()
+    assert transport.closed == (p.CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
+    assert trio.current_time() - start == pytest.approx(50, abs=1.5)
+    assert [p.loads_strict(t)["type"] for t in transport.sent] == ["heartbeat", "error"]
+    assert hub.unregistered == 1

@@ -1,0 +1,251 @@
+"""The node's Worker side end to end (real WebSockets, real MariaDB): limits, leases, fairness, shutdown."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+from trio_websocket import ConnectionRejected, open_websocket_url
+
+from orbit_node.db import Database
+from orbit_node.sdk.worker import Worker
+from orbit_node.services import default_services
+from orbit_node.store.dispatch import OwnershipLost
+from orbit_node.store.tenancy import TenancyStore
+
+from . import seed
+from .nodeutil import ALL_SCOPES, run_node
+from .wsclient import heartbeat_roundtrip, raw_worker, ws_url
+
+
+async def token_for(db: Database, owner: seed.Tenant) -> str:
+    _, token = await TenancyStore(db).create_credential(owner.namespace_id, "t", ALL_SCOPES)
+    return token
+
+
+@pytest.fixture
+async def full_node(node_config):
+    async with run_node(node_config, services=default_services()) as running:
+        yield running
+
+
+async def test_the_129th_connection_is_refused_and_the_others_keep_working(full_node, db):
+    owner = await seed.tenant(db)
+    token = await token_for(db, owner)
+    headers = [(b"authorization", f"Bearer {token}".encode())]
+    url = ws_url(full_node.base_url)
+    hub = full_node.node.state.services["workers"]
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            opened = []
+            release = trio.Event()
+
+            async def hold(task_status=trio.TASK_STATUS_IGNORED):
+                async with open_websocket_url(url, extra_headers=headers) as ws:
+                    opened.append(ws)
+                    task_status.started()
+                    await release.wait()
+
+            for _ in range(128):
+                await nursery.start(hold)
+            assert hub.admitted == 128
+            with pytest.raises(ConnectionRejected) as info:
+                async with open_websocket_url(url, extra_headers=headers):
+                    pass
+            assert info.value.status_code == 503
+            body = json.loads(info.value.body)
+            assert body["error"]["code"] == "RESOURCE_EXHAUSTED" and "128" in body["error"]["message"]
+            assert hub.refused == 1
+            # The existing connections are untouched: one of them does a full hello/heartbeat.
+            ws = opened[0]
+            await ws.send_message(json.dumps({"type": "heartbeat"}))
+            assert json.loads(await ws.get_message()) == {"type": "heartbeat"}
+            release.set()
+    # Slots are given back when connections end.
+    with trio.fail_after(10):
+        while hub.admitted:
+            await trio.sleep(0.01)
+
+
+async def test_worker_disconnecting_mid_task_task_comes_back_after_lease_expiry_old_finish_refused(full_node, db):
+    owner = await seed.tenant(db)
+    token = await token_for(db, owner)
+    task_id = await seed.insert_task(db, owner)
+    store = full_node.node.state.services["dispatch"]
+    with trio.fail_after(20):
+        async with raw_worker(full_node.base_url, token) as w:
+            await w.hello([owner.queue_id])
+            dispatch = await w.recv_type("dispatch")
+            old = dispatch["tasks"][0]
+            ack = await w.request("start", [{"task_id": task_id, "token": old["token"]}], "s")
+            assert ack["results"][0]["ok"]
+        # The connection is gone while the task runs: it stays running under its lease.
+        row = await seed.task_row(db, task_id)
+        assert row["state"] == "running" and row["fencing_token"] == old["token"]
+        assert (await store.recover()).total == 0  # the lease is still valid: nothing moves
+        await seed.expire_lease(db, task_id)
+        stats = await store.recover()
+        assert stats.retried == 1
+        await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET available_at = NOW(6) WHERE task_id = %s", (task_id,)))
+        async with raw_worker(full_node.base_url, token) as w2:
+            await w2.hello([owner.queue_id])
+            again = (await w2.recv_type("dispatch"))["tasks"][0]
+            assert again["task_id"] == task_id and again["attempt"] == 2 and again["token"] != old["token"]
+            with pytest.raises(OwnershipLost):
+                await store.finish(task_id, old["token"], result_json="{}")
+            ack = await w2.request("start", [{"task_id": task_id, "token": again["token"]}], "s2")
+            assert ack["results"][0]["ok"]
+            ack = await w2.request("finish", [{"task_id": task_id, "token": again["token"], "outcome": "succeeded",
+                                               "result": 1}], "f2")
+            assert ack["results"][0]["state"] == "succeeded"
+    row = await seed.task_row(db, task_id)
+    assert row["state"] == "succeeded" and row["attempts"] == 2
+
+
+async def test_reservations_of_a_closed_connection_are_released_at_once(full_node, db):
+    owner = await seed.tenant(db)
+    token = await token_for(db, owner)
+    task_id = await seed.insert_task(db, owner)
+    with trio.fail_after(20):
+        async with raw_worker(full_node.base_url, token) as w:
+            await w.hello([owner.queue_id])
+            await w.recv_type("dispatch")
+        while (await seed.task_row(db, task_id))["state"] != "queued":
+            await trio.sleep(0.01)
+    row = await seed.task_row(db, task_id)
+    assert row["state"] == "queued" and row["attempts"] == 0 and row["owner_node_id"] is None
+    assert [a["outcome"] for a in await seed.attempt_rows(db, task_id)] == ["released"]
+
+
+async def test_heartbeats_are_answered_while_every_sql_slot_is_stalled(full_node, db, dsn):
+    owners, tokens = [], []
+    for i in range(4):
+        owner = await seed.tenant(db, application=f"app{i}")
+        await TenancyStore(db).set_application_quota(owner.application_id, max_concurrent_executions=10,
+                                                     max_starts_per_second=None)
+        await seed.insert_task(db, owner)
+        owners.append(owner)
+        tokens.append(await token_for(db, owner))
+    pool = full_node.node.state.services["claims"]
+    blocker = Database(dsn, size=1)
+    locked, done = trio.Event(), trio.Event()
+
+    async def hold_locks(tx):
+        # Claims of these applications lock their application row (quota): hold them all.
+        for owner in owners:
+            await tx.execute_raw("SELECT * FROM applications WHERE application_id = %s FOR UPDATE", (owner.application_id,))
+        locked.set()
+        await done.wait()
+
+    try:
+        with trio.fail_after(40):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(blocker.transaction, hold_locks)
+                await locked.wait()
+                async with raw_worker(full_node.base_url, tokens[0]) as w0, \
+                        raw_worker(full_node.base_url, tokens[1]) as w1, \
+                        raw_worker(full_node.base_url, tokens[2]) as w2, \
+                        raw_worker(full_node.base_url, tokens[3]) as w3:
+                    workers = [w0, w1, w2, w3]
+                    for w, owner in zip(workers, owners):
+                        await w.hello([owner.queue_id])
+                    while pool.statistics().in_flight < 4:
+                        await trio.sleep(0.01)
+                    # All four claim slots wait on the database; the control loops do not.
+                    for _ in range(3):
+                        for w in workers:
+                            with trio.fail_after(2):
+                                await heartbeat_roundtrip(w)
+                    assert pool.statistics().in_flight == 4
+                    done.set()
+                    for w in workers:
+                        assert len((await w.recv_type("dispatch"))["tasks"]) == 1
+    finally:
+        await blocker.aclose()
+
+
+async def test_a_flooding_application_does_not_delay_another_beyond_one_rotation(full_node, db):
+    pool = full_node.node.state.services["claims"]
+    granted: list[str] = []
+    requested_at: list[int] = []  # len(granted) when each of the small application's requests entered
+    pool.on_grant = lambda grant: granted.append(grant.ticket.application_id)
+    big = await seed.tenant(db, application="big", queue="q0")
+    queues = [big] + [await seed.add_queue(db, big, f"q{i}") for i in range(1, 10)]
+    for q in queues:
+        await seed.bulk_insert_tasks(db, q, 2000, id_prefix=q.queue_id[:8])
+    big_token = await token_for(db, big)
+    small = await seed.tenant(db, application="small")
+    small_token = await token_for(db, small)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            stop = trio.Event()
+
+            async def flood(queue_id, task_status=trio.TASK_STATUS_IGNORED):
+                # Capacity 1000: keeps claiming without ever starting (reservations pile up).
+                async with raw_worker(full_node.base_url, big_token) as w:
+                    await w.hello([queue_id], capacity=1000)
+                    task_status.started()
+                    await stop.wait()
+
+            for q in queues:
+                for _ in range(4):
+                    await nursery.start(flood, q.queue_id)
+            while granted.count(big.application_id) < 20:
+                await trio.sleep(0.01)
+            pool.on_request = lambda t: requested_at.append(len(granted)) if t.application_id == small.application_id else None
+            await seed.insert_task(db, small)
+            async with raw_worker(full_node.base_url, small_token) as w:
+                await w.hello([small.queue_id])
+                dispatch = await w.recv_type("dispatch")
+                assert len(dispatch["tasks"]) == 1
+            # Between the small application's request and its grant, the big one got at most one turn.
+            after_request = granted[requested_at[0]:]
+            first_small = after_request.index(small.application_id)
+            assert after_request[:first_small].count(big.application_id) <= 1, first_small
+            # The big application was still flooding when the small one was served.
+            assert pool.statistics().pending >= 30
+            stop.set()
+    turns = pool.statistics().turns_by_application
+    assert turns[small.application_id] >= 1 and turns[big.application_id] >= 20
+
+
+async def test_node_shutdown_with_work_in_flight_loses_no_task(node_config, db):
+    owner = await seed.tenant(db)
+    token = await token_for(db, owner)
+    ids = await seed.insert_tasks(db, owner, [seed.TaskSpec() for _ in range(20)])
+    started = trio.Event()
+    finish = trio.Event()
+    ran = []
+
+    async def handler(task):
+        ran.append(task.task_id)
+        started.set()
+        await finish.wait()
+        return {"done": task.task_id}
+
+    with trio.fail_after(40):
+        async with trio.open_nursery() as outer:
+            async with run_node(node_config, services=default_services()) as running:
+                worker = Worker(url=running.base_url, token=token, queues=[owner.queue_id], capacity=5)
+                worker.register("h", "v1", "v1", handler)
+                await outer.start(worker.run)
+                await started.wait()
+                while len(ran) < 5:
+                    await trio.sleep(0.01)
+                running.node.request_shutdown()
+                # The node asks the Worker to drain; running handlers may still finish.
+                await trio.sleep(0.2)
+                finish.set()
+            # The node has exited here.
+            await worker.drain()
+    store = seed.dispatch_store(db)
+    for task_id in ids:
+        row = await seed.task_row(db, task_id)
+        if row["state"] in ("reserved", "running"):
+            await seed.expire_lease(db, task_id)
+    await store.recover()
+    states = await seed.count_states(db)
+    assert sum(states.values()) == 20
+    assert set(states) <= {"succeeded", "queued"}, states
+    assert states.get("succeeded", 0) == len(ran) >= 5

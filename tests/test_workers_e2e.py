@@ -171,3 +171,60 @@ async def test_message_before_hello_and_malformed_messages(full_node, db):
         # The node is fine: health still answers.
         async with httpx.AsyncClient() as http:
             assert (await http.get(full_node.base_url + "/healthz")).status_code == 200
+
+
+async def test_oversized_message_closes_1009_and_spares_other_connections(node_config, db):
+    import attrs
+
+    from trio_websocket import ConnectionClosed
+
+    config = attrs.evolve(node_config, max_ws_message_bytes=4096)
+    tenant = await make_tenant(db, "big-msg")
+    headers = [(b"authorization", f"Bearer {tenant.token}".encode())]
+    async with run_node(config, services=default_services()) as node:
+        with trio.fail_after(15):
+            async with open_websocket_url(ws_url(node.base_url), extra_headers=headers) as healthy, \
+                    open_websocket_url(ws_url(node.base_url), extra_headers=headers) as ws:
+                await ws.send_message(json.dumps({"type": "heartbeat", "pad": "x" * 10_000}))
+                with pytest.raises(ConnectionClosed) as info:
+                    await ws.get_message()
+                assert info.value.reason.code == 1009
+                await healthy.send_message(json.dumps({"type": "heartbeat"}))
+                assert json.loads(await healthy.get_message()) == {"type": "heartbeat"}
+
+
+async def test_tls_node_serves_https_and_wss(node_config, db, tmp_path):
+    import ssl
+
+    import attrs
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.cert_chain_pems[0].write_to_path(cert_path)
+    cert.private_key_pem.write_to_path(key_path)
+    config = attrs.evolve(node_config, tls_cert=str(cert_path), tls_key=str(key_path))
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    tenant = await make_tenant(db, "tls")
+    async with run_node(config, services=default_services()) as node:
+        assert node.base_url.startswith("https://")
+        async with httpx.AsyncClient(verify=client_ctx) as http:
+            assert (await http.get(node.base_url + "/healthz")).status_code == 200
+        async with OrbitClient(node.base_url, tenant.token, transport=httpx.AsyncHTTPTransport(verify=client_ctx)) as client:
+            await submit(client, "tls-1", tenant.queue_id, 3)
+        worker = Worker(url=node.base_url, token=tenant.token, queues=[tenant.queue_id], capacity=1, ssl_context=client_ctx)
+        seen = []
+
+        @worker.handler("object.prepare", "v1", "v1")
+        async def prepare(task: WorkerTask):
+            seen.append(task.priority)
+            return None
+
+        with trio.fail_after(15):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await worker.wait_completed(1)
+                await worker.drain()
+        assert seen == [3]

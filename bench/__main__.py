@@ -1,25 +1,114 @@
-"""``python -m bench <scenario> [options]``: run one benchmark scenario."""
+"""``python -m bench <scenario> [options]``: run benchmark scenarios.
+
+Scenarios: s0 s1 s2 s3 s4 s5 e2e (each: a table, a JSON result and PNG plots under
+bench/results/), ``all`` (every one of them, in that order, S2 using S1's figure), and
+``claim`` (the dispatch core's micro-benchmark, its own options).
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
+import time
+from pathlib import Path
+from typing import Any
 
-# Scenario name -> module with ``main(argv) -> int``.
+import trio
+
+from .report import RESULTS_DIR, Target, format_profile, machine_info, targets_table, write_result
+
+# Scenario name -> module with add_arguments(parser), async run(args) -> report, plot(report, outdir, plots).
 SCENARIOS = {
-    "claim": "bench.claim",
+    "s0": "bench.s0",
+    "s1": "bench.s1",
+    "e2e": "bench.e2e",
+    "s2": "bench.s2",
+    "s3": "bench.s3",
+    "s4": "bench.s4",
+    "s5": "bench.s5",
 }
+# The order of ``all``.
+ALL = ("s0", "s1", "e2e", "s2", "s3", "s4", "s5")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for JSON and PNG (bench/results)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--no-profile", action="store_true", help="do not attach py-spy to the node process")
+    for module in SCENARIOS.values():
+        importlib.import_module(module).add_arguments(parser)
+    return parser
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print(f"== {report['scenario'].upper()}: {report.get('title', '')}")
+    print(f"machine: {report['machine']['cpus']} cpus ({report['machine']['cpu']}), {report['machine']['memory']}, "
+          f"Python {report['machine']['python']}; MariaDB {report.get('server', '?')}; "
+          f"{report.get('seconds', 0):.0f} s")
+    for table in report.get("tables", []):
+        print()
+        print(table)
+    targets = [t for t in report.get("targets", []) if isinstance(t, Target)]
+    if targets:
+        print()
+        print(targets_table(targets))
+    for note in report.get("notes", []):
+        print(f"* {note}")
+    for name, summary in report.get("profiles", {}).items():
+        print()
+        print(format_profile(summary, title=f"profile of {name}"))
+    print()
+
+
+async def run_one(name: str, args: argparse.Namespace, context: dict[str, Any]) -> dict[str, Any]:
+    module = importlib.import_module(SCENARIOS[name])
+    started = time.perf_counter()
+    args.context = context
+    report = await module.run(args)
+    report.setdefault("title", (module.__doc__ or "").splitlines()[0])
+    report["seconds"] = time.perf_counter() - started
+    report["machine"] = machine_info()
+    context[name] = report
+    return report
+
+
+def finish(name: str, report: dict[str, Any], args: argparse.Namespace) -> None:
+    if not args.no_plots:
+        from . import plots
+
+        outdir = args.out
+        outdir.mkdir(parents=True, exist_ok=True)
+        try:
+            report["plots"] = [str(p) for p in importlib.import_module(SCENARIOS[name]).plot(report, outdir, plots)]
+        except Exception as exc:  # a plot must never lose the figures
+            report["plots_error"] = repr(exc)
+    path = write_result(report, args.out, name)
+    print_report(report)
+    print(f"result: {path}" + (f"; plots: {', '.join(report.get('plots', []))}" if report.get("plots") else ""))
+    print()
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SCENARIOS:
-        known = ", ".join(sorted(SCENARIOS))
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"unknown scenario {argv[0]!r}; known: {known}", file=sys.stderr)
-            return 2
-        print(f"usage: python -m bench <scenario> [options]; scenarios: {known}")
+    if argv and argv[0] == "claim":
+        return importlib.import_module("bench.claim").main(argv[1:])
+    if not argv or argv[0] in ("-h", "--help") and len(argv) == 1:
+        print(f"usage: python -m bench <scenario> [options]; scenarios: {', '.join([*SCENARIOS, 'all', 'claim'])}")
+        print("       python -m bench s1 --help   (options of every scenario)")
         return 0
-    return importlib.import_module(SCENARIOS[argv[0]]).main(argv[1:])
+    args = build_parser().parse_args(argv)
+    names = ALL if args.scenario == "all" else (args.scenario,)
+    context: dict[str, Any] = {}
+    for name in names:
+
+        async def go(name=name):
+            return await run_one(name, args, context)
+
+        report = trio.run(go)
+        finish(name, report, args)
+    return 0
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import secrets
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -26,22 +25,13 @@ from typing import Any
 import attrs
 import trio
 
-from orbit_node.config import Dsn
 from orbit_node.db import Database, migrate
 from orbit_node.store.dispatch import Capability, ClaimRequest, DispatchStore, FinishItem, Outcome
 from orbit_node.store.tenancy import TenancyStore
 
-REPO = Path(__file__).resolve().parent.parent
+from .common import admin_sql, bench_dsn
+
 HANDLER = Capability("bench.noop", "v1", "v1")
-
-
-def bench_dsn() -> Dsn:
-    text = os.environ.get("ORBIT_BENCH_MYSQL_DSN")
-    if not text:
-        text = subprocess.run(
-            [str(REPO / "scripts" / "devdb.sh"), "dsn"], check=True, capture_output=True, text=True
-        ).stdout.strip()
-    return Dsn.parse(text)
 
 
 @attrs.frozen
@@ -59,14 +49,6 @@ class DispatchRun:
     @property
     def transactions_per_s(self) -> float:
         return self.transactions / self.seconds
-
-
-async def _admin(dsn: Dsn, sql: str) -> None:
-    admin = Database(dsn, size=1)
-    try:
-        await admin.run(lambda tx: tx.execute_raw(sql))
-    finally:
-        await admin.aclose()
 
 
 async def commit_rate(db: Database, *, connections: int, seconds: float) -> float:
@@ -151,7 +133,7 @@ async def drain(store: DispatchStore, owner: dict[str, str], *, tasks: int, work
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     server = bench_dsn()
     name = "orbit_bench_" + secrets.token_hex(4)
-    await _admin(server, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+    await admin_sql(server, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
     dsn = server.with_database(name)
     db = Database(dsn, size=args.workers + 2)
     try:
@@ -176,7 +158,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         with trio.CancelScope(shield=True):
             await db.aclose()
-            await _admin(server, f"DROP DATABASE IF EXISTS `{name}`")
+            await admin_sql(server, f"DROP DATABASE IF EXISTS `{name}`")
 
     commits = (commits_before + commits_after) / 2
     return {

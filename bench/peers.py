@@ -1,0 +1,195 @@
+"""Peer task queues for S1, each run in its own process: ``python -m bench.peers NAME ...``.
+
+* ``procrastinate``: Procrastinate on the local PostgreSQL (127.0.0.1:5432, user
+  ``postgres``; ``ORBIT_BENCH_PG_DSN`` overrides), one asyncio worker process with
+  ``concurrency`` = the total Worker concurrency, a pool of 12 connections (the node's
+  pool size), ``synchronous_commit=off`` (the same durability class as the development
+  MariaDB's ``innodb_flush_log_at_trx_commit=2``).
+* ``huey``: Huey's SQL storage (``huey.contrib.sql_huey.SqlHuey``, peewee + PyMySQL) on
+  the same MariaDB server as Orbit, one consumer process with ``concurrency`` threads.
+
+Each creates its own database, pre-submits ``--tasks`` no-op tasks, drains them with
+the workers, drops the database, and prints one JSON object (tasks/s, progress samples,
+its own CPU seconds) on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+import threading
+import time
+from typing import Any
+
+# Progress sampling period of the burn-down curves.
+SAMPLE_S = 0.25
+# Bulk size of procrastinate's batch_defer (one INSERT per batch).
+DEFER_BATCH = 1000
+# Database connections of the Procrastinate pool: the Orbit node's default pool size.
+PG_POOL = 12
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[str, Any]:
+    import asyncio
+
+    import procrastinate
+    import psycopg
+
+    base = os.environ.get("ORBIT_BENCH_PG_DSN", "host=127.0.0.1 port=5432 user=postgres")
+    name = "orbit_bench_pg_" + secrets.token_hex(4)
+    with psycopg.connect(f"{base} dbname=postgres", autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    conninfo = f"{base} dbname={name} options='-c synchronous_commit=off'"
+
+    async def main() -> dict[str, Any]:
+        app = procrastinate.App(connector=procrastinate.PsycopgConnector(
+            conninfo=conninfo, min_size=PG_POOL, max_size=PG_POOL))
+
+        @app.task(name="noop", queue="bench")
+        async def noop() -> None:
+            return None
+
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+            begin = time.perf_counter()
+            for offset in range(0, tasks, DEFER_BATCH):
+                await noop.batch_defer_async(*({} for _ in range(min(DEFER_BATCH, tasks - offset))))
+            enqueue_s = time.perf_counter() - begin
+            progress: list[tuple[float, int]] = []
+            stop = asyncio.Event()
+
+            async def sample(start: float) -> None:
+                async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+                    while not stop.is_set():
+                        cur = await conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
+                        progress.append((time.perf_counter() - start, (await cur.fetchone())[0]))
+                        try:
+                            await asyncio.wait_for(stop.wait(), SAMPLE_S)
+                        except asyncio.TimeoutError:
+                            pass
+
+            cpu0 = _cpu()
+            start = time.perf_counter()
+            sampler = asyncio.create_task(sample(start))
+            await asyncio.wait_for(
+                app.run_worker_async(concurrency=concurrency, wait=False, install_signal_handlers=False,
+                                     queues=["bench"], delete_jobs="never"),
+                timeout_s,
+            )
+            seconds = time.perf_counter() - start
+            cpu = _cpu() - cpu0
+            stop.set()
+            await sampler
+            async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+                cur = await conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
+                done = (await cur.fetchone())[0]
+        return {"tasks": done, "seconds": seconds, "enqueue_s": enqueue_s, "cpu_s": cpu,
+                "progress": progress + [(seconds, done)], "version": procrastinate.__version__ if hasattr(
+                    procrastinate, "__version__") else _dist_version("procrastinate"),
+                "setup": f"PostgreSQL, 1 asyncio worker process, concurrency {concurrency}, pool {PG_POOL}, "
+                         "synchronous_commit=off"}
+
+    try:
+        return asyncio.run(main())
+    finally:
+        with psycopg.connect(f"{base} dbname=postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def run_huey(tasks: int, concurrency: int, timeout_s: float, mysql_url: str) -> dict[str, Any]:
+    import logging
+    import urllib.parse
+
+    import peewee
+    import pymysql
+    from huey.contrib.sql_huey import SqlHuey
+    from huey.signals import SIGNAL_COMPLETE
+
+    logging.getLogger("huey").setLevel(logging.WARNING)
+    url = urllib.parse.urlsplit(mysql_url)
+    conn_args = {"host": url.hostname or "127.0.0.1", "port": url.port or 3306,
+                 "user": urllib.parse.unquote(url.username or "root"),
+                 "password": urllib.parse.unquote(url.password or "")}
+    name = "orbit_bench_huey_" + secrets.token_hex(4)
+    admin = pymysql.connect(**conn_args, autocommit=True)
+    admin.cursor().execute(f"CREATE DATABASE `{name}`")
+    try:
+        database = peewee.MySQLDatabase(name, **conn_args)
+        huey = SqlHuey(name="bench", database=database, results=False, utc=True)
+        done = 0
+        lock = threading.Lock()
+        all_done = threading.Event()
+
+        @huey.task()
+        def noop() -> None:
+            return None
+
+        @huey.signal(SIGNAL_COMPLETE)
+        def completed(signal, task, *args, **kwargs) -> None:
+            nonlocal done
+            with lock:
+                done += 1
+                if done >= tasks:
+                    all_done.set()
+
+        begin = time.perf_counter()
+        for _ in range(tasks):
+            noop()
+        enqueue_s = time.perf_counter() - begin
+        consumer = huey.create_consumer(workers=concurrency, worker_type="thread", periodic=False,
+                                        check_worker_health=False)
+        progress: list[tuple[float, int]] = []
+        cpu0 = _cpu()
+        start = time.perf_counter()
+        consumer.start()
+        deadline = start + timeout_s
+        while not all_done.wait(SAMPLE_S) and time.perf_counter() < deadline:
+            progress.append((time.perf_counter() - start, done))
+        seconds = time.perf_counter() - start
+        cpu = _cpu() - cpu0
+        consumer.stop(graceful=True)
+        database.close()
+        return {"tasks": done, "seconds": seconds, "enqueue_s": enqueue_s, "cpu_s": cpu,
+                "progress": progress + [(seconds, done)], "version": _dist_version("huey"),
+                "setup": f"Huey SqlStorage (peewee {peewee.__version__} + PyMySQL) on the same MariaDB, "
+                         f"1 consumer process, {concurrency} threads"}
+    finally:
+        admin.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+        admin.close()
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.peers")
+    parser.add_argument("peer", choices=["procrastinate", "huey"])
+    parser.add_argument("--tasks", type=int, required=True)
+    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--timeout-s", type=float, default=600)
+    parser.add_argument("--mysql-url", default="")
+    args = parser.parse_args(argv)
+    try:
+        if args.peer == "procrastinate":
+            result = run_procrastinate(args.tasks, args.concurrency, args.timeout_s)
+        else:
+            result = run_huey(args.tasks, args.concurrency, args.timeout_s, args.mysql_url)
+    except Exception as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

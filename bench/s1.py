@@ -1,0 +1,170 @@
+"""S1 burn-down: N pre-submitted no-op tasks drained by the same total Worker concurrency.
+
+Orbit: a real node process (HTTP submit, SDK Workers over WebSocket, ``concurrency /
+capacity`` connections of ``capacity`` each). Peers, each in its own process:
+Procrastinate on the local PostgreSQL and Huey's SQL storage on the same MariaDB
+(``bench/peers.py``). The SQL floor (S0) is measured in the same run. Headline: the
+ratios Orbit/peer and Orbit/floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from typing import Any
+
+import trio
+
+from .common import (
+    REPO, bench_database, connection_plan, count_tasks, make_app, measured_phase, node_process,
+    submit_closed_loop, wait_until, worker_fleet,
+)
+from .report import Target, format_table, ratio, summarize
+from .s0 import measure_floor
+
+# Issue 8 targets.
+TARGET_VS_PEER = 2.0
+TARGET_VS_FLOOR = 0.60
+# The P3 pacing: at most this many claims per connection per 1 s scan cycle.
+PACE_CLAIMS_PER_S = 4
+# Largest claim batch of a node (config.claim_batch_size).
+CLAIM_BATCH = 16
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks", type=int, default=20_000, help="S1: tasks burned down per system (default 20000)")
+    parser.add_argument("--concurrency", type=int, default=128,
+                        help="S1: total Worker concurrency of every system (default 128)")
+    parser.add_argument("--capacity", type=int, default=16,
+                        help="S1/S2/e2e: capacity of one Orbit Worker connection (default 16 = the claim batch)")
+    parser.add_argument("--peers", default="procrastinate,huey", help="S1: peers to run (comma-separated, or none)")
+    parser.add_argument("--submit-concurrency", type=int, default=16, help="HTTP submitters at once (default 16)")
+
+
+def pacing_bound(connections: int, capacity: int) -> float:
+    """Most tasks/s the P3 pacing lets ``connections`` no-op Workers take."""
+    return connections * PACE_CLAIMS_PER_S * min(capacity, CLAIM_BATCH)
+
+
+async def orbit_burndown(bdb, *, tasks: int, connections: int, capacity: int, submit_concurrency: int,
+                         profile: bool, app_name: str = "s1") -> dict[str, Any]:
+    """Pre-submit ``tasks`` over HTTP, then drain them with SDK Workers; tasks/s of the drain."""
+    app = await make_app(bdb.db, app_name)
+    async with node_process(bdb.dsn) as node:
+        submit_started = time.perf_counter()
+        submit_lat = await submit_closed_loop(node.url, app.token, app.queue_id, tasks, concurrency=submit_concurrency)
+        submit_s = time.perf_counter() - submit_started
+        progress: list[tuple[float, int]] = []
+        with measured_phase(node.pid, profile=profile) as phase:
+            start = time.perf_counter()
+            async with worker_fleet(node.url, connection_plan(app, connections), capacity=capacity) as fleet:
+                async def sample():
+                    while True:
+                        progress.append((time.perf_counter() - start, fleet.completed))
+                        await trio.sleep(0.25)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(sample)
+                    finished = await wait_until(lambda: fleet.completed >= tasks, timeout_s=max(120.0, tasks / 20))
+                    nursery.cancel_scope.cancel()
+                seconds = time.perf_counter() - start
+                done = fleet.completed
+        stats = node.last_stats()
+    succeeded = await count_tasks(bdb.db, "application_id = %s AND state = 'succeeded'", (app.application_id,))
+    progress.append((seconds, done))
+    return {
+        "tasks": done, "succeeded_in_db": succeeded, "seconds": seconds, "tasks_per_s": done / seconds,
+        "complete": finished, "connections": connections, "capacity": capacity,
+        "pacing_bound_tasks_per_s": pacing_bound(connections, capacity),
+        "submit": {"tasks_per_s": tasks / submit_s, "latency_s": summarize(submit_lat), "concurrency": submit_concurrency},
+        "cpu": phase.cpu, "progress": progress, "node_stats": stats, "profile": phase.profile,
+        "mean_claim_batch": ratio(stats.get("tasks_reserved", 0), stats.get("claims_with_tasks", 0)),
+        "setup": f"node process + {connections} SDK Worker connections x capacity {capacity} (one harness process)",
+    }
+
+
+async def run_peer(name: str, tasks: int, concurrency: int, mysql_url: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "bench.peers", name, "--tasks", str(tasks), "--concurrency", str(concurrency),
+           "--timeout-s", str(max(120.0, tasks / 20)), "--mysql-url", mysql_url]
+    try:
+        done = await trio.run_process(cmd, cwd=REPO, capture_stdout=True, capture_stderr=True, check=False)
+    except OSError as exc:
+        return {"error": f"could not start: {exc}"}
+    lines = [line for line in done.stdout.decode().splitlines() if line.startswith("{")]
+    if not lines:
+        return {"error": f"exit {done.returncode}: {done.stderr.decode(errors='replace')[-400:]}"}
+    result = json.loads(lines[-1])
+    if "tasks" in result and result.get("seconds"):
+        result["tasks_per_s"] = result["tasks"] / result["seconds"]
+    return result
+
+
+def orbit_targets(orbit: dict[str, Any], floor: dict[str, Any], peers: dict[str, dict[str, Any]]) -> list[Target]:
+    targets = []
+    for name, peer in peers.items():
+        value = ratio(orbit["tasks_per_s"], peer.get("tasks_per_s", math.nan))
+        targets.append(Target.at_least(f"S1 Orbit / {name}", value, TARGET_VS_PEER, unit="x",
+                                       note=peer.get("error", "")[:80]))
+    note = f"pacing bound {orbit['pacing_bound_tasks_per_s']:,.0f} tasks/s"
+    targets.append(Target.at_least("S1 Orbit / SQL floor", ratio(orbit["tasks_per_s"], floor["tasks_per_s"]),
+                                   TARGET_VS_FLOOR, note=note))
+    return targets
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    connections = max(1, args.concurrency // args.capacity)
+    peers_wanted = [p for p in args.peers.split(",") if p and p != "none"]
+    async with bench_database() as bdb:
+        floor = await measure_floor(bdb, args.floor_tasks)
+        orbit = await orbit_burndown(bdb, tasks=args.tasks, connections=connections, capacity=args.capacity,
+                                     submit_concurrency=args.submit_concurrency, profile=not args.no_profile)
+        mysql_url = bdb.dsn.with_database("mysql").url()
+        peers = {name: await run_peer(name, args.tasks, connections * args.capacity, mysql_url)
+                 for name in peers_wanted}
+    rows = [["Orbit", orbit["tasks_per_s"], 1.0, orbit["seconds"], orbit["cpu"]["node_cpu_s"] + orbit["cpu"]["harness_cpu_s"],
+             orbit["setup"]]]
+    for name, peer in peers.items():
+        if "error" in peer:
+            rows.append([name, math.nan, math.nan, math.nan, math.nan, f"DID NOT RUN: {peer['error'][:120]}"])
+        else:
+            rows.append([name, peer["tasks_per_s"], ratio(orbit["tasks_per_s"], peer["tasks_per_s"]), peer["seconds"],
+                         peer["cpu_s"], f"{name} {peer['version']}: {peer['setup']}"])
+    rows.append(["SQL floor (S0)", floor["tasks_per_s"], ratio(orbit["tasks_per_s"], floor["tasks_per_s"]),
+                 floor["seconds"], math.nan, "claim->start->finish SQL, batch 16, 4 loops, no HTTP/WS"])
+    table = format_table(["system", "tasks/s", "Orbit / this", "seconds", "python cpu s", "setup"], rows,
+                         align="lrrrrl")
+    notes = [
+        f"{args.tasks:,} no-op tasks, total Worker concurrency {connections * args.capacity} in every system.",
+        f"Orbit pre-submit over HTTP: {orbit['submit']['tasks_per_s']:,.0f} tasks/s "
+        f"({args.submit_concurrency} clients, p99 {orbit['submit']['latency_s']['p99'] * 1000:.1f} ms).",
+        f"Orbit's P3 pacing (4 claims per connection per second, <= 16 tasks a claim) bounds {connections} connections "
+        f"to {orbit['pacing_bound_tasks_per_s']:,.0f} tasks/s.",
+    ]
+    report = {
+        "scenario": "s1", "server": bdb.server_version,
+        "figures": {"orbit": orbit, "peers": peers, "floor": floor},
+        "tables": [table], "targets": orbit_targets(orbit, floor, peers), "notes": notes,
+        "profiles": {"the node during the Orbit burn-down": orbit["profile"]} if orbit.get("profile") else {},
+    }
+    return report
+
+
+def plot(report: dict[str, Any], outdir, plots) -> list:
+    f = report["figures"]
+    series = {"Orbit": f["orbit"]["progress"]}
+    for name, peer in f["peers"].items():
+        if "progress" in peer:
+            series[name] = peer["progress"]
+    names = ["Orbit", *[n for n, p in f["peers"].items() if "tasks_per_s" in p], "SQL floor"]
+    values = [f["orbit"]["tasks_per_s"], *[p["tasks_per_s"] for p in f["peers"].values() if "tasks_per_s" in p],
+              f["floor"]["tasks_per_s"]]
+    return [
+        plots.lines(outdir / "s1-burndown.png", series, title="S1: tasks finished over time",
+                    xlabel="seconds since the Workers started", ylabel="tasks finished"),
+        plots.bar(outdir / "s1-throughput.png", names, values, title="S1: burn-down tasks/s (same run)",
+                  ylabel="tasks/s"),
+    ]

@@ -249,3 +249,26 @@ async def test_node_shutdown_with_work_in_flight_loses_no_task(node_config, db):
     assert sum(states.values()) == 20
     assert set(states) <= {"succeeded", "queued"}, states
     assert states.get("succeeded", 0) == len(ran) >= 5
+
+
+async def test_idle_connections_close_promptly_on_shutdown(node_config, db):
+    """A connection whose claim request is pending (nothing to do) must not hold the shutdown
+    for the whole grace period: it gets drain, then close 1001."""
+    import attrs
+    from trio_websocket import ConnectionClosed
+
+    owner = await seed.tenant(db)
+    token = await token_for(db, owner)
+    config = attrs.evolve(node_config, shutdown_grace_s=60)
+    with trio.fail_after(10):
+        async with run_node(config, services=default_services()) as running:
+            async with raw_worker(running.base_url, token) as w:
+                await w.hello([owner.queue_id])
+                pool = running.node.state.services["claims"]
+                while pool.statistics().claims_empty < 1:
+                    await trio.sleep(0.01)
+                running.node.request_shutdown()
+                await w.recv_type("drain")
+                with pytest.raises(ConnectionClosed) as info:
+                    await w.recv()
+                assert info.value.reason.code == 1001

@@ -346,8 +346,9 @@ class WorkerConnection:
 
     async def _shutdown_watch(self) -> None:
         await self.hub.shutdown_requested.wait()
+        # No new requests from here on; the pool's own shutdown answers a pending one
+        # (PoolClosed) and lets an in-flight one deliver its reservations here.
         self.node_draining = True
-        self.hub.pool.leave(self.connection_id)
         self.send(p.drain())
         # The Worker finishes what runs and releases what it has not started; an
         # in-flight claim still delivers first. The node's grace period bounds the wait,

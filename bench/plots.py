@@ -79,7 +79,7 @@ def boxes(path: Path, groups: Mapping[str, Sequence[float]], *, title: str, xlab
           hline: float | None = None) -> Path:
     fig, ax = plt.subplots(figsize=SIZE)
     names = list(groups)
-    ax.boxplot([list(groups[n]) or [0.0] for n in names], labels=names, showfliers=False, whis=(1, 99))
+    ax.boxplot([list(groups[n]) or [0.0] for n in names], tick_labels=names, showfliers=False, whis=(1, 99))
     if hline is not None:
         ax.axhline(hline, color="grey", linestyle=":", linewidth=1)
     ax.set_title(title)

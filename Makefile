@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
 CREDENTIALS ?= $(CURDIR)/var/dev.credentials.json
 export ORBIT_HTTP_ADDR ?= 127.0.0.1:8080
 
@@ -35,9 +36,16 @@ test: install db
 	@DSN="$${ORBIT_MYSQL_DSN:-$$(scripts/devdb.sh dsn)}"; \
 	ORBIT_TEST_MYSQL_DSN="$$DSN" $(BIN)/pytest $(PYTEST_ARGS)
 
-bench: install db
-	@DSN="$${ORBIT_MYSQL_DSN:-$$(scripts/devdb.sh dsn)}"; \
-	ORBIT_BENCH_MYSQL_DSN="$$DSN" $(BIN)/python -m bench $(SCENARIO)
+# Benchmark extras (plots, histograms, profiler, peers) only for `make bench`.
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+# `make bench` runs every scenario; `make bench SCENARIO=s1 BENCH_ARGS='--tasks 2000'` one of them.
+# Results (JSON, PNG) go to bench/results/.
+bench: $(BENCH_STAMP) db
+	@DSN="$${ORBIT_BENCH_MYSQL_DSN:-$${ORBIT_MYSQL_DSN:-$$(scripts/devdb.sh dsn)}}"; \
+	ORBIT_BENCH_MYSQL_DSN="$$DSN" $(BIN)/python -m bench $(or $(SCENARIO),all) $(BENCH_ARGS)
 
 clean:
 	-scripts/devdb.sh stop

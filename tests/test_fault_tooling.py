@@ -1,0 +1,92 @@
+"""The fault tools themselves: the proxy's faults reach a real MariaDB session as intended."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from orbit_node.db import Database
+from orbit_node.errors import Unavailable
+
+from .faults.clock import LaterDatabase
+from .faults.proxy import Direction, open_fault_proxy
+
+
+async def now(db: Database):
+    return (await db.run(lambda tx: tx.fetchall_raw("SELECT NOW(6) AS now")))[0]["now"]
+
+
+async def test_proxy_latency_stall_blackhole_reset_and_half_close(dsn):
+    async with open_fault_proxy(dsn.host, dsn.port) as proxy:
+        db = Database(proxy.dsn_for(dsn), size=1)
+        try:
+            with trio.fail_after(10):
+                await now(db)
+                assert proxy.open_links == 1
+                # Latency: a round trip takes at least the added delay (both directions).
+                proxy.latency_s = 0.05
+                started = trio.current_time()
+                await now(db)
+                assert trio.current_time() - started >= 0.1
+                proxy.heal()
+                # Stall: the statement waits for as long as the stall lasts, then completes.
+                proxy.stall()
+                with trio.move_on_after(0.3) as stalled:
+                    await now(db)
+                assert stalled.cancelled_caught  # (the cancelled use closed that connection)
+                async with trio.open_nursery() as nursery:
+                    done = trio.Event()
+
+                    async def query():
+                        await now(db)
+                        done.set()
+
+                    nursery.start_soon(query)
+                    await trio.sleep(0.2)
+                    assert not done.is_set()
+                    proxy.heal()
+                    await done.wait()
+                # Black hole: the bytes are gone; healing does not bring the answer back.
+                proxy.blackhole(Direction.DOWN)
+                with trio.move_on_after(0.3) as lost:
+                    await now(db)
+                assert lost.cancelled_caught
+                proxy.heal()
+                await now(db)  # a new connection works
+                # Reset: the session breaks at once.
+                async with trio.open_nursery() as nursery:
+
+                    async def sleeper():
+                        with pytest.raises(Unavailable):
+                            await db.run(lambda tx: tx.execute_raw("DO SLEEP(5)"))
+
+                    nursery.start_soon(sleeper)
+                    while proxy.open_links == 0:
+                        await trio.sleep(0.01)
+                    await trio.sleep(0.05)
+                    assert proxy.reset() == 1
+                # Half-close towards the server: it sees the client leave and ends the session,
+                # so the pooled connection is found dead at its next use.
+                await now(db)
+                await proxy.half_close(Direction.UP)
+                with pytest.raises(Unavailable):
+                    await now(db)
+                await now(db)
+                # Refusing new connections looks like a server that is down.
+                proxy.refuse_new = True
+                proxy.reset()
+                for _ in range(2):  # the dead idle connection, then a refused new one
+                    with pytest.raises(Unavailable):
+                        await now(db)
+                assert db.statistics().open == 0
+        finally:
+            await db.aclose()
+
+
+async def test_a_later_database_session_sees_a_later_now(dsn, db):
+    later = LaterDatabase(dsn, size=1, ahead_s=3600)
+    try:
+        ahead = (await now(later)) - (await now(db))
+        assert 3599 <= ahead.total_seconds() <= 3601
+    finally:
+        await later.aclose()

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import trio
+
+import orbit_node
 
 from .report import RESULTS_DIR, Target, format_profile, machine_info, targets_table, write_result
 
@@ -43,11 +47,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def code_version() -> str:
+    """The commit measured: ORBIT_BENCH_COMMIT, else git's HEAD (+ "-dirty" with uncommitted orbit_node changes)."""
+    if os.environ.get("ORBIT_BENCH_COMMIT"):
+        return os.environ["ORBIT_BENCH_COMMIT"]
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "orbit_node"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
 def print_report(report: dict[str, Any]) -> None:
     print(f"== {report['scenario'].upper()}: {report.get('title', '')}")
     print(f"machine: {report['machine']['cpus']} cpus ({report['machine']['cpu']}), {report['machine']['memory']}, "
           f"Python {report['machine']['python']}; MariaDB {report.get('server', '?')}; "
-          f"{report.get('seconds', 0):.0f} s")
+          f"orbit_node {report.get('commit', '?')}; {report.get('seconds', 0):.0f} s")
     for table in report.get("tables", []):
         print()
         print(table)
@@ -71,6 +90,8 @@ async def run_one(name: str, args: argparse.Namespace, context: dict[str, Any]) 
     report.setdefault("title", (module.__doc__ or "").splitlines()[0])
     report["seconds"] = time.perf_counter() - started
     report["machine"] = machine_info()
+    report["commit"] = code_version()
+    report["orbit_node_path"] = str(Path(orbit_node.__file__).parent)
     context[name] = report
     return report
 

@@ -118,6 +118,10 @@ class NodeConfig:
     log_level: str = "info"
     # Database connections per node: claim slots plus room for API and control traffic.
     db_pool_size: int = attrs.field(default=12, validator=_positive)
+    # Longest use of one database connection (a transaction, lock waits included) before
+    # the node gives up on it: no lease is worth a longer wait, and an answer lost in the
+    # network must not hold the sweeper, a claim slot or a Worker's transitions forever.
+    db_operation_timeout_s: float = attrs.field(default=30.0, validator=_positive)
     # Largest accepted HTTP request body; larger bodies get 413 before they are buffered.
     max_body_bytes: int = attrs.field(default=1024 * 1024, validator=_positive)
     # Largest accepted WebSocket message from a Worker.

@@ -43,7 +43,9 @@ class Node:
     services: list[Service] = attrs.field(factory=list)
 
     def __attrs_post_init__(self):
-        self.db = Database(self.config.dsn, size=self.config.db_pool_size)
+        self.db = Database(
+            self.config.dsn, size=self.config.db_pool_size, operation_timeout_s=self.config.db_operation_timeout_s
+        )
         self.state = NodeState(config=self.config, db=self.db, node_id=self.node_id)
 
     def request_shutdown(self) -> None:

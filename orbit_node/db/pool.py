@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -142,6 +143,11 @@ class Database:
     dsn: Dsn
     size: int = 10
     connect_timeout_s: float = 5.0
+    # A borrowed connection whose use takes longer than this is closed (the server rolls
+    # back its transaction) and the caller gets Unavailable: an answer lost in the network
+    # (no RST, no FIN) must not hold a caller, or its pool slot, forever. None: no bound
+    # (migrations, whose statements may legitimately run long).
+    operation_timeout_s: float | None = None
     _idle: list[Any] = attrs.field(factory=list, init=False)
     _slots: trio.Semaphore = attrs.field(init=False)
     _open: int = attrs.field(default=0, init=False)
@@ -194,19 +200,23 @@ class Database:
         async with self._slots:
             conn = self._idle.pop() if self._idle else await self._connect()
             keep = False
-            try:
-                yield conn
-                keep = conn.open
-            except (trio_mysql.MySQLError, OrbitError) as exc:
-                # A refused statement leaves the connection usable (transactions have
-                # been rolled back by then); a connection-level failure does not.
-                keep = conn.open and errno_of(exc) not in CONNECTION_ERRNOS
-                raise
-            finally:
-                if keep:
-                    self._idle.append(conn)
-                else:
-                    self._discard(conn)
+            timeout = math.inf if self.operation_timeout_s is None else self.operation_timeout_s
+            with trio.move_on_after(timeout) as bound:
+                try:
+                    yield conn
+                    keep = conn.open
+                except (trio_mysql.MySQLError, OrbitError) as exc:
+                    # A refused statement leaves the connection usable (transactions have
+                    # been rolled back by then); a connection-level failure does not.
+                    keep = conn.open and errno_of(exc) not in CONNECTION_ERRNOS
+                    raise
+                finally:
+                    if keep:
+                        self._idle.append(conn)
+                    else:
+                        self._discard(conn)
+            if bound.cancelled_caught:
+                raise Unavailable(f"database unavailable: no answer within {timeout:g} s")
 
     async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
         """Run ``fn`` with autocommit statements (no transaction)."""

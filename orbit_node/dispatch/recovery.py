@@ -72,4 +72,5 @@ async def recovery_service(node, task_status=trio.TASK_STATUS_IGNORED) -> None:
 
     Reports the ``Sweeper`` through ``task_status``."""
     sweeper = Sweeper(DispatchStore.from_config(node.db, node.config), node.config.sweep_interval_s)
+    node.state.services["sweeper"] = sweeper
     await sweeper.run(task_status=task_status)

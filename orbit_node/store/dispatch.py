@@ -230,8 +230,8 @@ class RecoveryStats:
 
 
 # Tests force interleavings through this: awaited at named points inside transactions
-# ("claim.locked", "start.locked", "finish.locked", "release.locked", "recover.locked")
-# with the task ids involved.
+# ("claim.locked", "claim.reserved" (everything written, not yet committed), "start.locked",
+# "finish.locked", "release.locked", "recover.locked") with the task ids involved.
 Hook = Callable[[str, tuple[str, ...]], Awaitable[None]]
 
 
@@ -895,6 +895,7 @@ class _Claim:
             if count and budget is not None and budget.window_s is not None:
                 window_s, total = window_after(budget, count, reserved_s)
                 await tx.execute("claim_queue_window", {"queue_id": queue_id, "window_s": window_s, "window_count": total})
+        await self.store._at("claim.reserved", [r.task_id for r in reservations])
         return reservations
 
     async def _application_budget(self, gate: Mapping[str, Any]) -> _Budget | None:

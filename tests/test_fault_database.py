@@ -180,3 +180,221 @@ async def test_a_black_holed_database_connection_does_not_wedge_the_node(node_co
                 response = await http.get(f"/v1/tasks/{task_id}")
                 assert response.status_code == 200 and response.json()["data"]["state"] == "succeeded"
     assert [a["outcome"] for a in await assert_attempt_history(db, task_id)] == ["succeeded"]
+
+
+# -- scenario 5 --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def private_mariadb():
+    server = PrivateMariaDB()
+    try:
+        await server.start()
+        yield server
+    finally:
+        with trio.CancelScope(shield=True):
+            await server.stop()
+        server.remove()
+
+
+async def test_kill_9_of_mariadbd_under_load_loses_no_accepted_task(private_mariadb, tmp_path):
+    """Submitters keep posting while mariadbd is killed with SIGKILL and started again.
+
+    Every task that was answered 2xx exists after the restart; /readyz says 503 while the
+    server is gone; the same node process (never restarted) serves again once the server
+    is back: readiness returns and every submission after that succeeds.
+    """
+    dsn = private_mariadb.dsn()
+    db = Database(dsn, size=2)
+    try:
+        await migrate.up(db)
+        tenant = await make_tenant(db, "load")
+    finally:
+        await db.aclose()
+    node = NodeProcess(dsn, tmp_path / "node.log", env={"ORBIT_DB_POOL_SIZE": "6"})
+    accepted: dict[str, str] = {}  # idempotency key -> task id, for every 2xx
+    refused: list[str] = []  # keys answered otherwise (or not at all)
+    phase = {"name": "before"}
+    statuses: dict[str, list[int]] = {"before": [], "outage": [], "after": [], "after quiet restart": []}
+    gate = {"open": trio.Event()}  # submitters pause while it is not set
+    gate["open"].set()
+
+    def body(key: str) -> dict:
+        return {"queue_id": tenant.queue_id, "handler": "h", "handler_version": "v1", "payload_version": "v1",
+                "payload": {"key": key}}
+
+    async def submitter(number: int, http: httpx.AsyncClient, stop: trio.Event) -> None:
+        sequence = 0
+        while not stop.is_set():
+            await gate["open"].wait()
+            key = f"s{number}-{sequence}"
+            sequence += 1
+            current = phase["name"]
+            try:
+                response = await http.post("/v1/tasks", json=body(key), headers={"Idempotency-Key": key})
+            except httpx.TransportError:
+                refused.append(key)
+                continue
+            statuses[current].append(response.status_code)
+            if response.status_code in (200, 201):
+                accepted[key] = response.json()["data"]["task_id"]
+            else:
+                assert response.status_code == 503 and response.json()["error"]["code"] == "UNAVAILABLE", response.text
+                refused.append(key)
+                await trio.sleep(0.02)
+
+    async def ready(http: httpx.AsyncClient) -> int:
+        return (await http.get("/readyz")).status_code
+
+    try:
+        await node.start()
+        node_id = (await httpx.AsyncClient().get(node.base_url + "/healthz")).json()["data"]["node_id"]
+        async with httpx.AsyncClient(base_url=node.base_url, timeout=10,
+                                     headers={"Authorization": f"Bearer {tenant.token}"}) as http:
+            with trio.fail_after(90):
+                async with trio.open_nursery() as nursery:
+                    stop = trio.Event()
+                    for number in range(4):
+                        nursery.start_soon(submitter, number, http, stop)
+                    while len(statuses["before"]) < 40:
+                        await trio.sleep(0.01)
+                    await private_mariadb.kill9()
+                    phase["name"] = "outage"
+                    assert await ready(http) == 503
+                    while len(statuses["outage"]) < 20:
+                        await trio.sleep(0.01)
+                    assert await ready(http) == 503
+                    await private_mariadb.start()
+                    while await ready(http) != 200:
+                        await trio.sleep(0.05)
+                    phase["name"] = "after"
+                    while len(statuses["after"]) < 40:
+                        await trio.sleep(0.01)
+                    # A restart nobody noticed: the node's pooled connections all died with
+                    # the old server, and no request failed on them in between.
+                    gate["open"] = trio.Event()
+                    await trio.sleep(0.2)  # (the submitters' requests in flight finish)
+                    await private_mariadb.kill9()
+                    await private_mariadb.start()
+                    while await ready(http) != 200:
+                        await trio.sleep(0.05)
+                    phase["name"] = "after quiet restart"
+                    gate["open"].set()
+                    while len(statuses["after quiet restart"]) < 40:
+                        await trio.sleep(0.01)
+                    stop.set()
+        assert node.running and (await httpx.AsyncClient().get(node.base_url + "/healthz")).json()["data"]["node_id"] == node_id
+    finally:
+        await node.aclose()
+    assert set(statuses["outage"]) <= {503, 200, 201}, statuses["outage"]
+    assert 503 in statuses["outage"]
+    # Ready means ready: nothing failed once /readyz had said 200 again.
+    assert set(statuses["after"]) <= {200, 201}, statuses["after"]
+    assert set(statuses["after quiet restart"]) <= {200, 201}, statuses["after quiet restart"]
+    db = Database(dsn, size=1)
+    try:
+        stored = {r["task_id"] for r in await rows(db, "SELECT task_id FROM tasks")}
+        assert set(accepted.values()) <= stored, set(accepted.values()) - stored
+        # Nothing else was created: every stored task belongs to a key (one task per key).
+        keys = {r["idempotency_key"]: r["task_id"] for r in await rows(db, "SELECT idempotency_key, task_id FROM idempotency_records")}
+        assert len(stored) == len(keys) and set(keys.values()) == stored
+        assert all(keys[key] == task_id for key, task_id in accepted.items())
+    finally:
+        await db.aclose()
+
+
+# -- scenario 3 --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", ["finish", "recovery"])
+async def test_recovery_racing_a_workers_finish_settles_the_attempt_once(node_config, db, dsn, first):
+    """A Worker's Finish (through the node) and a sweeper (another node) race for one
+    running task; each interleaving is forced with the store's hooks. To let the Finish
+    lock a row whose lease is valid while the sweeper finds it expired, the sweeper's
+    session runs on the database clock of a later moment (``LaterDatabase``).
+
+    finish first: Finish locked the row while its lease was valid; the sweeper sees the
+    lease expired but skips the locked row; the finished task stays finished, and later
+    sweeps never touch it. recovery first: the Finish waits for the row, then is refused;
+    the task is retried and finished by its next attempt: one terminal state either way.
+    """
+    owner, token = await tenant_with_token(db)
+    task_id = await seed.insert_task(db, owner, backoff_initial_ms=1, backoff_max_ms=1)
+    later_db = LaterDatabase(dsn, size=1, ahead_s=3600)
+    paused, resume = trio.Event(), trio.Event()
+
+    async def hook(point, task_ids):
+        if point == f"{first}.locked".replace("recovery", "recover") and task_ids and not paused.is_set():
+            paused.set()
+            await resume.wait()
+
+    try:
+        # The node's own sweeper passes once at start, then stays out of the race.
+        config = attrs.evolve(node_config, sweep_interval_s=3600)
+        async with run_node(config, services=default_services()) as running:
+            node_store: DispatchStore = running.node.state.services["dispatch"]
+            later = DispatchStore.from_config(later_db if first == "finish" else db, node_config)
+            (node_store if first == "finish" else later).hook = hook
+            with trio.fail_after(20):
+                async with raw_worker(running.base_url, token) as w:
+                    await w.hello([owner.queue_id])
+                    held = (await w.recv_type("dispatch"))["tasks"][0]
+                    ref = {"task_id": task_id, "token": held["token"]}
+                    assert (await w.request("start", [ref], "s"))["results"][0]["ok"]
+                    finish = {"type": "finish", "id": "f", "tasks": [{**ref, "outcome": "succeeded", "result": "one"}]}
+                    async with trio.open_nursery() as nursery:
+                        swept: list[RecoveryStats] = []
+
+                        async def sweep():
+                            swept.append(await later.recover())
+
+                        if first == "finish":
+                            await w.send(finish)
+                            await paused.wait()
+                            assert await later.recover() == RecoveryStats()  # skipped, did not wait
+                            resume.set()
+                            ack = await w.recv_type("ack")
+                            assert ack["results"][0]["ok"] and ack["results"][0]["state"] == "succeeded"
+                        else:
+                            await seed.expire_lease(db, task_id)
+                            nursery.start_soon(sweep)
+                            await paused.wait()
+                            await w.send(finish)
+                            while not await waiting_for_a_row_lock(db):
+                                await trio.sleep(0.01)
+                            resume.set()
+                            ack = await w.recv_type("ack")
+                            assert ack["results"][0] == {
+                                "task_id": task_id, "ok": False, "code": "OWNERSHIP_LOST", "state": "queued"
+                            }
+                    if first == "recovery":
+                        assert swept[0].retried == 1
+                        # Its next attempt runs and finishes (its backoff is 1 ms).
+                        held = (await w.recv_type("dispatch"))["tasks"][0]
+                        ref = {"task_id": task_id, "token": held["token"]}
+                        assert (await w.request("start", [ref], "s2"))["results"][0]["ok"]
+                        ack = await w.request("finish", [{**ref, "outcome": "succeeded", "result": "two"}], "f2")
+                        assert ack["results"][0]["state"] == "succeeded"
+                    # However many sweeps follow, from any clock, the finished task stays finished.
+                    assert await later.recover() == RecoveryStats()
+                    assert await node_store.recover() == RecoveryStats()
+    finally:
+        await later_db.aclose()
+    row = await seed.task_row(db, task_id)
+    history = await assert_attempt_history(db, task_id)
+    if first == "finish":
+        assert (row["state"], row["result"], row["attempts"]) == ("succeeded", '"one"', 1)
+        assert [a["outcome"] for a in history] == ["succeeded"]
+    else:
+        assert (row["state"], row["result"], row["attempts"]) == ("succeeded", '"two"', 2)
+        assert [a["outcome"] for a in history] == ["lease_expired", "succeeded"]
+
+
+async def waiting_for_a_row_lock(db: Database) -> bool:
+    found = await rows(
+        db,
+        "SELECT COUNT(*) AS n FROM information_schema.INNODB_TRX t "
+        "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+        "WHERE p.DB = DATABASE() AND t.trx_state = 'LOCK WAIT'",
+    )
+    return bool(found[0]["n"])

@@ -17,7 +17,7 @@ from ..errors import DatabaseError, InvalidArgument, NotFound, OrbitError, Paylo
 from ..store.tasks import TaskStore
 from ..store.tenancy import TenancyStore
 from ..workers.endpoint import blueprint as workers_blueprint
-from . import auth, envelope, explain, queues, tasks, validation
+from . import auth, envelope, explain, plans, queues, tasks, validation
 
 log = logging.getLogger("orbit.http")
 
@@ -54,6 +54,7 @@ def v1_blueprint() -> Blueprint:
     v1.register_blueprint(tasks.bp)
     v1.register_blueprint(queues.bp)
     v1.register_blueprint(explain.blueprint)
+    v1.register_blueprint(plans.bp)
     return v1
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from quart import Blueprint
 
 from ..store.tasks import Task, TaskSummary
+from ..store.tenancy import Principal
 from . import envelope, validation
 from .auth import node_state, require_any
 
@@ -98,6 +99,14 @@ async def get_task(task_id: str):
     return envelope.ok(task_json(task))
 
 
+async def check_queue_filter(who: Principal, queue_id: str | None) -> None:
+    """A listing's ``queue_id`` filter: well formed, readable (tasks:read), a queue of the namespace."""
+    if queue_id is not None:
+        validation.path_id(queue_id, "queue_id")
+        who.require("tasks:read", queue_id)
+        await node_state().tenancy.get_queue(who.namespace_id, queue_id)
+
+
 @bp.get("/tasks")
 async def list_tasks():
     who = require_any("tasks:read")
@@ -106,10 +115,7 @@ async def list_tasks():
     state = validation.state(params)
     before = validation.decode_cursor(CURSOR_KIND, params)
     limit = validation.limit(params)
-    if queue_id is not None:
-        validation.path_id(queue_id, "queue_id")
-        who.require("tasks:read", queue_id)
-        await node_state().tenancy.get_queue(who.namespace_id, queue_id)
+    await check_queue_filter(who, queue_id)
     page = await node_state().tasks.list(
         who.namespace_id,
         queue_ids=who.queue_filter("tasks:read"),

@@ -14,7 +14,7 @@ import binascii
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -71,6 +71,17 @@ SUBMIT_FIELDS = (
     "queue_id", "handler", "handler_version", "payload_version", "payload", "priority",
     "available_at", "delay_s", "deadline", "max_attempts", "backoff", "resource_key",
 )
+SUBMIT_REQUIRED = ("queue_id", "handler", "handler_version", "payload_version", "payload")
+# A plan's task template (definition.task) has the submission's fields except these,
+# which belong to each task the plan creates rather than to the template.
+TEMPLATE_EXCLUDED = {
+    "queue_id": "the plan's queue receives its tasks",
+    "available_at": "each task is available at its fire time",
+    "delay_s": "each task is available at its fire time",
+    "deadline": "a fixed deadline cannot serve repeated fire times",
+}
+TEMPLATE_FIELDS = tuple(f for f in SUBMIT_FIELDS if f not in TEMPLATE_EXCLUDED)
+TEMPLATE_REQUIRED = tuple(f for f in SUBMIT_REQUIRED if f not in TEMPLATE_EXCLUDED)
 BACKOFF_FIELDS = ("initial_ms", "max_ms", "multiplier")
 QUEUE_CONTROL_FIELDS = ("max_concurrency", "max_starts_per_second")
 QUEUE_CREATE_FIELDS = ("name", *QUEUE_CONTROL_FIELDS)
@@ -87,7 +98,7 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise _Refused(f"body: duplicate object key {_show(key)}")
+            raise _Refused(f"body: duplicate object key {show(key)}")
         result[key] = value
     return result
 
@@ -146,7 +157,7 @@ def parse_json(raw: bytes) -> Any:
     return value
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     """A short, safe rendering of a client value for an error message."""
     try:
         text = json.dumps(value, ensure_ascii=True)
@@ -178,11 +189,11 @@ def _require_json_media_type() -> None:
     if request.mimetype != "application/json":
         got = request.headers.get("Content-Type")
         raise UnsupportedMediaType(
-            f"Content-Type: expected application/json, got {_show(got) if got else 'none'}", field="Content-Type"
+            f"Content-Type: expected application/json, got {show(got) if got else 'none'}", field="Content-Type"
         )
     charset = request.mimetype_params.get("charset")
     if charset is not None and charset.lower() not in ("utf-8", "utf8"):
-        raise UnsupportedMediaType(f"Content-Type: charset must be utf-8, got {_show(charset)}", field="Content-Type")
+        raise UnsupportedMediaType(f"Content-Type: charset must be utf-8, got {show(charset)}", field="Content-Type")
 
 
 async def read_body() -> bytes:
@@ -247,7 +258,7 @@ def idempotency_key() -> str:
 
 def path_id(value: str, field: str) -> str:
     if not is_hex32(value):
-        raise InvalidArgument(f"{field}: expected 32 lowercase hex characters, got {_show(value)}", field=field)
+        raise InvalidArgument(f"{field}: expected 32 lowercase hex characters, got {show(value)}", field=field)
     return value
 
 
@@ -261,7 +272,7 @@ def reject_unknown(obj: Mapping[str, Any], allowed: Iterable[str], prefix: str =
             raise InvalidArgument(f"{prefix}{key}: unknown field", field=f"{prefix}{key}")
 
 
-def _require(obj: Mapping[str, Any], name: str, prefix: str = "") -> Any:
+def require(obj: Mapping[str, Any], name: str, prefix: str = "") -> Any:
     if name not in obj:
         raise InvalidArgument(f"{prefix}{name}: field is required", field=f"{prefix}{name}")
     return obj[name]
@@ -269,20 +280,20 @@ def _require(obj: Mapping[str, Any], name: str, prefix: str = "") -> Any:
 
 def string(value: Any, field: str, pattern: re.Pattern[str], rule: str) -> str:
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise InvalidArgument(f"{field}: must be {rule}, got {_show(value)}", field=field)
+        raise InvalidArgument(f"{field}: must be {rule}, got {show(value)}", field=field)
     return value
 
 
 def integer(value: Any, field: str, low: int, high: int) -> int:
     """A JSON integer literal in [low, high]: not a bool, not 9.0, not 1e0, not "9"."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidArgument(f"{field}: must be a JSON integer from {low} to {high}, got {_show(value)}", field=field)
+        raise InvalidArgument(f"{field}: must be a JSON integer from {low} to {high}, got {show(value)}", field=field)
     return value
 
 
 def number(value: Any, field: str, low: float, high: float) -> int | float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise InvalidArgument(f"{field}: must be a number from {low:g} to {high:g}, got {_show(value)}", field=field)
+        raise InvalidArgument(f"{field}: must be a number from {low:g} to {high:g}, got {show(value)}", field=field)
     return value
 
 
@@ -291,7 +302,7 @@ def timestamp(value: Any, field: str) -> datetime:
     rule = "an RFC 3339 timestamp such as 2030-01-02T03:04:05Z"
     match = RFC3339.fullmatch(value) if isinstance(value, str) else None
     if match is None:
-        raise InvalidArgument(f"{field}: must be {rule}, got {_show(value)}", field=field)
+        raise InvalidArgument(f"{field}: must be {rule}, got {show(value)}", field=field)
     year, month, day, hour, minute, second, fraction, offset = match.groups()
     micro = int((fraction or "").ljust(6, "0")[:6])
     try:
@@ -306,9 +317,9 @@ def timestamp(value: Any, field: str) -> datetime:
         local = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=tz)
         utc = local.astimezone(timezone.utc).replace(tzinfo=None)
     except (ValueError, OverflowError):
-        raise InvalidArgument(f"{field}: must be {rule}, got {_show(value)}", field=field) from None
+        raise InvalidArgument(f"{field}: must be {rule}, got {show(value)}", field=field) from None
     if not EARLIEST <= utc <= LATEST:
-        raise InvalidArgument(f"{field}: must be from 1970-01-01 to 9999-12-31 (UTC), got {_show(value)}", field=field)
+        raise InvalidArgument(f"{field}: must be from 1970-01-01 to 9999-12-31 (UTC), got {show(value)}", field=field)
     return utc
 
 
@@ -319,7 +330,7 @@ def resource_key(value: Any, field: str = "resource_key") -> str:
         or CONTROL_CHARS.search(value)
     ):
         raise InvalidArgument(
-            f"{field}: must be a string of 1-{RESOURCE_KEY_MAX} characters without control characters, got {_show(value)}",
+            f"{field}: must be a string of 1-{RESOURCE_KEY_MAX} characters without control characters, got {show(value)}",
             field=field,
         )
     return value
@@ -330,50 +341,82 @@ def resource_key(value: Any, field: str = "resource_key") -> str:
 
 def submit_task(body: Mapping[str, Any]) -> NewTask:
     """The body of POST /v1/tasks -> a validated NewTask."""
-    reject_unknown(body, SUBMIT_FIELDS)
-    for name in ("queue_id", "handler", "handler_version", "payload_version", "payload"):
-        _require(body, name)
-    fields: dict[str, Any] = {
-        "queue_id": string(body["queue_id"], "queue_id", QUEUE_ID, "32 lowercase hex characters"),
-        "handler": string(body["handler"], "handler", HANDLER, "1-200 characters of A-Z a-z 0-9 . _ : / -"),
-        "handler_version": string(body["handler_version"], "handler_version", VERSION, "1-64 characters of A-Z a-z 0-9 . _ + -"),
-        "payload_version": string(body["payload_version"], "payload_version", VERSION, "1-64 characters of A-Z a-z 0-9 . _ + -"),
+    return NewTask(**task_fields(body, allowed=SUBMIT_FIELDS, required=SUBMIT_REQUIRED))
+
+
+def task_template(value: Any, field: str) -> dict[str, Any]:
+    """A plan version's ``definition.task``: the POST /v1/tasks rules, without the queue and times.
+
+    Returns the NewTask fields except ``queue_id``; refusals name ``field`` + "." + the field.
+    """
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{field}: must be an object, got {show(value)}", field=field)
+    prefix = field + "."
+    for name, reason in TEMPLATE_EXCLUDED.items():
+        if name in value:
+            raise InvalidArgument(f"{prefix}{name}: not part of a plan's task; {reason}", field=prefix + name)
+    return task_fields(value, allowed=TEMPLATE_FIELDS, required=TEMPLATE_REQUIRED, prefix=prefix)
+
+
+def task_fields(
+    body: Mapping[str, Any], *, allowed: Sequence[str], required: Sequence[str], prefix: str = ""
+) -> dict[str, Any]:
+    """The NewTask fields of a task body (a submission or a plan's task template).
+
+    One set of rules for both; every refusal names ``prefix`` + the field.
+    """
+    reject_unknown(body, allowed, prefix)
+    for name in required:
+        require(body, name, prefix)
+    fields: dict[str, Any] = {}
+    if "queue_id" in body:
+        fields["queue_id"] = string(body["queue_id"], prefix + "queue_id", QUEUE_ID, "32 lowercase hex characters")
+    fields |= {
+        "handler": string(body["handler"], prefix + "handler", HANDLER, "1-200 characters of A-Z a-z 0-9 . _ : / -"),
+        "handler_version": string(
+            body["handler_version"], prefix + "handler_version", VERSION, "1-64 characters of A-Z a-z 0-9 . _ + -"
+        ),
+        "payload_version": string(
+            body["payload_version"], prefix + "payload_version", VERSION, "1-64 characters of A-Z a-z 0-9 . _ + -"
+        ),
         "payload": body["payload"],
     }
     if "priority" in body:
-        fields["priority"] = integer(body["priority"], "priority", 0, MAX_PRIORITY)
+        fields["priority"] = integer(body["priority"], prefix + "priority", 0, MAX_PRIORITY)
     if "available_at" in body and "delay_s" in body:
-        raise InvalidArgument("delay_s: give available_at or delay_s, not both", field="delay_s")
+        raise InvalidArgument(f"{prefix}delay_s: give available_at or delay_s, not both", field=prefix + "delay_s")
     if "available_at" in body:
-        fields["available_at"] = timestamp(body["available_at"], "available_at")
+        fields["available_at"] = timestamp(body["available_at"], prefix + "available_at")
     if "delay_s" in body:
-        delay = number(body["delay_s"], "delay_s", 0, MAX_DELAY_S)
+        delay = number(body["delay_s"], prefix + "delay_s", 0, MAX_DELAY_S)
         fields["delay_us"] = delay * 1_000_000 if isinstance(delay, int) else round(delay * 1_000_000)
     if "deadline" in body:
-        fields["deadline"] = timestamp(body["deadline"], "deadline")
+        fields["deadline"] = timestamp(body["deadline"], prefix + "deadline")
         if "available_at" in fields and fields["deadline"] <= fields["available_at"]:
-            raise InvalidArgument("deadline: must be later than available_at", field="deadline")
+            raise InvalidArgument(f"{prefix}deadline: must be later than available_at", field=prefix + "deadline")
     if "max_attempts" in body:
-        fields["max_attempts"] = integer(body["max_attempts"], "max_attempts", 1, MAX_ATTEMPTS)
+        fields["max_attempts"] = integer(body["max_attempts"], prefix + "max_attempts", 1, MAX_ATTEMPTS)
     if "backoff" in body:
-        fields.update(_backoff(body["backoff"]))
+        fields.update(_backoff(body["backoff"], prefix + "backoff"))
     if "resource_key" in body:
-        fields["resource_key"] = resource_key(body["resource_key"])
-    return NewTask(**fields)
+        fields["resource_key"] = resource_key(body["resource_key"], prefix + "resource_key")
+    return fields
 
 
-def _backoff(value: Any) -> dict[str, Any]:
+def _backoff(value: Any, field: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise InvalidArgument(f"backoff: must be an object, got {_show(value)}", field="backoff")
-    reject_unknown(value, BACKOFF_FIELDS, prefix="backoff.")
+        raise InvalidArgument(f"{field}: must be an object, got {show(value)}", field=field)
+    reject_unknown(value, BACKOFF_FIELDS, prefix=field + ".")
     initial = value.get("initial_ms", DEFAULT_BACKOFF_INITIAL_MS)
     maximum = value.get("max_ms", DEFAULT_BACKOFF_MAX_MS)
     multiplier = value.get("multiplier", DEFAULT_BACKOFF_MULTIPLIER)
-    initial = integer(initial, "backoff.initial_ms", 1, BACKOFF_INITIAL_MS_MAX)
-    maximum = integer(maximum, "backoff.max_ms", 1, BACKOFF_MAX_MS_MAX)
-    multiplier = number(multiplier, "backoff.multiplier", BACKOFF_MULTIPLIER_MIN, BACKOFF_MULTIPLIER_MAX)
+    initial = integer(initial, f"{field}.initial_ms", 1, BACKOFF_INITIAL_MS_MAX)
+    maximum = integer(maximum, f"{field}.max_ms", 1, BACKOFF_MAX_MS_MAX)
+    multiplier = number(multiplier, f"{field}.multiplier", BACKOFF_MULTIPLIER_MIN, BACKOFF_MULTIPLIER_MAX)
     if maximum < initial:
-        raise InvalidArgument("backoff.max_ms: must not be less than backoff.initial_ms", field="backoff.max_ms")
+        raise InvalidArgument(
+            f"{field}.max_ms: must not be less than {field}.initial_ms", field=f"{field}.max_ms"
+        )
     return {"backoff_initial_ms": initial, "backoff_max_ms": maximum, "backoff_multiplier": float(multiplier)}
 
 
@@ -383,7 +426,7 @@ def _control(value: Any, field: str) -> int | None:
 
 def create_queue(body: Mapping[str, Any]) -> dict[str, Any]:
     reject_unknown(body, QUEUE_CREATE_FIELDS)
-    name = string(_require(body, "name"), "name", QUEUE_NAME, "1-128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit")
+    name = string(require(body, "name"), "name", QUEUE_NAME, "1-128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit")
     return {"name": name, **{f: _control(body.get(f), f) for f in QUEUE_CONTROL_FIELDS}}
 
 
@@ -419,14 +462,14 @@ def limit(params: Mapping[str, str]) -> int:
     if text is None:
         return LIST_LIMIT_DEFAULT
     if not re.fullmatch(r"[0-9]{1,4}", text) or not 1 <= int(text) <= LIST_LIMIT_MAX:
-        raise InvalidArgument(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}, got {_show(text)}", field="limit")
+        raise InvalidArgument(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}, got {show(text)}", field="limit")
     return int(text)
 
 
 def state(params: Mapping[str, str]) -> str | None:
     value = params.get("state")
     if value is not None and value not in STATES:
-        raise InvalidArgument(f"state: must be one of {', '.join(STATES)}, got {_show(value)}", field="state")
+        raise InvalidArgument(f"state: must be one of {', '.join(STATES)}, got {show(value)}", field="state")
     return value
 
 

@@ -169,6 +169,51 @@ class TaskPage:
     last: str | None
 
 
+async def insert_task(
+    tx: Tx,
+    task_id: str,
+    application_id: str,
+    namespace_id: str,
+    new: NewTask,
+    *,
+    plan_id: str | None = None,
+    plan_version: int | None = None,
+) -> None:
+    """Write one accepted task (and its resource key's occupancy row) inside ``tx``.
+
+    The caller has written the idempotency record first, in the same transaction: the
+    API's acceptance and a plan's fire both go through here.
+    """
+    await tx.execute(
+        "task_insert",
+        {
+            "task_id": task_id,
+            "application_id": application_id,
+            "namespace_id": namespace_id,
+            "queue_id": new.queue_id,
+            "handler": new.handler,
+            "handler_version": new.handler_version,
+            "payload_version": new.payload_version,
+            "payload": json.dumps(new.payload, ensure_ascii=False, allow_nan=False),
+            "priority": new.priority,
+            "available_at": new.available_at,
+            "delay_us": new.delay_us,
+            "deadline": new.deadline,
+            "max_attempts": new.max_attempts,
+            "backoff_initial_ms": new.backoff_initial_ms,
+            "backoff_max_ms": new.backoff_max_ms,
+            "backoff_multiplier": new.backoff_multiplier,
+            "resource_key": new.resource_key,
+            "plan_id": plan_id,
+            "plan_version": plan_version,
+        },
+    )
+    if new.resource_key is not None:
+        rk = {"namespace_id": namespace_id, "resource_key": new.resource_key}
+        if await tx.fetchone("resource_key_exists", rk) is None:
+            await tx.execute("resource_key_ensure", rk)
+
+
 @attrs.define(eq=False)
 class TaskStore:
     db: Database
@@ -192,32 +237,7 @@ class TaskStore:
             if queue is None:
                 raise NotFound(f"queue_id: queue {new.queue_id} not found", field="queue_id")
             await tx.execute("idempotency_insert", {**key, "request_digest": digest, "task_id": task_id})
-            await tx.execute(
-                "task_insert",
-                {
-                    "task_id": task_id,
-                    "application_id": queue["application_id"],
-                    "namespace_id": namespace_id,
-                    "queue_id": new.queue_id,
-                    "handler": new.handler,
-                    "handler_version": new.handler_version,
-                    "payload_version": new.payload_version,
-                    "payload": json.dumps(new.payload, ensure_ascii=False, allow_nan=False),
-                    "priority": new.priority,
-                    "available_at": new.available_at,
-                    "delay_us": new.delay_us,
-                    "deadline": new.deadline,
-                    "max_attempts": new.max_attempts,
-                    "backoff_initial_ms": new.backoff_initial_ms,
-                    "backoff_max_ms": new.backoff_max_ms,
-                    "backoff_multiplier": new.backoff_multiplier,
-                    "resource_key": new.resource_key,
-                },
-            )
-            if new.resource_key is not None:
-                rk = {"namespace_id": namespace_id, "resource_key": new.resource_key}
-                if await tx.fetchone("resource_key_exists", rk) is None:
-                    await tx.execute("resource_key_ensure", rk)
+            await insert_task(tx, task_id, queue["application_id"], namespace_id, new)
             return await tx.fetchone("task_get", {"namespace_id": namespace_id, "task_id": task_id})
 
         try:

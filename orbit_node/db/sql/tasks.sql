@@ -18,18 +18,19 @@ SELECT request_digest, task_id
   FROM idempotency_records
  WHERE namespace_id = %(namespace_id)s AND kind = %(kind)s AND idempotency_key = %(idempotency_key)s
 
--- available_at is the client's UTC timestamp, or the database clock plus the delay.
+-- available_at is the client's UTC timestamp (a plan's fire time), or the database clock
+-- plus the delay. plan_id/plan_version are NULL except for tasks a plan created.
 -- name: task_insert
 INSERT INTO tasks (
   task_id, application_id, namespace_id, queue_id,
   handler, handler_version, payload_version, payload, priority,
   available_at, deadline, max_attempts,
-  backoff_initial_ms, backoff_max_ms, backoff_multiplier, resource_key
+  backoff_initial_ms, backoff_max_ms, backoff_multiplier, resource_key, plan_id, plan_version
 ) VALUES (
   %(task_id)s, %(application_id)s, %(namespace_id)s, %(queue_id)s,
   %(handler)s, %(handler_version)s, %(payload_version)s, %(payload)s, %(priority)s,
   COALESCE(%(available_at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND), %(deadline)s, %(max_attempts)s,
-  %(backoff_initial_ms)s, %(backoff_max_ms)s, %(backoff_multiplier)s, %(resource_key)s
+  %(backoff_initial_ms)s, %(backoff_max_ms)s, %(backoff_multiplier)s, %(resource_key)s, %(plan_id)s, %(plan_version)s
 )
 
 -- The dispatch core needs an occupancy row for every resource key a task names.

@@ -1,0 +1,128 @@
+"""The plan trigger: a node service that turns due fire times into tasks.
+
+Every node runs one; any number may run at once. A pass reads the plans due on the
+database clock (no locks), then fires each in its own short transaction that locks the
+plan ``FOR UPDATE SKIP LOCKED``: a plan another node is firing is simply skipped, and the
+fire records make a second task for one fire time impossible anyway. The trio clock only
+paces the passes; it never decides what is due.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import attrs
+import trio
+
+from ..errors import OrbitError
+from ..store.plans import PlanStore
+
+log = logging.getLogger("orbit.plans")
+
+# Plans read per pass; each is fired in its own transaction.
+PLANS_PER_PASS = 64
+# Fire times one transaction creates at most for one plan; a plan with more due fire
+# times stays due and is fired again in the next pass, which then runs at once.
+FIRES_PER_TRANSACTION = 100
+# Passes run back to back while they find more work, at most this many before the
+# trigger sleeps for an interval (a backlog is worked off without hogging a connection).
+MAX_BACK_TO_BACK_PASSES = 16
+
+
+class FireStore(Protocol):
+    """What the trigger needs of ``store.plans.PlanStore``."""
+
+    async def due(self, limit: int) -> list[str]: ...
+
+    async def fire(self, plan_id: str, *, limit: int): ...
+
+
+@attrs.frozen
+class PassStats:
+    plans_fired: int = 0
+    tasks_created: int = 0
+    # Another node (or an API writer) held the plan, or it was no longer due.
+    plans_skipped: int = 0
+    # There is more to do right away (a full candidate batch, or a plan still due).
+    saturated: bool = False
+
+    def __add__(self, other: "PassStats") -> "PassStats":
+        return PassStats(
+            self.plans_fired + other.plans_fired,
+            self.tasks_created + other.tasks_created,
+            self.plans_skipped + other.plans_skipped,
+            other.saturated,
+        )
+
+
+@attrs.define(eq=False)
+class PlanTrigger:
+    store: FireStore
+    interval_s: float
+    plans_per_pass: int = PLANS_PER_PASS
+    fires_per_transaction: int = FIRES_PER_TRANSACTION
+    passes: int = 0
+    totals: PassStats = attrs.field(factory=PassStats)
+    _pass_done: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    async def trigger_once(self) -> PassStats:
+        """One pass: fire every plan that is due now (each in its own transaction)."""
+        stats = PassStats()
+        due = await self.store.due(self.plans_per_pass)
+        for plan_id in due:
+            result = await self.store.fire(plan_id, limit=self.fires_per_transaction)
+            if not result.locked:
+                stats = attrs.evolve(stats, plans_skipped=stats.plans_skipped + 1)
+                continue
+            if result.stopped:
+                log.error("plan %s stopped firing: %s", plan_id, result.stopped)
+            stats = attrs.evolve(
+                stats,
+                plans_fired=stats.plans_fired + 1,
+                tasks_created=stats.tasks_created + result.created,
+                saturated=stats.saturated or result.still_due,
+            )
+        if len(due) >= self.plans_per_pass:
+            stats = attrs.evolve(stats, saturated=True)
+        return stats
+
+    async def trigger(self) -> PassStats:
+        """Passes until one is not saturated (bounded); returns what they did together."""
+        total = PassStats()
+        for _ in range(MAX_BACK_TO_BACK_PASSES):
+            stats = await self.trigger_once()
+            total = total + stats
+            if not stats.saturated:
+                break
+        self.totals = self.totals + attrs.evolve(total, saturated=False)
+        return total
+
+    async def wait_for_pass(self) -> None:
+        """Wait until the trigger round that runs next has finished (tests and operators)."""
+        await self._pass_done.wait()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started(self)
+        while True:
+            try:
+                stats = await self.trigger()
+            except OrbitError as exc:
+                # The database may be unreachable for a while; the next round tries again,
+                # and fire times that became more than grace_s late meanwhile are caught up.
+                log.warning("plan trigger failed: %s", exc.message)
+            else:
+                if stats.tasks_created:
+                    log.info("plans fired: plans=%d tasks=%d", stats.plans_fired, stats.tasks_created)
+            self.passes += 1
+            done, self._pass_done = self._pass_done, trio.Event()
+            done.set()
+            await trio.sleep(self.interval_s)
+
+
+async def plan_service(node, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Node service: trigger plans every ``node.config.plan_interval_s`` using ``node.db``.
+
+    Reports the ``PlanTrigger`` through ``task_status``."""
+    trigger = PlanTrigger(PlanStore(node.db), node.config.plan_interval_s)
+    await trigger.run(task_status=task_status)

@@ -79,11 +79,15 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[st
             cpu0 = _cpu()
             start = time.perf_counter()
             sampler = asyncio.create_task(sample(start))
-            await asyncio.wait_for(
-                app.run_worker_async(concurrency=concurrency, wait=False, install_signal_handlers=False,
-                                     queues=["bench"], delete_jobs="never"),
-                timeout_s,
-            )
+            timed_out = False
+            try:
+                await asyncio.wait_for(
+                    app.run_worker_async(concurrency=concurrency, wait=False, install_signal_handlers=False,
+                                         queues=["bench"], delete_jobs="never"),
+                    timeout_s,
+                )
+            except asyncio.TimeoutError:
+                timed_out = True
             seconds = time.perf_counter() - start
             cpu = _cpu() - cpu0
             stop.set()
@@ -91,9 +95,8 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[st
             async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                 cur = await conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
                 done = (await cur.fetchone())[0]
-        return {"tasks": done, "seconds": seconds, "enqueue_s": enqueue_s, "cpu_s": cpu,
-                "progress": progress + [(seconds, done)], "version": procrastinate.__version__ if hasattr(
-                    procrastinate, "__version__") else _dist_version("procrastinate"),
+        return {"tasks": done, "seconds": seconds, "enqueue_s": enqueue_s, "cpu_s": cpu, "timed_out": timed_out,
+                "progress": progress + [(seconds, done)], "version": _dist_version("procrastinate"),
                 "setup": f"PostgreSQL, 1 asyncio worker process, concurrency {concurrency}, pool {PG_POOL}, "
                          "synchronous_commit=off"}
 
@@ -121,49 +124,48 @@ def run_huey(tasks: int, concurrency: int, timeout_s: float, mysql_url: str) -> 
     name = "orbit_bench_huey_" + secrets.token_hex(4)
     admin = pymysql.connect(**conn_args, autocommit=True)
     admin.cursor().execute(f"CREATE DATABASE `{name}`")
-    try:
-        database = peewee.MySQLDatabase(name, **conn_args)
-        huey = SqlHuey(name="bench", database=database, results=False, utc=True)
-        done = 0
-        lock = threading.Lock()
-        all_done = threading.Event()
+    admin.close()
+    database = peewee.MySQLDatabase(name, **conn_args)
+    huey = SqlHuey(name="bench", database=database, results=False, utc=True)
+    done = 0
+    lock = threading.Lock()
+    all_done = threading.Event()
 
-        @huey.task()
-        def noop() -> None:
-            return None
+    @huey.task()
+    def noop() -> None:
+        return None
 
-        @huey.signal(SIGNAL_COMPLETE)
-        def completed(signal, task, *args, **kwargs) -> None:
-            nonlocal done
-            with lock:
-                done += 1
-                if done >= tasks:
-                    all_done.set()
+    @huey.signal(SIGNAL_COMPLETE)
+    def completed(signal, task, *args, **kwargs) -> None:
+        nonlocal done
+        with lock:
+            done += 1
+            if done >= tasks:
+                all_done.set()
 
-        begin = time.perf_counter()
-        for _ in range(tasks):
-            noop()
-        enqueue_s = time.perf_counter() - begin
-        consumer = huey.create_consumer(workers=concurrency, worker_type="thread", periodic=False,
-                                        check_worker_health=False)
-        progress: list[tuple[float, int]] = []
-        cpu0 = _cpu()
-        start = time.perf_counter()
-        consumer.start()
-        deadline = start + timeout_s
-        while not all_done.wait(SAMPLE_S) and time.perf_counter() < deadline:
-            progress.append((time.perf_counter() - start, done))
-        seconds = time.perf_counter() - start
-        cpu = _cpu() - cpu0
-        consumer.stop(graceful=True)
-        database.close()
-        return {"tasks": done, "seconds": seconds, "enqueue_s": enqueue_s, "cpu_s": cpu,
-                "progress": progress + [(seconds, done)], "version": _dist_version("huey"),
-                "setup": f"Huey SqlStorage (peewee {peewee.__version__} + PyMySQL) on the same MariaDB, "
-                         f"1 consumer process, {concurrency} threads"}
-    finally:
-        admin.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
-        admin.close()
+    begin = time.perf_counter()
+    for _ in range(tasks):
+        noop()
+    enqueue_s = time.perf_counter() - begin
+    consumer = huey.create_consumer(workers=concurrency, worker_type="thread", periodic=False,
+                                    check_worker_health=False, shutdown_timeout=5)
+    progress: list[tuple[float, int]] = []
+    cpu0 = _cpu()
+    start = time.perf_counter()
+    consumer.start()
+    deadline = start + timeout_s
+    while not all_done.wait(SAMPLE_S) and time.perf_counter() < deadline:
+        progress.append((time.perf_counter() - start, done))
+    seconds = time.perf_counter() - start
+    cpu = _cpu() - cpu0
+    finished = done
+    consumer.stop(graceful=True)
+    # The database is dropped by the caller once this process (and its connections) is gone.
+    return {"tasks": finished, "seconds": seconds, "enqueue_s": enqueue_s, "cpu_s": cpu,
+            "timed_out": finished < tasks, "database": name,
+            "progress": progress + [(seconds, finished)], "version": _dist_version("huey"),
+            "setup": f"Huey SqlStorage (peewee {peewee.__version__} + PyMySQL) on the same MariaDB, "
+                     f"1 consumer process, {concurrency} threads"}
 
 
 def _dist_version(name: str) -> str:
@@ -187,8 +189,9 @@ def main(argv: list[str]) -> int:
             result = run_huey(args.tasks, args.concurrency, args.timeout_s, args.mysql_url)
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}"}
-    print(json.dumps(result))
-    return 0
+    print(json.dumps(result), flush=True)
+    # Worker threads a peer could not stop must not keep this process alive.
+    os._exit(0)
 
 
 if __name__ == "__main__":

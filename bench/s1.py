@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from .common import (
-    REPO, bench_database, connection_plan, count_tasks, make_app, measured_phase, node_process,
+    REPO, admin_sql, bench_database, connection_plan, count_tasks, make_app, measured_phase, node_process,
     submit_closed_loop, wait_until, worker_fleet,
 )
 from .report import Target, format_table, ratio, summarize
@@ -33,6 +33,8 @@ TARGET_VS_FLOOR = 0.60
 PACE_CLAIMS_PER_S = 4
 # Largest claim batch of a node (config.claim_batch_size).
 CLAIM_BATCH = 16
+# Time a peer process may take beyond its drain bound (creating its database, pre-submitting).
+PEER_SETUP_S = 180.0
 # Claims per connection per cycle of the diagnostic runs: high enough never to bind.
 LIFTED_PACE = 1000
 
@@ -44,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capacity", type=int, default=16,
                         help="S1/S2/e2e: capacity of one Orbit Worker connection (default 16 = the claim batch)")
     parser.add_argument("--peers", default="procrastinate,huey", help="S1: peers to run (comma-separated, or none)")
+    parser.add_argument("--peer-timeout-s", type=float, default=120.0,
+                        help="S1: a peer drains at most this long; its rate is then done / elapsed (default 120)")
     parser.add_argument("--submit-concurrency", type=int, default=16, help="HTTP submitters at once (default 16)")
     parser.add_argument("--no-diagnose", action="store_true",
                         help="S1/S2: skip the diagnostic Orbit run with the per-connection pacing lifted")
@@ -94,17 +98,25 @@ async def orbit_burndown(bdb, *, tasks: int, connections: int, capacity: int, su
     }
 
 
-async def run_peer(name: str, tasks: int, concurrency: int, mysql_url: str) -> dict[str, Any]:
+async def run_peer(name: str, tasks: int, concurrency: int, server, timeout_s: float) -> dict[str, Any]:
+    """Run one peer in its own process, bounded by ``timeout_s`` of draining (plus set-up)."""
     cmd = [sys.executable, "-m", "bench.peers", name, "--tasks", str(tasks), "--concurrency", str(concurrency),
-           "--timeout-s", str(max(120.0, tasks / 20)), "--mysql-url", mysql_url]
-    try:
-        done = await trio.run_process(cmd, cwd=REPO, capture_stdout=True, capture_stderr=True, check=False)
-    except OSError as exc:
-        return {"error": f"could not start: {exc}"}
+           "--timeout-s", str(timeout_s), "--mysql-url", server.with_database("mysql").url()]
+    done = None
+    with trio.move_on_after(timeout_s + PEER_SETUP_S):
+        try:
+            done = await trio.run_process(cmd, cwd=REPO, capture_stdout=True, capture_stderr=True, check=False)
+        except OSError as exc:
+            return {"error": f"could not start: {exc}"}
+    if done is None:
+        return {"error": f"did not finish within {timeout_s + PEER_SETUP_S:.0f} s"}
     lines = [line for line in done.stdout.decode().splitlines() if line.startswith("{")]
     if not lines:
         return {"error": f"exit {done.returncode}: {done.stderr.decode(errors='replace')[-400:]}"}
     result = json.loads(lines[-1])
+    if result.get("database"):
+        with trio.move_on_after(60):
+            await admin_sql(server, f"DROP DATABASE IF EXISTS `{result['database']}`")
     if "tasks" in result and result.get("seconds"):
         result["tasks_per_s"] = result["tasks"] / result["seconds"]
     return result
@@ -134,8 +146,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             lifted = await orbit_burndown(bdb, tasks=args.tasks, connections=connections, capacity=args.capacity,
                                           submit_concurrency=args.submit_concurrency, profile=False,
                                           app_name="s1-lifted", pace=LIFTED_PACE)
-        mysql_url = bdb.dsn.with_database("mysql").url()
-        peers = {name: await run_peer(name, args.tasks, connections * args.capacity, mysql_url)
+        peers = {name: await run_peer(name, args.tasks, connections * args.capacity, bdb.dsn, args.peer_timeout_s)
                  for name in peers_wanted}
     rows = [["Orbit", orbit["tasks_per_s"], 1.0, orbit["seconds"], orbit["cpu"]["node_cpu_s"] + orbit["cpu"]["harness_cpu_s"],
              orbit["setup"]]]
@@ -143,8 +154,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if "error" in peer:
             rows.append([name, math.nan, math.nan, math.nan, math.nan, f"DID NOT RUN: {peer['error'][:120]}"])
         else:
+            partial = f" [stopped after {peer['seconds']:.0f} s: {peer['tasks']:,} of {args.tasks:,} done]" if peer.get(
+                "timed_out") else ""
             rows.append([name, peer["tasks_per_s"], ratio(orbit["tasks_per_s"], peer["tasks_per_s"]), peer["seconds"],
-                         peer["cpu_s"], f"{name} {peer['version']}: {peer['setup']}"])
+                         peer["cpu_s"], f"{name} {peer['version']}: {peer['setup']}{partial}"])
     if lifted is not None:
         rows.append(["Orbit, pacing lifted", lifted["tasks_per_s"], ratio(orbit["tasks_per_s"], lifted["tasks_per_s"]),
                      lifted["seconds"], lifted["cpu"]["node_cpu_s"] + lifted["cpu"]["harness_cpu_s"],

@@ -1,4 +1,4 @@
-"""Python SDK of the task interface: a trio-native client (``OrbitClient``)."""
+"""Python SDK of the task interface: a trio-native client (``OrbitClient``) for tasks, queues and plans."""
 
 from .client import (
     AlreadyExistsError,
@@ -14,6 +14,11 @@ from .client import (
     OrbitClientError,
     Page,
     PayloadTooLargeError,
+    Plan,
+    PlanDefinition,
+    PlanSchedule,
+    PlanTaskSummary,
+    PlanVersion,
     PermissionDeniedError,
     ProtocolError,
     Queue,
@@ -22,6 +27,7 @@ from .client import (
     SubmitTaskRequest,
     Task,
     TaskSummary,
+    TaskTemplate,
     TransportError,
     UnauthenticatedError,
     UnavailableError,
@@ -42,6 +48,11 @@ __all__ = [
     "OrbitClientError",
     "Page",
     "PayloadTooLargeError",
+    "Plan",
+    "PlanDefinition",
+    "PlanSchedule",
+    "PlanTaskSummary",
+    "PlanVersion",
     "PermissionDeniedError",
     "ProtocolError",
     "Queue",
@@ -50,6 +61,7 @@ __all__ = [
     "SubmitTaskRequest",
     "Task",
     "TaskSummary",
+    "TaskTemplate",
     "TransportError",
     "UnauthenticatedError",
     "UnavailableError",

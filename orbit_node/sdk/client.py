@@ -172,8 +172,12 @@ class Backoff:
 
 
 @attrs.frozen(kw_only=True)
-class SubmitTaskRequest:
-    queue_id: str
+class TaskTemplate:
+    """The fields of a task that a plan repeats at every fire time (``definition.task``).
+
+    ``SubmitTaskRequest`` adds the queue and the times of one submission.
+    """
+
     handler: str
     handler_version: str
     payload_version: str
@@ -181,16 +185,12 @@ class SubmitTaskRequest:
     payload: Any
     # 0-9; 0 is never sent, so the request digest stays the one of a request without priority.
     priority: int = 0
-    available_at: datetime | None = attrs.field(default=None, validator=_aware)
-    delay_s: float | None = None
-    deadline: datetime | None = attrs.field(default=None, validator=_aware)
     max_attempts: int | None = None
     backoff: Backoff | None = None
     resource_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "queue_id": self.queue_id,
             "handler": self.handler,
             "handler_version": self.handler_version,
             "payload_version": self.payload_version,
@@ -198,12 +198,6 @@ class SubmitTaskRequest:
         }
         if self.priority != 0:
             body["priority"] = self.priority
-        if self.available_at is not None:
-            body["available_at"] = _rfc3339(self.available_at)
-        if self.delay_s is not None:
-            body["delay_s"] = self.delay_s
-        if self.deadline is not None:
-            body["deadline"] = _rfc3339(self.deadline)
         if self.max_attempts is not None:
             body["max_attempts"] = self.max_attempts
         if self.backoff is not None:
@@ -211,6 +205,64 @@ class SubmitTaskRequest:
         if self.resource_key is not None:
             body["resource_key"] = self.resource_key
         return body
+
+
+@attrs.frozen(kw_only=True)
+class SubmitTaskRequest(TaskTemplate):
+    queue_id: str
+    available_at: datetime | None = attrs.field(default=None, validator=_aware)
+    delay_s: float | None = None
+    deadline: datetime | None = attrs.field(default=None, validator=_aware)
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"queue_id": self.queue_id, **super().to_json()}
+        if self.available_at is not None:
+            body["available_at"] = _rfc3339(self.available_at)
+        if self.delay_s is not None:
+            body["delay_s"] = self.delay_s
+        if self.deadline is not None:
+            body["deadline"] = _rfc3339(self.deadline)
+        return body
+
+
+@attrs.frozen(kw_only=True)
+class PlanSchedule:
+    """When a plan fires; None leaves the server's default (see docs/plans.md)."""
+
+    # Every this many seconds (from start_at, else aligned to the Unix epoch).
+    interval_s: int | None = None
+    # A 5-field cron expression, in time_zone (an IANA name; the server's default is UTC).
+    cron: str | None = None
+    time_zone: str | None = None
+    start_at: datetime | None = attrs.field(default=None, validator=_aware)
+    end_at: datetime | None = attrs.field(default=None, validator=_aware)
+    # "skip" (the default) or "fire_once": what fire times missed during an outage become.
+    catch_up: str | None = None
+    # How late a fire time may be reached and still count as on time (server default 60).
+    grace_s: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {}
+        for field in attrs.fields(type(self)):
+            value = getattr(self, field.name)
+            if value is not None:
+                body[field.name] = _rfc3339(value) if isinstance(value, datetime) else value
+        return body
+
+
+@attrs.frozen(kw_only=True)
+class PlanDefinition:
+    """The content of one immutable plan version."""
+
+    task: TaskTemplate
+    schedule: PlanSchedule
+
+    def to_json(self) -> dict[str, Any]:
+        return {"task": self.task.to_json(), "schedule": self.schedule.to_json()}
+
+
+def _definition_json(definition: PlanDefinition | Mapping[str, Any]) -> Any:
+    return definition.to_json() if isinstance(definition, PlanDefinition) else definition
 
 
 def _time_field(*, optional: bool = False) -> Any:
@@ -276,6 +328,38 @@ class Queue(_FromJson):
     max_concurrency: int | None
     max_starts_per_second: int | None
     created_at: datetime = _time_field()
+
+
+@attrs.frozen(kw_only=True)
+class Plan(_FromJson):
+    plan_id: str
+    name: str
+    queue_id: str
+    paused: bool
+    # None until a version is activated.
+    active_version: int | None
+    # The next fire time on the database clock; None while paused, without an active
+    # version, or after the schedule's end.
+    next_fire_at: datetime | None = _time_field(optional=True)
+    last_fire_at: datetime | None = _time_field(optional=True)
+    created_at: datetime = _time_field()
+    updated_at: datetime = _time_field()
+
+
+@attrs.frozen(kw_only=True)
+class PlanVersion(_FromJson):
+    plan_id: str
+    version: int
+    # The definition as it was given (a JSON object).
+    definition: Any
+    created_at: datetime = _time_field()
+
+
+@attrs.frozen(kw_only=True)
+class PlanTaskSummary(TaskSummary):
+    """A task a plan created, with the version that created it."""
+
+    plan_version: int
 
 
 @attrs.frozen
@@ -453,6 +537,71 @@ class OrbitClient:
     async def cancel_task(self, task_id: str) -> Task:
         _, document = await self._call("POST", f"/v1/tasks/{_segment(task_id)}/cancel")
         return Task.from_json(document["data"])
+
+    # -- plans
+
+    async def create_plan(
+        self, name: str, queue_id: str, definition: PlanDefinition | Mapping[str, Any] | None = None
+    ) -> Plan:
+        """A plan in a queue; with ``definition``, version 1 is created and activated at once."""
+        body: dict[str, Any] = {"name": name, "queue_id": queue_id}
+        if definition is not None:
+            body["definition"] = _definition_json(definition)
+        _, document = await self._call("POST", "/v1/plans", body=body)
+        return Plan.from_json(document["data"])
+
+    async def add_plan_version(self, plan_id: str, definition: PlanDefinition | Mapping[str, Any]) -> PlanVersion:
+        """The next immutable version; it takes effect once activated."""
+        _, document = await self._call(
+            "POST", f"/v1/plans/{_segment(plan_id)}/versions", body={"definition": _definition_json(definition)}
+        )
+        return PlanVersion.from_json(document["data"])
+
+    async def activate_plan_version(self, plan_id: str, version: int) -> Plan:
+        _, document = await self._call("POST", f"/v1/plans/{_segment(plan_id)}/activate", body={"version": version})
+        return Plan.from_json(document["data"])
+
+    async def pause_plan(self, plan_id: str) -> Plan:
+        _, document = await self._call("POST", f"/v1/plans/{_segment(plan_id)}/pause")
+        return Plan.from_json(document["data"])
+
+    async def resume_plan(self, plan_id: str) -> Plan:
+        _, document = await self._call("POST", f"/v1/plans/{_segment(plan_id)}/resume")
+        return Plan.from_json(document["data"])
+
+    async def get_plan(self, plan_id: str) -> Plan:
+        _, document = await self._call("GET", f"/v1/plans/{_segment(plan_id)}")
+        return Plan.from_json(document["data"])
+
+    async def list_plans(
+        self, *, queue_id: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> Page[Plan]:
+        _, document = await self._call(
+            "GET", "/v1/plans", params={"queue_id": queue_id, "limit": limit, "cursor": cursor}
+        )
+        return Page([Plan.from_json(item) for item in document["data"]], document.get("next_cursor"))
+
+    async def get_plan_version(self, plan_id: str, version: int) -> PlanVersion:
+        _, document = await self._call("GET", f"/v1/plans/{_segment(plan_id)}/versions/{int(version)}")
+        return PlanVersion.from_json(document["data"])
+
+    async def list_plan_versions(
+        self, plan_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> Page[PlanVersion]:
+        """Versions, oldest first."""
+        _, document = await self._call(
+            "GET", f"/v1/plans/{_segment(plan_id)}/versions", params={"limit": limit, "cursor": cursor}
+        )
+        return Page([PlanVersion.from_json(item) for item in document["data"]], document.get("next_cursor"))
+
+    async def list_plan_tasks(
+        self, plan_id: str, *, state: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> Page[PlanTaskSummary]:
+        """The tasks the plan created, newest first."""
+        _, document = await self._call(
+            "GET", f"/v1/plans/{_segment(plan_id)}/tasks", params={"state": state, "limit": limit, "cursor": cursor}
+        )
+        return Page([PlanTaskSummary.from_json(item) for item in document["data"]], document.get("next_cursor"))
 
     # -- queues
 

@@ -14,6 +14,9 @@ import attrs
 
 from .errors import ConfigError
 
+LOG_FORMATS = ("auto", "json", "text")
+METRICS_MODES = ("off", "open", "credential")
+
 
 @attrs.frozen(kw_only=True)
 class Dsn:
@@ -116,6 +119,14 @@ class NodeConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     log_level: str = "info"
+    # Log lines: "json" (one object per line), "text", or "auto" (text on a terminal, else json).
+    log_format: str = "auto"
+    # GET /metrics: "off", "open" (no credential, on its own address metrics_host:metrics_port)
+    # or "credential" (on the node's HTTP address, bearer credential with scope metrics:read).
+    metrics: str = "off"
+    metrics_host: str = "127.0.0.1"
+    # 9464: the port Prometheus exporters of this kind conventionally take.
+    metrics_port: int = 9464
     # Database connections per node: claim slots plus room for API and control traffic.
     db_pool_size: int = attrs.field(default=12, validator=_positive)
     # Longest use of one database connection (a transaction, lock waits included) before
@@ -148,6 +159,27 @@ class NodeConfig:
             raise ConfigError("ORBIT_TLS_CERT and ORBIT_TLS_KEY must be set together", field="ORBIT_TLS_CERT")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"ORBIT_LOG_LEVEL: unknown level {self.log_level!r}", field="ORBIT_LOG_LEVEL")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(
+                f"ORBIT_LOG_FORMAT: expected one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}",
+                field="ORBIT_LOG_FORMAT",
+            )
+        if self.metrics not in METRICS_MODES:
+            raise ConfigError(
+                f"ORBIT_METRICS: expected one of {', '.join(METRICS_MODES)}, got {self.metrics!r}", field="ORBIT_METRICS"
+            )
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"ORBIT_METRICS_ADDR: port {self.metrics_port} is out of range", field="ORBIT_METRICS_ADDR")
+        if (
+            self.metrics == "open"
+            and self.metrics_port != 0
+            and (self.metrics_host, self.metrics_port) == (self.http_host, self.http_port)
+        ):
+            raise ConfigError(
+                "ORBIT_METRICS_ADDR: must differ from ORBIT_HTTP_ADDR (use ORBIT_METRICS=credential to serve "
+                "/metrics on the HTTP address)",
+                field="ORBIT_METRICS_ADDR",
+            )
 
     @property
     def base_url(self) -> str:
@@ -161,7 +193,7 @@ class NodeConfig:
             "ORBIT_MYSQL_DSN", "ORBIT_HTTP_ADDR", "ORBIT_TLS_CERT", "ORBIT_TLS_KEY", "ORBIT_LOG_LEVEL",
             "ORBIT_RESERVATION_LEASE_S", "ORBIT_RUN_LEASE_S", "ORBIT_MAX_BODY_BYTES",
             "ORBIT_HEARTBEAT_TIMEOUT_S", "ORBIT_SHUTDOWN_GRACE_S", "ORBIT_DB_POOL_SIZE",
-            "ORBIT_URL", "ORBIT_CREDENTIALS_FILE", "ORBIT_LOG_FORMAT",
+            "ORBIT_URL", "ORBIT_CREDENTIALS_FILE", "ORBIT_LOG_FORMAT", "ORBIT_METRICS", "ORBIT_METRICS_ADDR",
         }
         unknown = sorted(k for k in env if k.startswith("ORBIT_") and k not in known and not k.startswith("ORBIT_TEST_"))
         if unknown:
@@ -171,6 +203,15 @@ class NodeConfig:
             raise ConfigError("ORBIT_MYSQL_DSN is not set", field="ORBIT_MYSQL_DSN")
         host, port = parse_addr(env.get("ORBIT_HTTP_ADDR", "127.0.0.1:8080"))
         kwargs = {}
+        metrics = env.get("ORBIT_METRICS", "off").strip().lower()
+        if "ORBIT_METRICS_ADDR" in env:
+            if metrics != "open":
+                raise ConfigError(
+                    "ORBIT_METRICS_ADDR: only used with ORBIT_METRICS=open", field="ORBIT_METRICS_ADDR"
+                )
+            kwargs["metrics_host"], kwargs["metrics_port"] = parse_addr(
+                env["ORBIT_METRICS_ADDR"], field="ORBIT_METRICS_ADDR"
+            )
         for name, key, kind in (
             ("reservation_lease_s", "ORBIT_RESERVATION_LEASE_S", float),
             ("run_lease_s", "ORBIT_RUN_LEASE_S", float),
@@ -191,5 +232,7 @@ class NodeConfig:
             tls_cert=env.get("ORBIT_TLS_CERT") or None,
             tls_key=env.get("ORBIT_TLS_KEY") or None,
             log_level=env.get("ORBIT_LOG_LEVEL", "info").lower(),
+            log_format=env.get("ORBIT_LOG_FORMAT", "auto").strip().lower(),
+            metrics=metrics,
             **kwargs,
         )

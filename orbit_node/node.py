@@ -22,6 +22,7 @@ from .api.app import NodeState, create_app
 from .config import NodeConfig
 from .db import Database
 from .ids import random_id
+from .metrics import serve_metrics
 
 log = logging.getLogger("orbit.node")
 
@@ -39,6 +40,8 @@ class Node:
     db: Database = attrs.field(init=False)
     state: NodeState = attrs.field(init=False)
     bound: list[str] = attrs.field(factory=list, init=False)
+    # Addresses of the open metrics server (ORBIT_METRICS=open), once listening.
+    metrics_bound: list[str] = attrs.field(factory=list, init=False)
     _shutdown: trio.Event = attrs.field(factory=trio.Event, init=False)
     services: list[Service] = attrs.field(factory=list)
 
@@ -47,6 +50,7 @@ class Node:
             self.config.dsn, size=self.config.db_pool_size, operation_timeout_s=self.config.db_operation_timeout_s
         )
         self.state = NodeState(config=self.config, db=self.db, node_id=self.node_id)
+        self.db.on_replay = self.state.metrics.observe_replay
 
     def request_shutdown(self) -> None:
         self._shutdown.set()
@@ -104,6 +108,11 @@ class Node:
                 for service in self.services:
                     await nursery.start(service, self)
                 nursery.start_soon(self._heartbeat)
+                if self.config.metrics == "open":
+                    self.metrics_bound = await nursery.start(
+                        serve_metrics, self.state.metrics, self.config.metrics_host, self.config.metrics_port
+                    )
+                    log.info("metrics served on %s", ", ".join(f"{url}/metrics" for url in self.metrics_bound))
                 self.bound = await nursery.start(serve_http)
                 task_status.started(self.bound)
                 await served.wait()

@@ -133,6 +133,8 @@ async def test_real_responses_match_the_document(running_node, db):
     async with running_node.client() as anonymous:
         check(await anonymous.get("/healthz"), "/healthz")
         check(await anonymous.get("/readyz"), "/readyz")
+        # ORBIT_METRICS is off here: the path answers like an unknown one.
+        check(await anonymous.get("/metrics"), "/metrics")
         check(await anonymous.get("/v1/tasks"), "/v1/tasks")
     async with running_node.client(read_only) as client:
         check(await client.post("/v1/tasks", json=body, headers={"Idempotency-Key": "k"}), "/v1/tasks")

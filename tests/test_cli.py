@@ -6,7 +6,7 @@ import json
 import os
 import stat
 
-from orbit_node.db import Database
+from orbit_node.db import Database, migrate
 from orbit_node.store.tenancy import TenancyStore
 
 from .helpers import cli
@@ -15,12 +15,12 @@ from .helpers import cli
 async def test_migrate_cli_up_status_and_idempotence(empty_dsn):
     first = cli("orbit-migrate", "up", dsn=empty_dsn)
     assert first.returncode == 0, first.stderr
-    assert "applied 000012_task_priority" in first.stdout
+    assert "applied 000012_task_priority" in first.stdout and "applied 000013_claim_turns" in first.stdout
     again = cli("orbit-migrate", "up", dsn=empty_dsn)
     assert again.returncode == 0 and "nothing to do" in again.stdout
     status = cli("orbit-migrate", "status", "--json", dsn=empty_dsn)
     versions = json.loads(status.stdout)
-    assert [(v["version"], v["state"]) for v in versions] == [(i, "applied") for i in range(1, 13)]
+    assert [(v["version"], v["state"]) for v in versions] == [(i, "applied") for i in range(1, migrate.HEAD + 1)]
 
 
 def test_migrate_cli_without_dsn_is_one_line():

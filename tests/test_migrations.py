@@ -24,13 +24,13 @@ async def test_up_from_empty_then_status_then_up_again_changes_nothing(empty_dsn
         assert await migrate.current_version(db) == 0
         applied = await migrate.up(db)
         assert [m.version for m in applied] == list(range(1, migrate.HEAD + 1))
-        assert migrate.HEAD == 12
+        assert migrate.HEAD == 13
         status = await migrate.status(db)
-        assert [(s.version, s.state) for s in status] == [(v, "applied") for v in range(1, 13)]
+        assert [(s.version, s.state) for s in status] == [(v, "applied") for v in range(1, migrate.HEAD + 1)]
         before = await schema_dump(db)
         assert await migrate.up(db) == []
         assert await schema_dump(db) == before
-        assert await migrate.current_version(db) == 12
+        assert await migrate.current_version(db) == migrate.HEAD
     finally:
         await db.aclose()
 
@@ -40,7 +40,8 @@ async def test_refuses_database_with_newer_unknown_version(dsn):
     try:
         await db.run(
             lambda tx: tx.execute_raw(
-                "INSERT INTO orbit_schema_migrations (version, name, checksum) VALUES (13, 'future', REPEAT('0', 64))"
+                "INSERT INTO orbit_schema_migrations (version, name, checksum) VALUES (%s, 'future', REPEAT('0', 64))",
+                (migrate.HEAD + 1,),
             )
         )
         with pytest.raises(SchemaMismatch, match="newer"):

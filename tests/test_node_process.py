@@ -11,6 +11,8 @@ import time
 import httpx
 import trio
 
+from orbit_node.db import migrate
+
 from .helpers import BIN
 
 
@@ -44,7 +46,7 @@ def check_health_and_sigterm(dsn):
         health = wait_http(f"http://127.0.0.1:{port}/healthz")
         assert health.status_code == 200 and health.json()["data"]["status"] == "ok"
         ready = httpx.get(f"http://127.0.0.1:{port}/readyz")
-        assert ready.status_code == 200 and ready.json()["data"]["schema_version"] == 12
+        assert ready.status_code == 200 and ready.json()["data"]["schema_version"] == migrate.HEAD
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:

@@ -14,6 +14,7 @@ from ..config import NodeConfig
 from ..db import Database
 from ..db import migrate
 from ..errors import DatabaseError, InvalidArgument, NotFound, OrbitError, PayloadTooLarge, Unavailable
+from ..metrics import NodeMetrics, instrument_app
 from ..store.tasks import TaskStore
 from ..store.tenancy import TenancyStore
 from ..workers.endpoint import blueprint as workers_blueprint
@@ -36,10 +37,13 @@ class NodeState:
     tasks: TaskStore = attrs.field(init=False)
     # Extra services (dispatch, workers, plans) attach themselves here.
     services: dict = attrs.field(factory=dict)
+    # This node's Prometheus registry and the hooks that feed it.
+    metrics: NodeMetrics = attrs.field(init=False)
 
     def __attrs_post_init__(self):
         self.tenancy = TenancyStore(self.db)
         self.tasks = TaskStore(self.db)
+        self.metrics = NodeMetrics(self)
 
 
 class MethodNotAllowed(OrbitError):
@@ -63,6 +67,8 @@ def create_app(state: NodeState) -> QuartTrio:
     app.config["MAX_CONTENT_LENGTH"] = state.config.max_body_bytes
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.extensions["orbit"] = state
+    # First, so every later hook and handler logs with the request's context.
+    instrument_app(app, state)
 
     @app.before_request
     async def _request_id():

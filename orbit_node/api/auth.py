@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from quart import current_app, g, request
 
+from .. import logs
 from ..errors import PermissionDenied, Unauthenticated
 from ..store.tenancy import ALL_QUEUES, Principal
 
@@ -38,7 +39,8 @@ def bearer_token() -> str:
 
 async def authenticate() -> None:
     """``before_request`` of the /v1 blueprint."""
-    g.principal = await node_state().tenancy.authenticate(bearer_token())
+    g.principal = who = await node_state().tenancy.authenticate(bearer_token())
+    logs.bind(application=who.application, namespace_id=who.namespace_id)
 
 
 def principal() -> Principal:

@@ -51,13 +51,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="orbit",
         description="Run an Orbit node. Settings come from the environment: ORBIT_MYSQL_DSN, ORBIT_HTTP_ADDR, "
-        "ORBIT_TLS_CERT/ORBIT_TLS_KEY, ORBIT_LOG_LEVEL.",
+        "ORBIT_TLS_CERT/ORBIT_TLS_KEY, ORBIT_LOG_LEVEL, ORBIT_LOG_FORMAT, ORBIT_METRICS, ORBIT_METRICS_ADDR "
+        "(see README.md).",
     )
     parser.parse_args(argv)
     config = run_command(NodeConfig.from_env)
     from ..logs import configure_logging
 
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, fmt=config.log_format)
     node = build_node(config)
 
     run_command(lambda: trio.run(serve_until_signal, node))

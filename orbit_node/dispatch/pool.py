@@ -121,7 +121,11 @@ class ClaimPool:
             result = await self.claim(grant)
             outcome = "tasks" if result else "empty"
         except Exception as exc:  # the database may be down: the connection retries later
-            log.warning("claim failed for connection %s: %s", grant.ticket.connection_id, exc)
+            log.warning(
+                "claim failed for connection %s: %s", grant.ticket.connection_id, exc,
+                extra={"connection_id": grant.ticket.connection_id, "application_id": grant.ticket.application_id,
+                       "queue_id": grant.queue_id},
+            )
             result, outcome = exc, "error"
         except BaseException:
             self.scheduler.complete(grant, trio.current_time(), empty=False)

@@ -22,7 +22,10 @@ SCOPES = (
     "tasks:cancel",
     "workers:connect",
     "workers:consume",
+    "metrics:read",
 )
+# Scopes about the whole node rather than a namespace's queues: granted as "*" only.
+NODE_SCOPES = ("metrics:read",)
 ALL_QUEUES = "*"
 # The per-queue controls a queue carries (NULL = unlimited).
 QUEUE_CONTROLS = ("max_concurrency", "max_starts_per_second")
@@ -53,6 +56,8 @@ def normalize_scopes(scopes: Mapping[str, Any]) -> dict[str, str | list[str]]:
             raise InvalidArgument(f"scopes: unknown scope {name!r}", field="scopes")
         if grant == ALL_QUEUES:
             result[name] = ALL_QUEUES
+        elif name in NODE_SCOPES:
+            raise InvalidArgument(f"scopes.{name}: a node-wide scope is granted as \"*\" only", field=f"scopes.{name}")
         elif isinstance(grant, (list, tuple)) and all(is_hex32(q) for q in grant):
             result[name] = sorted(set(grant))
         else:

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from .. import logs
 from ..dispatch.pool import ClaimPool, PoolClosed
 from ..dispatch.scheduler import ClaimTicket, SchedulerRefused
 from ..errors import NotFound, OrbitError
@@ -55,6 +56,8 @@ class Held:
     token: str
     state: str  # reserved | running
     queue_id: str
+    # trio time the dispatch was sent (metrics: dispatch -> Start latency).
+    dispatched_at: float = 0.0
 
 
 @attrs.define(eq=False)
@@ -111,6 +114,12 @@ class WorkerConnection:
 
     async def serve(self) -> None:
         self.last_received = trio.current_time()
+        # Every line this connection's tasks log names it and its application.
+        logs.bind(
+            connection_id=self.connection_id,
+            application=self.principal.application,
+            namespace_id=self.principal.namespace_id,
+        )
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -247,8 +256,9 @@ class WorkerConnection:
                 self._wake_watchdog.set()
             return
         if result:
+            now = trio.current_time()
             for r in result:
-                self.held[r.task_id] = Held(r.fencing_token, "reserved", r.queue_id)
+                self.held[r.task_id] = Held(r.fencing_token, "reserved", r.queue_id, now)
             self.send(p.dispatch(result))
             self.hub.observe_dispatch(result)
         self.maybe_request_claim()
@@ -288,7 +298,9 @@ class WorkerConnection:
                 result = self.hub.result_json(outcome)
                 results.append(result)
                 if result["ok"]:
-                    self.held[ref.task_id].state = "running"
+                    held = self.held[ref.task_id]
+                    held.state = "running"
+                    self.hub.observe_started(trio.current_time() - held.dispatched_at)
                 else:
                     self.held.pop(ref.task_id, None)
             self.send(p.ack("start", results, message.id))

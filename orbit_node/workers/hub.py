@@ -13,7 +13,9 @@ import trio
 from ..config import NodeConfig
 from ..dispatch.pool import ClaimPool
 from ..dispatch.scheduler import FairScheduler, Grant
+from ..metrics import TurnRecorder
 from ..store import dispatch as ds
+from ..store.operations import OperationsStore
 from ..store.tenancy import TenancyStore
 from ..store.workers import WorkerRegistryStore
 from . import protocol as p
@@ -38,6 +40,8 @@ class WorkerHub:
     refused: int = 0
     dispatched: int = 0
     finished: dict[str, int] = attrs.field(factory=dict)
+    # The node's metrics (``orbit_node.metrics.NodeMetrics``), when it has any.
+    metrics: Any = None
 
     # -- admission ---------------------------------------------------------------------
 
@@ -58,6 +62,12 @@ class WorkerHub:
 
     async def register(self, conn) -> None:
         self.connections[conn.connection_id] = conn
+        if self.metrics is not None:
+            self.metrics.note_application(conn.principal.application_id, conn.principal.application)
+        log.info(
+            "worker connected: %d queues, capacity %d, client %s %s", len(conn.hello.queues), conn.hello.capacity,
+            conn.hello.client_name or "-", conn.hello.client_version or "-",
+        )
         try:
             await self.registry.add(
                 connection_id=conn.connection_id,
@@ -74,6 +84,7 @@ class WorkerHub:
 
     async def unregister(self, conn) -> None:
         if self.connections.pop(conn.connection_id, None) is not None:
+            log.info("worker disconnected")
             try:
                 await self.registry.remove(conn.connection_id)
             except Exception as exc:
@@ -128,8 +139,15 @@ class WorkerHub:
     def observe_dispatch(self, reservations) -> None:
         self.dispatched += len(reservations)
 
+    def observe_started(self, seconds: float) -> None:
+        """A Start was accepted ``seconds`` after its task was dispatched."""
+        if self.metrics is not None:
+            self.metrics.observe_start(seconds)
+
     def observe_finish(self, results) -> None:
         for result in results:
+            if result.duplicate:
+                continue  # a repeated Finish changed nothing
             self.finished[result.outcome.value] = self.finished.get(result.outcome.value, 0) + 1
 
 
@@ -143,10 +161,12 @@ async def worker_service(node, task_status=trio.TASK_STATUS_IGNORED) -> None:
         batch_size=config.claim_batch_size,
     )
     hub_ref: dict[str, WorkerHub] = {}
+    metrics = node.state.metrics
     pool = ClaimPool(
         FairScheduler(config.scheduler),
         claim=lambda grant: hub_ref["hub"].claim(grant),
         release=lambda reservations: hub_ref["hub"].release(reservations),
+        observe=metrics.observe_claim,
     )
     hub = WorkerHub(
         config=config,
@@ -156,12 +176,16 @@ async def worker_service(node, task_status=trio.TASK_STATUS_IGNORED) -> None:
         tenancy=node.state.tenancy,
         registry=WorkerRegistryStore(node.db),
         shutdown_requested=node.shutdown_requested,
+        metrics=metrics,
     )
     hub_ref["hub"] = hub
-    node.state.services.update(workers=hub, claims=pool, dispatch=store)
+    # Claim turns go to the database too: operators see every node's rotation in one place.
+    turns = TurnRecorder(OperationsStore(node.db), node.node_id, lambda: pool.scheduler.statistics().turns_by_application)
+    node.state.services.update(workers=hub, claims=pool, dispatch=store, turns=turns)
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
         nursery.start_soon(_registry_heartbeat, hub)
+        await nursery.start(turns.run)
         task_status.started(hub)
         await node.shutdown_requested.wait()
         # Phase 1 of shutdown: pending claims are cancelled, in-flight ones finish and

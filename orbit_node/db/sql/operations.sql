@@ -1,0 +1,144 @@
+-- Operators' reads (orbit-admin) and the claim-turn counters nodes record for them.
+-- None of these statements decides ownership; the reads lock nothing.
+
+-- ---------------------------------------------------------------------------------
+-- Claim turns (written by every node, read by orbit-admin top)
+-- ---------------------------------------------------------------------------------
+
+-- The node's cumulative turns of the named applications. %(values)s: application id ->
+-- turns (JSON object). Reading the ids from applications keeps out anything unknown.
+-- name: ops_turns_upsert
+INSERT INTO claim_turns (node_id, application_id, turns)
+SELECT %(node_id)s, a.application_id,
+       CAST(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', a.application_id, '"'))) AS UNSIGNED)
+  FROM applications a
+ WHERE a.application_id IN %(application_ids)s
+ON DUPLICATE KEY UPDATE turns = VALUES(turns)
+
+-- name: ops_turns_forget_node
+DELETE FROM claim_turns WHERE node_id = %(node_id)s
+
+-- Counters of nodes that stopped, or died without saying so long ago.
+-- name: ops_turns_prune
+DELETE ct FROM claim_turns ct
+  LEFT JOIN nodes n ON n.node_id = ct.node_id
+ WHERE n.node_id IS NULL
+    OR n.stopped_at IS NOT NULL
+    OR n.heartbeat_at < NOW(6) - INTERVAL %(stale_s)s SECOND
+
+-- Counters of live nodes (not stopped, heartbeat recent).
+-- name: ops_turns_live
+SELECT ct.node_id, ct.application_id, a.name AS application, ct.turns
+  FROM claim_turns ct
+  JOIN nodes n ON n.node_id = ct.node_id
+  LEFT JOIN applications a ON a.application_id = ct.application_id
+ WHERE n.stopped_at IS NULL
+   AND n.heartbeat_at > NOW(6) - INTERVAL %(stale_s)s SECOND
+ ORDER BY ct.node_id, ct.application_id
+
+-- name: ops_nodes_live
+SELECT n.node_id, n.hostname, n.http_addr, n.version, n.started_at, n.heartbeat_at,
+       TIMESTAMPDIFF(MICROSECOND, n.heartbeat_at, NOW(6)) / 1000000 AS heartbeat_age_s,
+       (SELECT COUNT(*) FROM worker_connections wc WHERE wc.node_id = n.node_id) AS connections
+  FROM nodes n
+ WHERE n.stopped_at IS NULL
+   AND n.heartbeat_at > NOW(6) - INTERVAL %(stale_s)s SECOND
+ ORDER BY n.started_at, n.node_id
+
+-- ---------------------------------------------------------------------------------
+-- Applications, namespaces, credentials
+-- ---------------------------------------------------------------------------------
+
+-- Live tasks per application through ix_tasks_app_state (application_id, state).
+-- name: ops_applications
+SELECT a.application_id, a.name, a.suspended, a.max_concurrent_executions, a.max_starts_per_second,
+       (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'queued') AS queued,
+       (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'reserved') AS reserved,
+       (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'running') AS running
+  FROM applications a
+ WHERE (%(name)s IS NULL OR a.name = %(name)s)
+ ORDER BY a.name
+
+-- Change only the quota fields the caller names (flags), in one statement, so two
+-- operators changing different fields do not undo each other.
+-- name: ops_app_patch_quota
+UPDATE applications
+   SET max_concurrent_executions = IF(%(set_max_concurrent_executions)s, %(max_concurrent_executions)s,
+                                      max_concurrent_executions),
+       max_starts_per_second = IF(%(set_max_starts_per_second)s, %(max_starts_per_second)s, max_starts_per_second)
+ WHERE application_id = %(application_id)s
+
+-- name: ops_namespace
+SELECT n.namespace_id, n.application_id, n.name, n.environment, a.name AS application
+  FROM namespaces n
+  JOIN applications a ON a.application_id = n.application_id
+ WHERE a.name = %(application)s AND n.name = %(namespace)s
+
+-- name: ops_credentials
+SELECT c.credential_id, c.name, c.scopes, c.created_at, c.revoked_at,
+       n.name AS namespace, n.namespace_id, a.name AS application
+  FROM credentials c
+  JOIN namespaces n ON n.namespace_id = c.namespace_id
+  JOIN applications a ON a.application_id = n.application_id
+ WHERE a.name = %(application)s
+   AND (%(namespace)s IS NULL OR n.name = %(namespace)s)
+ ORDER BY n.name, c.created_at, c.credential_id
+
+-- ---------------------------------------------------------------------------------
+-- Queues and their backlog
+-- ---------------------------------------------------------------------------------
+
+-- name: ops_queues
+SELECT q.queue_id, q.name, q.paused, q.max_concurrency, q.max_starts_per_second,
+       n.namespace_id, n.name AS namespace, n.environment, a.application_id, a.name AS application
+  FROM queues q
+  JOIN namespaces n ON n.namespace_id = q.namespace_id
+  JOIN applications a ON a.application_id = q.application_id
+ WHERE (%(application)s IS NULL OR a.name = %(application)s)
+   AND (%(namespace)s IS NULL OR n.name = %(namespace)s)
+ ORDER BY a.name, n.name, q.name
+
+-- Live tasks per queue and state; queued ones split by due now or later. A range of the
+-- dispatch index per (queue, state), which also holds available_at: no row is read.
+-- name: ops_queue_states
+SELECT queue_id, state, COUNT(*) AS n, CAST(SUM(available_at <= NOW(6)) AS SIGNED) AS due
+  FROM tasks FORCE INDEX (ix_tasks_dispatch)
+ WHERE queue_id IN %(queue_ids)s
+   AND state IN ('queued', 'reserved', 'running')
+ GROUP BY queue_id, state
+
+-- Queued tasks per queue and priority level. The level is read back from the dispatch
+-- index (dispatch_at = available_at - priority * 30 s, both in the index) so the count
+-- never touches the rows: a big backlog costs an index range scan, not row lookups.
+-- name: ops_queue_priorities
+SELECT queue_id,
+       CAST(ROUND(TIMESTAMPDIFF(MICROSECOND, dispatch_at, available_at) / 30000000) AS SIGNED) AS level,
+       COUNT(*) AS n
+  FROM tasks FORCE INDEX (ix_tasks_dispatch)
+ WHERE queue_id IN %(queue_ids)s
+   AND state = 'queued'
+ GROUP BY queue_id, level
+
+-- ---------------------------------------------------------------------------------
+-- One task
+-- ---------------------------------------------------------------------------------
+
+-- name: ops_task
+SELECT t.task_id, t.application_id, t.namespace_id, t.queue_id, t.handler, t.handler_version, t.payload_version,
+       t.payload, t.state, t.priority, t.available_at, t.dispatch_at, t.deadline, t.attempts, t.max_attempts,
+       t.backoff_initial_ms, t.backoff_max_ms, t.backoff_multiplier, t.resource_key, t.cancel_requested,
+       t.owner_node_id, t.connection_id, t.lease_expires_at, t.reserved_at, t.started_at, t.finished_at,
+       t.result, t.error, t.plan_id, t.plan_version, t.created_at, t.updated_at,
+       q.name AS queue, n.name AS namespace, n.environment, a.name AS application
+  FROM tasks t
+  LEFT JOIN queues q ON q.queue_id = t.queue_id
+  LEFT JOIN namespaces n ON n.namespace_id = t.namespace_id
+  LEFT JOIN applications a ON a.application_id = t.application_id
+ WHERE t.task_id = %(task_id)s
+
+-- Attempt history (fencing tokens are left out: they are the attempt's credential).
+-- name: ops_task_attempts
+SELECT attempt, owner_node_id, connection_id, reserved_at, started_at, finished_at, outcome, error
+  FROM task_attempts
+ WHERE task_id = %(task_id)s
+ ORDER BY attempt_id

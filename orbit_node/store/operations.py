@@ -1,0 +1,274 @@
+"""Operators' repository: what ``orbit-admin`` reads and changes, and the claim-turn counters.
+
+SQL lives in ``db/sql/operations.sql``. Reads lock nothing and decide nothing. Claim turns
+are the per-node fairness counters of P3 section 3; each node records its own here (see
+``orbit_node.metrics.TurnRecorder``) so one view can show every node's rotation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from ..db import Database, Tx
+from ..errors import InvalidArgument, NotFound
+from ..ids import is_hex32
+
+LIVE_STATES = ("queued", "reserved", "running")
+# A node whose heartbeat (every 10 s) is older than this is not live for operators.
+NODE_STALE_S = 30
+# Claim-turn rows of nodes that stopped, or whose heartbeat is older than this, are pruned.
+TURNS_STALE_S = 3600
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _json_text(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@attrs.frozen(kw_only=True)
+class QueueBacklog:
+    """One queue with its live tasks by state and its queued tasks by priority level."""
+
+    queue_id: str
+    name: str
+    namespace: str
+    environment: str
+    application: str
+    paused: bool
+    max_concurrency: int | None
+    max_starts_per_second: int | None
+    queued: int = 0
+    # Queued tasks whose available_at has come (the rest wait for their time).
+    due: int = 0
+    reserved: int = 0
+    running: int = 0
+    # Queued tasks per priority level (levels with none are left out).
+    queued_by_priority: Mapping[int, int] = attrs.field(factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "application": self.application,
+            "namespace": self.namespace,
+            "environment": self.environment,
+            "queue": self.name,
+            "queue_id": self.queue_id,
+            "paused": self.paused,
+            "max_concurrency": self.max_concurrency,
+            "max_starts_per_second": self.max_starts_per_second,
+            "backlog": {
+                "queued": self.queued,
+                "due": self.due,
+                "scheduled": self.queued - self.due,
+                "reserved": self.reserved,
+                "running": self.running,
+            },
+            "queued_by_priority": {str(level): n for level, n in sorted(self.queued_by_priority.items(), reverse=True)},
+        }
+
+
+@attrs.define(eq=False)
+class OperationsStore:
+    db: Database
+
+    # -- claim turns (nodes write, operators read) -----------------------------------
+
+    async def record_turns(self, node_id: str, turns: Mapping[str, int]) -> None:
+        """Store this node's cumulative turns of the given applications (absolute values)."""
+        if not turns:
+            return
+        await self.db.execute(
+            "ops_turns_upsert",
+            {
+                "node_id": node_id,
+                "values": json.dumps(dict(turns)),
+                "application_ids": tuple(sorted(turns)),
+            },
+        )
+
+    async def forget_turns(self, node_id: str) -> None:
+        await self.db.execute("ops_turns_forget_node", {"node_id": node_id})
+
+    async def prune_turns(self, stale_s: int = TURNS_STALE_S) -> int:
+        return await self.db.execute("ops_turns_prune", {"stale_s": stale_s})
+
+    async def live_turns(self) -> list[dict[str, Any]]:
+        """Rows (node_id, application_id, application, turns) of live nodes."""
+        return await self.db.fetchall("ops_turns_live", {"stale_s": NODE_STALE_S})
+
+    async def live_nodes(self) -> list[dict[str, Any]]:
+        rows = await self.db.fetchall("ops_nodes_live", {"stale_s": NODE_STALE_S})
+        return [
+            {
+                "node_id": r["node_id"],
+                "hostname": r["hostname"],
+                "http_addr": r["http_addr"],
+                "version": r["version"],
+                "started_at": _iso(r["started_at"]),
+                "heartbeat_age_s": float(r["heartbeat_age_s"]),
+                "connections": int(r["connections"]),
+            }
+            for r in rows
+        ]
+
+    # -- applications, namespaces, credentials -----------------------------------------
+
+    async def applications(self, name: str | None = None) -> list[dict[str, Any]]:
+        rows = await self.db.fetchall("ops_applications", {"name": name})
+        if name is not None and not rows:
+            raise NotFound(f"application: {name!r} not found", field="application")
+        return [
+            {
+                "application_id": r["application_id"],
+                "application": r["name"],
+                "suspended": bool(r["suspended"]),
+                "max_concurrent_executions": r["max_concurrent_executions"],
+                "max_starts_per_second": r["max_starts_per_second"],
+                "queued": int(r["queued"]),
+                "reserved": int(r["reserved"]),
+                "running": int(r["running"]),
+            }
+            for r in rows
+        ]
+
+    async def application(self, name: str) -> dict[str, Any]:
+        return (await self.applications(name))[0]
+
+    async def patch_quota(self, name: str, changes: Mapping[str, int | None]) -> dict[str, Any]:
+        """Set the named quota fields (None = unlimited), keep the others; returns the application."""
+        fields = ("max_concurrent_executions", "max_starts_per_second")
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise InvalidArgument(f"{sorted(unknown)[0]}: not a quota field", field=sorted(unknown)[0])
+        if not changes:
+            raise InvalidArgument("quota: name at least one field to change", field="quota")
+        for field, value in changes.items():
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise InvalidArgument(f"{field}: expected a non-negative integer or none", field=field)
+        app = await self.application(name)
+        params: dict[str, Any] = {"application_id": app["application_id"]}
+        for field in fields:
+            params[f"set_{field}"] = field in changes
+            params[field] = changes.get(field)
+        await self.db.execute("ops_app_patch_quota", params)
+        return await self.application(name)
+
+    async def namespace(self, application: str, namespace: str) -> dict[str, Any]:
+        row = await self.db.fetchone("ops_namespace", {"application": application, "namespace": namespace})
+        if row is None:
+            await self.application(application)  # says which of the two is missing
+            raise NotFound(f"namespace: {namespace!r} not found in application {application!r}", field="namespace")
+        return row
+
+    async def credentials(self, application: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Credentials of an application (or one namespace of it); never their secrets."""
+        if namespace is None:
+            await self.application(application)
+        else:
+            await self.namespace(application, namespace)
+        rows = await self.db.fetchall("ops_credentials", {"application": application, "namespace": namespace})
+        return [
+            {
+                "credential_id": r["credential_id"],
+                "name": r["name"],
+                "application": r["application"],
+                "namespace": r["namespace"],
+                "scopes": json.loads(r["scopes"]),
+                "created_at": _iso(r["created_at"]),
+                "revoked_at": _iso(r["revoked_at"]),
+            }
+            for r in rows
+        ]
+
+    # -- queues ------------------------------------------------------------------------
+
+    async def queue_backlogs(self, *, application: str | None = None, namespace: str | None = None) -> list[QueueBacklog]:
+        if application is not None:
+            if namespace is None:
+                await self.application(application)
+            else:
+                await self.namespace(application, namespace)
+
+        async def body(tx: Tx) -> list[QueueBacklog]:
+            queues = await tx.fetchall("ops_queues", {"application": application, "namespace": namespace})
+            if not queues:
+                return []
+            ids = tuple(q["queue_id"] for q in queues)
+            states: dict[str, dict[str, Any]] = {}
+            for row in await tx.fetchall("ops_queue_states", {"queue_ids": ids}):
+                counts = states.setdefault(row["queue_id"], {})
+                counts[row["state"]] = int(row["n"])
+                if row["state"] == "queued":
+                    counts["due"] = int(row["due"] or 0)
+            levels: dict[str, dict[int, int]] = {}
+            for row in await tx.fetchall("ops_queue_priorities", {"queue_ids": ids}):
+                levels.setdefault(row["queue_id"], {})[int(row["level"])] = int(row["n"])
+            return [
+                QueueBacklog(
+                    queue_id=q["queue_id"],
+                    name=q["name"],
+                    namespace=q["namespace"],
+                    environment=q["environment"],
+                    application=q["application"],
+                    paused=bool(q["paused"]),
+                    max_concurrency=q["max_concurrency"],
+                    max_starts_per_second=q["max_starts_per_second"],
+                    **{k: v for k, v in states.get(q["queue_id"], {}).items() if k in ("queued", "due", "reserved", "running")},
+                    queued_by_priority=levels.get(q["queue_id"], {}),
+                )
+                for q in queues
+            ]
+
+        # One snapshot: the state counts and the priority counts agree with each other.
+        return await self.db.transaction(body, isolation="REPEATABLE READ")
+
+    # -- tasks -------------------------------------------------------------------------
+
+    async def task(self, task_id: str) -> dict[str, Any]:
+        """A task of any namespace with its attempt history (no fencing tokens)."""
+        if not is_hex32(task_id):
+            raise NotFound(f"task {task_id} not found", field="task_id")
+
+        async def body(tx: Tx) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+            row = await tx.fetchone("ops_task", {"task_id": task_id})
+            attempts = await tx.fetchall("ops_task_attempts", {"task_id": task_id}) if row else []
+            return row, attempts
+
+        row, attempts = await self.db.transaction(body, isolation="REPEATABLE READ")
+        if row is None:
+            raise NotFound(f"task {task_id} not found", field="task_id")
+        task: dict[str, Any] = {}
+        for key, value in row.items():
+            if isinstance(value, datetime):
+                value = _iso(value)
+            task[key] = value
+        task["cancel_requested"] = bool(row["cancel_requested"])
+        task["payload"] = _json_text(row["payload"])
+        task["result"] = _json_text(row["result"])
+        task["error"] = _json_text(row["error"])
+        task["attempt_history"] = [
+            {
+                "attempt": a["attempt"],
+                "outcome": a["outcome"],
+                "owner_node_id": a["owner_node_id"],
+                "connection_id": a["connection_id"],
+                "reserved_at": _iso(a["reserved_at"]),
+                "started_at": _iso(a["started_at"]),
+                "finished_at": _iso(a["finished_at"]),
+                "error": _json_text(a["error"]),
+            }
+            for a in attempts
+        ]
+        return task

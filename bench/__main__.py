@@ -70,7 +70,7 @@ def print_report(report: dict[str, Any]) -> None:
     load = report.get("load_average")
     if load:
         cpus = report["machine"]["cpus"] or 1
-        busy = max(load["before"][0], load["after"][0])
+        busy = load["before"][0]
         print(f"load average (1 min) before {load['before'][0]:.1f}, after {load['after'][0]:.1f}"
               + (f"  -- WARNING: the machine was shared (more runnable tasks than its {cpus} cpus); "
                  "figures of other systems in this run are affected alike, absolute numbers are not comparable"

@@ -34,16 +34,8 @@ def template(priority: int) -> TaskTemplate:
 async def test_the_sdk_manages_a_plan_whose_tasks_a_running_node_creates(node_config, db):
     tenant = await make_tenant(db)
     t0 = await whole_second(db) - seconds(60)
-    triggers = []
-
-    async def plan_service_seen_by_the_test(node, task_status=trio.TASK_STATUS_IGNORED):
-        async with trio.open_nursery() as nursery:
-            trigger = await nursery.start(plan_service, node)
-            triggers.append(trigger)
-            task_status.started(trigger)
-
     with trio.fail_after(TIMEOUT_S):
-        async with run_node(node_config, services=[plan_service_seen_by_the_test]) as running:
+        async with run_node(node_config, services=[plan_service]) as running:
             async with OrbitClient(running.base_url, tenant.token) as client:
                 # Ten fire times, one a second, all before now: the plan has nothing left to
                 # fire until the test writes next_fire_at back to the first one.
@@ -56,7 +48,7 @@ async def test_the_sdk_manages_a_plan_whose_tasks_a_running_node_creates(node_co
                 plan = await client.create_plan("reports", tenant.queue_id, PlanDefinition(task=template(7), schedule=schedule))
                 assert (plan.active_version, plan.next_fire_at, plan.paused) == (1, None, False)
                 await set_next_fire(db, plan.plan_id, t0)
-                trigger = triggers[0]
+                trigger = running.node.state.services["plans"]
                 while trigger.totals.tasks_created < 10:
                     await trigger.wait_for_pass()
 

@@ -330,12 +330,13 @@ async def test_the_plan_service_of_a_node_creates_due_tasks(db, node_config):
     t0 = await whole_second(db) - seconds(30)
     plan = await create_plan(db, owner, definition(interval_s=5, start_at=t0, end_at=t0 + seconds(20), grace_s=3600))
     await set_next_fire(db, plan.plan_id, t0)
-    node = SimpleNamespace(db=db, config=node_config)
+    node = SimpleNamespace(db=db, config=node_config, state=SimpleNamespace(services={}))
     with trio.fail_after(TEST_TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             trigger = await nursery.start(plan_service, node)
             while trigger.passes < 1:
                 await trigger.wait_for_pass()
             nursery.cancel_scope.cancel()
+    assert node.state.services["plans"] is trigger
     assert trigger.totals.tasks_created == 5
     assert [r["available_at"] for r in await plan_tasks(db, plan.plan_id)] == [t0 + seconds(5 * k) for k in range(5)]

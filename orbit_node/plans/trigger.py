@@ -123,6 +123,8 @@ class PlanTrigger:
 async def plan_service(node, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Node service: trigger plans every ``node.config.plan_interval_s`` using ``node.db``.
 
-    Reports the ``PlanTrigger`` through ``task_status``."""
+    Reports the ``PlanTrigger`` through ``task_status`` and attaches it to the node's shared
+    state as ``services["plans"]`` (operators' and tests' view of its rounds)."""
     trigger = PlanTrigger(PlanStore(node.db), node.config.plan_interval_s)
+    node.state.services["plans"] = trigger
     await trigger.run(task_status=task_status)

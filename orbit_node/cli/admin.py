@@ -1,20 +1,30 @@
-"""``orbit-admin``: operator commands against the database (ORBIT_MYSQL_DSN)."""
+"""``orbit-admin``: operator commands against the database (ORBIT_MYSQL_DSN).
+
+Every command reads and writes the database directly (no node needs to run), has
+``--help`` and ``--json``, and fails with one line on stderr and a non-zero status:
+1 for an operation that failed (unknown task, database down, ...), 2 for bad usage.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from ..config import parse_addr
 from ..db import Database
-from ..errors import OrbitError
-from ..store.tenancy import SCOPES, TenancyStore
-from .common import database_from_env, fail, print_json, run_command
+from ..errors import InvalidArgument, NotFound, OrbitError
+from ..ids import is_hex32
+from ..store.dispatch import DispatchStore
+from ..store.operations import OperationsStore
+from ..store.tenancy import ALL_QUEUES, NODE_SCOPES, SCOPES, TenancyStore
+from .common import Parser, database_from_env, fail, print_json, run_command
 
 BASE_SCOPES = ("queues:manage", "tasks:submit", "tasks:read", "tasks:cancel")
 WORKER_SCOPES = ("workers:connect", "workers:consume")
@@ -99,9 +109,141 @@ async def bootstrap(
     return document
 
 
+# Reading only: explanations never use the leases or batch size a claim would.
+EXPLAIN_LEASE_S = 30.0
+EXPLAIN_BATCH = 16
+# Queues of a namespace listed per page when a credentials file names them all.
+QUEUE_PAGE = 500
+# Default of an option that was not given (None means "unlimited" for quota options).
+UNCHANGED = object()
+
+
+def parse_scope(text: str) -> tuple[str, str | list[str]]:
+    """``SCOPE`` (all queues) or ``SCOPE=QUEUE[,QUEUE...]`` (queue names or ids)."""
+    name, sep, queues = text.partition("=")
+    name = name.strip()
+    if name not in SCOPES:
+        raise InvalidArgument(f"--scope: unknown scope {name!r} (one of {', '.join(SCOPES)})", field="scope")
+    if not sep or queues.strip() == ALL_QUEUES:
+        return name, ALL_QUEUES
+    if name in NODE_SCOPES:
+        raise InvalidArgument(f"--scope: {name} is node-wide and takes no queue list", field="scope")
+    names = [q.strip() for q in queues.split(",") if q.strip()]
+    if not names:
+        raise InvalidArgument(f"--scope: {text!r} names no queue", field="scope")
+    return name, names
+
+
+async def resolve_queue(tenancy: TenancyStore, namespace_id: str, name_or_id: str):
+    try:
+        return await tenancy.get_queue_by_name(namespace_id, name_or_id)
+    except NotFound:
+        if is_hex32(name_or_id):
+            return await tenancy.get_queue(namespace_id, name_or_id)
+        raise NotFound(f"--scope: no queue named {name_or_id!r} in this namespace", field="queue") from None
+
+
+async def namespace_queues(tenancy: TenancyStore, namespace_id: str) -> dict[str, str]:
+    queues: dict[str, str] = {}
+    after = ""
+    while True:
+        page = await tenancy.list_queues(namespace_id, after=after, limit=QUEUE_PAGE)
+        queues.update({q.name: q.queue_id for q in page})
+        if len(page) < QUEUE_PAGE:
+            return queues
+        after = page[-1].queue_id
+
+
+async def create_credential(
+    db: Database, *, application: str, namespace: str, scopes: list[str], name: str
+) -> dict[str, Any]:
+    """Issue a credential with exactly the chosen scopes; returns it with its token (shown once)."""
+    if not scopes:
+        raise InvalidArgument("--scope: name at least one scope (e.g. --scope tasks:read)", field="scope")
+    ops, tenancy = OperationsStore(db), TenancyStore(db)
+    ns = await ops.namespace(application, namespace)
+    grants: dict[str, Any] = {}
+    queue_ids: dict[str, str] = {}
+    for text in scopes:
+        scope, grant = parse_scope(text)
+        if scope in grants:
+            raise InvalidArgument(f"--scope: {scope} given more than once", field="scope")
+        if grant == ALL_QUEUES:
+            grants[scope] = ALL_QUEUES
+            continue
+        ids = []
+        for queue_name in grant:
+            queue = await resolve_queue(tenancy, ns["namespace_id"], queue_name)
+            queue_ids[queue.name] = queue.queue_id
+            ids.append(queue.queue_id)
+        grants[scope] = ids
+    if any(grant == ALL_QUEUES for scope, grant in grants.items() if scope not in NODE_SCOPES):
+        queue_ids = await namespace_queues(tenancy, ns["namespace_id"])
+    credential_id, token = await tenancy.create_credential(ns["namespace_id"], name, grants)
+    return {
+        "credential_id": credential_id,
+        "token": token,
+        "name": name,
+        "application": application,
+        "namespace": namespace,
+        "environment": ns["environment"],
+        "scopes": grants,
+        "queues": queue_ids,
+    }
+
+
+def _grant_text(grants: dict[str, Any]) -> str:
+    def extent(scope: str, grant: Any) -> str:
+        if scope in NODE_SCOPES:
+            return "node-wide"
+        if grant == ALL_QUEUES:
+            return "all queues"
+        return f"{len(grant)} queue" + ("" if len(grant) == 1 else "s")
+
+    return ", ".join(f"{scope} ({extent(scope, grant)})" for scope, grant in grants.items())
+
+
+def _console():
+    from rich.console import Console
+
+    # Piped output keeps whole rows (scripts should prefer --json).
+    return Console() if sys.stdout.isatty() else Console(width=200, color_system=None)
+
+
+def _table(title: str, columns: list[str], rows: list[list[Any]]):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*("-" if v is None else str(v) for v in row))
+    return table
+
+
+def _quota_value(text: str) -> int | None:
+    if text.strip().lower() in ("none", "unlimited"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'none', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'none', got {text!r}")
+    return value
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="orbit-admin", description="Operate an Orbit database (ORBIT_MYSQL_DSN).")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(
+        prog="orbit-admin",
+        description="Operate an Orbit database (ORBIT_MYSQL_DSN). Every command has --help and --json; a failure is "
+        "one line on stderr and exit status 1 (2 for bad usage).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     boot = sub.add_parser("bootstrap", help="create an application, namespace, queue and credentials file (idempotent)")
     boot.add_argument("--application", required=True)
     boot.add_argument("--namespace", required=True)
@@ -110,7 +252,291 @@ def build_parser() -> argparse.ArgumentParser:
     boot.add_argument("--worker-access", action="store_true", help="also grant workers:connect and workers:consume")
     boot.add_argument("--output", required=True, type=Path, help="credentials file to write (mode 0600)")
     boot.add_argument("--json", action="store_true", help="print the written document (token masked)")
+
+    cred = sub.add_parser("credential", help="create, revoke or list credentials").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    create = cred.add_parser(
+        "create",
+        help="issue a credential with chosen scopes (the token is shown once)",
+        description="Issue a credential of one namespace. Each --scope is SCOPE (all queues of the namespace) or "
+        f"SCOPE=QUEUE[,QUEUE...] (queue names or ids). Scopes: {', '.join(SCOPES)}; metrics:read is node-wide "
+        "(GET /metrics with ORBIT_METRICS=credential). Without --output the token is printed once on stdout.",
+    )
+    create.add_argument("--application", required=True)
+    create.add_argument("--namespace", required=True)
+    create.add_argument("--scope", action="append", default=[], metavar="SCOPE[=QUEUES]", help="repeatable")
+    create.add_argument("--name", default="orbit-admin", help="a label for operators (default: orbit-admin)")
+    create.add_argument("--output", type=Path, help="write a credentials file (mode 0600) instead of printing the token")
+    _add_json(create)
+    revoke = cred.add_parser("revoke", help="revoke a credential at once (idempotent)")
+    revoke.add_argument("credential_id", metavar="CREDENTIAL_ID")
+    _add_json(revoke)
+    clist = cred.add_parser("list", help="list an application's credentials (never their secrets)")
+    clist.add_argument("--application", required=True)
+    clist.add_argument("--namespace")
+    _add_json(clist)
+
+    app = sub.add_parser("application", help="list applications, set quota, suspend or resume").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    alist = app.add_parser("list", help="applications with their quota, state and live tasks")
+    _add_json(alist)
+    quota = app.add_parser(
+        "quota",
+        help="set an application's quota (only the options given change)",
+        description="Quota across all nodes: reserved + running tasks at once, and reservations per database-clock "
+        "second. A value is a non-negative integer or 'none' (unlimited).",
+    )
+    quota.add_argument("application", metavar="APPLICATION")
+    quota.add_argument("--max-concurrent", type=_quota_value, default=UNCHANGED, metavar="N|none")
+    quota.add_argument("--max-starts-per-second", type=_quota_value, default=UNCHANGED, metavar="N|none")
+    _add_json(quota)
+    for action, text in (("suspend", "no new reservations for the application (running tasks go on)"),
+                         ("resume", "let the application's tasks be reserved again")):
+        gate = app.add_parser(action, help=text)
+        gate.add_argument("application", metavar="APPLICATION")
+        _add_json(gate)
+
+    queue = sub.add_parser("queue", help="list queues with their backlog").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    qlist = queue.add_parser("list", help="queues with backlog by state and queued tasks by priority level")
+    qlist.add_argument("--application")
+    qlist.add_argument("--namespace", help="needs --application")
+    _add_json(qlist)
+
+    task = sub.add_parser("task", help="show a task").add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = task.add_parser("show", help="a task of any namespace with its attempts")
+    show.add_argument("task_id", metavar="TASK_ID")
+    _add_json(show)
+
+    explain = sub.add_parser("explain", help="why a task is (not) being dispatched right now")
+    explain.add_argument("task_id", metavar="TASK_ID")
+    _add_json(explain)
+
+    top = sub.add_parser(
+        "top",
+        help="live view of queues, backlog per priority, running and claim turns per application",
+        description="Refreshes every --interval seconds until interrupted (Ctrl-C), or --iterations times. "
+        "Claim turns come from the counters every node records in the database.",
+    )
+    top.add_argument("--application")
+    top.add_argument("--namespace", help="needs --application")
+    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default 1)")
+    top.add_argument("--iterations", type=int, default=None, metavar="N", help="stop after N frames")
+    top.add_argument("--once", action="store_true", help="one frame, then exit (same as --iterations 1)")
+    top.add_argument("--json", action="store_true", help="one JSON object per frame, one per line")
     return parser
+
+
+async def _bootstrap(db: Database, args) -> None:
+    for name, value in (("--application", args.application), ("--namespace", args.namespace),
+                        ("--environment", args.environment)):
+        if not value or len(value) > 128:
+            fail(f"{name}: must be 1-128 characters")
+    if not args.output.parent.exists():
+        fail(f"--output: directory {args.output.parent} does not exist")
+    document = await bootstrap(
+        db,
+        application=args.application,
+        namespace=args.namespace,
+        environment=args.environment,
+        queues=args.queue,
+        worker_access=args.worker_access,
+        output=args.output,
+        url=run_command(node_url),
+    )
+    if args.json:
+        print_json({**document, "token": "***"})
+    else:
+        print(f"credentials written to {args.output.resolve()}")
+
+
+async def _credential(db: Database, args) -> None:
+    if args.action == "create":
+        if args.output is not None and not args.output.parent.exists():
+            fail(f"--output: directory {args.output.parent} does not exist")
+        created = await create_credential(
+            db, application=args.application, namespace=args.namespace, scopes=args.scope, name=args.name
+        )
+        if args.output is not None:
+            document = {
+                "url": run_command(node_url),
+                "token": created["token"],
+                "application": created["application"],
+                "namespace": created["namespace"],
+                "environment": created["environment"],
+                "scopes": sorted(created["scopes"]),
+                "queues": created["queues"],
+            }
+            write_private_file(args.output, json.dumps(document, indent=2) + "\n")
+            created = {**created, "token": "***", "output": str(args.output.resolve())}
+        if args.json:
+            print_json(created)
+        else:
+            print(f"credential {created['credential_id']} created in {args.application}/{args.namespace}: "
+                  f"{_grant_text(created['scopes'])}")
+            if args.output is not None:
+                print(f"credentials written to {created['output']}")
+            else:
+                print(f"token (shown once, store it now): {created['token']}")
+    elif args.action == "revoke":
+        tenancy = TenancyStore(db)
+        await tenancy.revoke_credential(args.credential_id)
+        if args.json:
+            print_json({"credential_id": args.credential_id, "revoked": True})
+        else:
+            print(f"credential {args.credential_id} revoked")
+    else:
+        rows = await OperationsStore(db).credentials(args.application, args.namespace)
+        if args.json:
+            print_json(rows)
+        else:
+            _console().print(_table(
+                f"credentials of {args.application}" + (f"/{args.namespace}" if args.namespace else ""),
+                ["credential_id", "namespace", "name", "scopes", "created_at", "revoked_at"],
+                [[r["credential_id"], r["namespace"], r["name"], _grant_text(r["scopes"]), r["created_at"],
+                  r["revoked_at"]] for r in rows],
+            ))
+
+
+async def _application(db: Database, args) -> None:
+    ops = OperationsStore(db)
+    if args.action == "list":
+        apps = await ops.applications()
+        if args.json:
+            print_json(apps)
+        else:
+            _console().print(_table(
+                "applications",
+                ["application", "state", "max_concurrent", "max_starts/s", "queued", "reserved", "running"],
+                [[a["application"], "suspended" if a["suspended"] else "active", a["max_concurrent_executions"],
+                  a["max_starts_per_second"], a["queued"], a["reserved"], a["running"]] for a in apps],
+            ))
+        return
+    if args.action == "quota":
+        changes: dict[str, int | None] = {}
+        if args.max_concurrent is not UNCHANGED:
+            changes["max_concurrent_executions"] = args.max_concurrent
+        if args.max_starts_per_second is not UNCHANGED:
+            changes["max_starts_per_second"] = args.max_starts_per_second
+        if not changes:
+            fail("quota: give --max-concurrent and/or --max-starts-per-second", 2)
+        app = await ops.patch_quota(args.application, changes)
+        message = (f"application {app['application']}: max_concurrent={_text(app['max_concurrent_executions'])} "
+                   f"max_starts_per_second={_text(app['max_starts_per_second'])}")
+    else:
+        app = await ops.application(args.application)
+        suspended = args.action == "suspend"
+        await TenancyStore(db).set_application_suspended(app["application_id"], suspended)
+        app = await ops.application(args.application)
+        message = (f"application {app['application']} suspended: no new reservations; running tasks go on"
+                   if suspended else f"application {app['application']} resumed")
+    if args.json:
+        print_json(app)
+    else:
+        print(message)
+
+
+def _text(value: int | None) -> str:
+    return "unlimited" if value is None else str(value)
+
+
+async def _queue(db: Database, args) -> None:
+    if args.namespace and not args.application:
+        fail("--namespace needs --application", 2)
+    queues = await OperationsStore(db).queue_backlogs(application=args.application, namespace=args.namespace)
+    if args.json:
+        print_json([q.as_json() for q in queues])
+        return
+    rows = []
+    for q in queues:
+        levels = " ".join(f"p{level}:{n}" for level, n in sorted(q.queued_by_priority.items(), reverse=True))
+        rows.append([q.application, q.namespace, q.name + (" (paused)" if q.paused else ""), q.queue_id, q.due,
+                     q.queued - q.due, q.reserved, q.running, levels or "-"])
+    _console().print(_table(
+        "queues", ["application", "namespace", "queue", "queue_id", "due", "later", "reserved", "running",
+                   "queued by priority"], rows,
+    ))
+
+
+async def _task(db: Database, args) -> None:
+    task = await OperationsStore(db).task(args.task_id)
+    if args.json:
+        print_json(task)
+        return
+    history = task.pop("attempt_history")
+    width = max(len(k) for k in task)
+    for key, value in task.items():
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, ensure_ascii=False, default=str)
+        print(f"{key:<{width}}  {'-' if value is None else value}")
+    print()
+    _console().print(_table(
+        f"attempts ({len(history)})", ["attempt", "outcome", "node", "connection", "reserved_at", "started_at",
+                                       "finished_at", "error"],
+        [[a["attempt"], a["outcome"] or "(live)", (a["owner_node_id"] or "")[:12] or None, a["connection_id"],
+          a["reserved_at"], a["started_at"], a["finished_at"],
+          None if a["error"] is None else json.dumps(a["error"], ensure_ascii=False)[:80]] for a in history],
+    ))
+
+
+async def _explain(db: Database, args) -> None:
+    task = await OperationsStore(db).task(args.task_id)
+    store = DispatchStore(db, reservation_lease_s=EXPLAIN_LEASE_S, run_lease_s=EXPLAIN_LEASE_S, batch_size=EXPLAIN_BATCH)
+    explanation = await store.explain(task["namespace_id"], args.task_id)
+    if args.json:
+        print_json(explanation)
+        return
+    print(f"task {explanation['task_id']} ({task['application']}/{task['namespace']}/{explanation['queue']}): "
+          f"{explanation['state']}, priority {explanation['priority']}, attempts "
+          f"{explanation['attempts']}/{explanation['max_attempts']}")
+    print(f"available_at {explanation['available_at']}  dispatch_at {explanation['dispatch_at']}  "
+          f"database now {explanation['database_now']}")
+    if explanation["capable_connections"] is not None:
+        print(f"capable Worker connections: {explanation['capable_connections']}")
+    position = explanation.get("position")
+    if position:
+        capped = "at least " if position["capped"] else ""
+        print(f"due tasks ahead in dispatch order: {capped}{position['due_tasks_ahead']} "
+              f"({position['due_tasks_ahead_same_capability']} with the same handler and versions)")
+    if explanation["dispatchable"]:
+        print("dispatchable: the next claim of a capable Worker takes it in this order")
+    else:
+        print("waiting because:")
+        for reason in explanation["reasons"]:
+            print(f"  {reason['code']}: {reason['message']}")
+
+
+async def _top(db: Database, args) -> None:
+    from .top import run_top
+
+    if args.namespace and not args.application:
+        fail("--namespace needs --application", 2)
+    if args.interval <= 0:
+        fail("--interval: must be positive", 2)
+    if args.iterations is not None and args.iterations < 1:
+        fail("--iterations: must be at least 1", 2)
+    iterations = 1 if args.once else args.iterations
+    try:
+        await run_top(
+            OperationsStore(db), _console(), interval_s=args.interval, iterations=iterations, as_json=args.json,
+            application=args.application, namespace=args.namespace,
+        )
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a live view ends
+
+
+COMMANDS = {
+    "bootstrap": _bootstrap,
+    "credential": _credential,
+    "application": _application,
+    "queue": _queue,
+    "task": _task,
+    "explain": _explain,
+    "top": _top,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,31 +545,17 @@ def main(argv: list[str] | None = None) -> None:
 
     async def go():
         try:
-            if args.command == "bootstrap":
-                for name, value in (("--application", args.application), ("--namespace", args.namespace),
-                                    ("--environment", args.environment)):
-                    if not value or len(value) > 128:
-                        fail(f"{name}: must be 1-128 characters")
-                if not args.output.parent.exists():
-                    fail(f"--output: directory {args.output.parent} does not exist")
-                document = await bootstrap(
-                    db,
-                    application=args.application,
-                    namespace=args.namespace,
-                    environment=args.environment,
-                    queues=args.queue,
-                    worker_access=args.worker_access,
-                    output=args.output,
-                    url=run_command(node_url),
-                )
-                if args.json:
-                    print_json({**document, "token": "***"})
-                else:
-                    print(f"credentials written to {args.output.resolve()}")
+            await COMMANDS[args.command](db, args)
         finally:
-            await db.aclose()
+            with trio.CancelScope(shield=True):
+                await db.aclose()
 
-    run_command(lambda: trio.run(go))
+    try:
+        run_command(lambda: trio.run(go))
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # a bug or an unexpected driver error: still one line
+        fail(f"unexpected {type(exc).__name__}: {exc}")
 
 
 if __name__ == "__main__":

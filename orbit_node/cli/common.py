@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -14,8 +15,15 @@ from ..errors import ConfigError, OrbitError
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
     raise SystemExit(code)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit status 2); ``--help`` is unchanged."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{self.prog}: {message} (see --help)", 2)
 
 
 def database_from_env(env=None) -> Database:

@@ -135,6 +135,9 @@ class NodeConfig:
     db_operation_timeout_s: float = attrs.field(default=30.0, validator=_positive)
     # Largest accepted HTTP request body; larger bodies get 413 before they are buffered.
     max_body_bytes: int = attrs.field(default=1024 * 1024, validator=_positive)
+    # Time a request body has to arrive in full; a client that stalls half-way through
+    # (slowloris) is answered 408 and disconnected instead of holding its connection.
+    body_timeout_s: float = attrs.field(default=30.0, validator=_positive)
     # Largest accepted WebSocket message from a Worker.
     max_ws_message_bytes: int = attrs.field(default=1024 * 1024, validator=_positive)
     # Connections a node accepts; the next one is refused at the handshake.

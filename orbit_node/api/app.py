@@ -19,6 +19,7 @@ from ..store.tasks import TaskStore
 from ..store.tenancy import TenancyStore
 from ..workers.endpoint import blueprint as workers_blueprint
 from . import auth, envelope, explain, plans, queues, tasks, validation
+from .asgi import ClosingHTTPConnection
 
 log = logging.getLogger("orbit.http")
 
@@ -64,7 +65,9 @@ def v1_blueprint() -> Blueprint:
 
 def create_app(state: NodeState) -> QuartTrio:
     app = QuartTrio("orbit_node", static_folder=None)
+    app.asgi_http_class = ClosingHTTPConnection
     app.config["MAX_CONTENT_LENGTH"] = state.config.max_body_bytes
+    app.config["BODY_TIMEOUT"] = state.config.body_timeout_s
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.extensions["orbit"] = state
     # First, so every later hook and handler logs with the request's context.

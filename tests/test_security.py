@@ -8,6 +8,8 @@ with 1009 (test_workers_e2e.py), HTTP bodies over the limit are 413 before they 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import attrs
 import httpx
@@ -22,6 +24,7 @@ from . import seed
 from .faults.checks import rows
 from .faults.nodeproc import NodeProcess
 from .faults.proxy import Direction, open_fault_proxy
+from .helpers import BIN
 from .nodeutil import make_tenant, make_token, run_node
 from .wsclient import CAP, heartbeat_roundtrip, raw_worker, ws_url
 
@@ -239,3 +242,23 @@ async def test_idle_and_half_open_connections_are_closed_while_healthy_clients_k
         assert not too_slow.cancelled_caught, [(kind, closed_by_node.count(kind)) for kind in expected]
     assert {kind: closed_by_node.count(kind) for kind in expected} == expected
     assert set(await seed.count_states(db)) == {"succeeded"}
+
+
+async def test_schemathesis_finds_no_server_error(running_node, db, tmp_path):
+    """schemathesis generates requests for every operation of schema/openapi.yaml (examples,
+    coverage of boundaries, fuzzing and link-following sequences) against a real node over
+    HTTP, with a valid credential; no answer may be a 5xx. A fixed seed keeps the run the same
+    from one test run to the next."""
+    tenant = await make_tenant(db, "fuzz")
+    schema = Path(__file__).resolve().parent.parent / "schema" / "openapi.yaml"
+    with trio.fail_after(180):
+        result = await trio.run_process(
+            [str(BIN / "schemathesis"), "run", str(schema), "--url", running_node.base_url,
+             "-H", f"Authorization: Bearer {tenant.token}", "--checks", "not_a_server_error",
+             "--max-examples", "15", "--seed", "1", "--workers", "1", "--report-dir", str(tmp_path)],
+            capture_stdout=True, capture_stderr=True, check=False, cwd=str(tmp_path),
+        )
+    output = result.stdout.decode(errors="replace")
+    assert result.returncode == 0, output[-4000:] + result.stderr.decode(errors="replace")[-2000:]
+    generated = re.search(r"(\d+) generated, (\d+) passed", output)
+    assert generated and int(generated.group(1)) == int(generated.group(2)) > 500, output[-2000:]

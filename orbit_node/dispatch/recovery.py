@@ -72,5 +72,7 @@ async def recovery_service(node, task_status=trio.TASK_STATUS_IGNORED) -> None:
 
     Reports the ``Sweeper`` through ``task_status``."""
     sweeper = Sweeper(DispatchStore.from_config(node.db, node.config), node.config.sweep_interval_s)
-    node.state.services["sweeper"] = sweeper
+    state = getattr(node, "state", None)  # a bare node (tests) has no shared state
+    if state is not None:
+        state.services["sweeper"] = sweeper  # read by /metrics (leases recovered) and tests
     await sweeper.run(task_status=task_status)

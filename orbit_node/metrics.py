@@ -37,6 +37,8 @@ from prometheus_client.exposition import choose_encoder
 from quart import Blueprint, Response, current_app, g, request
 
 from . import __version__, logs
+from .api.auth import bearer_token
+from .api.envelope import current_request_id
 from .errors import NotFound, OrbitError, PermissionDenied, Unauthenticated, Unavailable
 from .store.operations import OperationsStore
 
@@ -258,19 +260,13 @@ class NodeCollector:
 blueprint = Blueprint("metrics", __name__)
 
 
-def _bearer() -> str:
-    from .api.auth import bearer_token
-
-    return bearer_token()
-
-
 @blueprint.get("/metrics")
 async def metrics_endpoint():
     state = current_app.extensions["orbit"]
     if state.config.metrics != "credential":
         # Exactly what an unknown path answers: the endpoint is not there.
         raise NotFound(f"path: no route {request.path}", field="path")
-    await state.metrics.authorize(_bearer())
+    await state.metrics.authorize(bearer_token())
     body, content_type = state.metrics.exposition(request.headers.get("Accept", ""))
     return Response(body, status=200, content_type=content_type)
 
@@ -283,8 +279,6 @@ def instrument_app(app, state) -> None:
     @app.before_request
     async def _begin():
         g.orbit_started = trio.current_time()
-        from .api.envelope import current_request_id
-
         ids = {k: v for k, v in (request.view_args or {}).items() if k in logs.CONTEXT_FIELDS}
         logs.new_context(request_id=current_request_id(), **ids)
 

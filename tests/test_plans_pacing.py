@@ -14,7 +14,8 @@ import attrs
 import trio
 
 from orbit_node.errors import Unavailable
-from orbit_node.plans.trigger import MAX_BACK_TO_BACK_PASSES, PlanTrigger
+from orbit_node.plans.trigger import PlanTrigger
+from orbit_node.periodic import MAX_BACK_TO_BACK_PASSES
 from orbit_node.store.plans import FireResult
 
 # Generous on the mock clock: it only moves when everything waits.

@@ -13,58 +13,36 @@ import logging
 import attrs
 import trio
 
-from ..errors import OrbitError
+from ..periodic import PeriodicService
 from ..store.dispatch import DispatchStore, RecoveryStats
 
 log = logging.getLogger("orbit.recovery")
 
-# A pass that filled its batch runs again at once, at most this many times in a row,
-# before the sweeper sleeps for one interval (a big backlog is worked off quickly
-# without monopolising a database connection).
-MAX_BACK_TO_BACK_PASSES = 16
-
 
 @attrs.define(eq=False)
-class Sweeper:
+class Sweeper(PeriodicService):
     store: DispatchStore
     interval_s: float
-    passes: int = 0
     totals: RecoveryStats = attrs.field(factory=RecoveryStats)
-    _pass_done: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    log = log
+    failure = "recovery pass failed"
+
+    async def one_pass(self) -> RecoveryStats:
+        return await self.store.recover()
+
+    def empty_stats(self) -> RecoveryStats:
+        return RecoveryStats()
 
     async def sweep(self) -> RecoveryStats:
         """Run passes until one is not saturated (bounded); returns what they settled."""
-        swept = RecoveryStats()
-        for _ in range(MAX_BACK_TO_BACK_PASSES):
-            stats = await self.store.recover()
-            swept = swept + stats
-            if not stats.saturated:
-                break
-        self.totals = self.totals + attrs.evolve(swept, saturated=False)
-        return swept
+        return await self.run_round()
 
-    async def wait_for_pass(self) -> None:
-        """Wait until the sweep that runs next has finished (tests and operators)."""
-        await self._pass_done.wait()
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started(self)
-        while True:
-            try:
-                swept = await self.sweep()
-            except OrbitError as exc:
-                # The database may be unreachable for a while; the next pass tries again.
-                log.warning("recovery pass failed: %s", exc.message)
-            else:
-                if swept.total:
-                    log.info(
-                        "recovered tasks: requeued=%d retried=%d failed=%d cancelled=%d expired=%d",
-                        swept.requeued, swept.retried, swept.failed, swept.cancelled, swept.expired,
-                    )
-            self.passes += 1
-            done, self._pass_done = self._pass_done, trio.Event()
-            done.set()
-            await trio.sleep(self.interval_s)
+    def report(self, swept: RecoveryStats) -> None:
+        log.info(
+            "recovered tasks: requeued=%d retried=%d failed=%d cancelled=%d expired=%d",
+            swept.requeued, swept.retried, swept.failed, swept.cancelled, swept.expired,
+        )
 
 
 async def recovery_service(node, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -15,7 +15,7 @@ from typing import Protocol
 import attrs
 import trio
 
-from ..errors import OrbitError
+from ..periodic import PeriodicService
 from ..store.plans import PlanStore
 
 log = logging.getLogger("orbit.plans")
@@ -25,9 +25,6 @@ PLANS_PER_PASS = 64
 # Fire times one transaction creates at most for one plan; a plan with more due fire
 # times stays due and is fired again in the next pass, which then runs at once.
 FIRES_PER_TRANSACTION = 100
-# Passes run back to back while they find more work, at most this many before the
-# trigger sleeps for an interval (a backlog is worked off without hogging a connection).
-MAX_BACK_TO_BACK_PASSES = 16
 
 
 class FireStore(Protocol):
@@ -57,14 +54,27 @@ class PassStats:
 
 
 @attrs.define(eq=False)
-class PlanTrigger:
+class PlanTrigger(PeriodicService):
     store: FireStore
     interval_s: float
     plans_per_pass: int = PLANS_PER_PASS
     fires_per_transaction: int = FIRES_PER_TRANSACTION
-    passes: int = 0
     totals: PassStats = attrs.field(factory=PassStats)
-    _pass_done: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    log = log
+    # Fire times that became more than grace_s late while the database was unreachable
+    # are caught up by the next round.
+    failure = "plan trigger failed"
+
+    def empty_stats(self) -> PassStats:
+        return PassStats()
+
+    async def one_pass(self) -> PassStats:
+        return await self.trigger_once()
+
+    def report(self, stats: PassStats) -> None:
+        if stats.tasks_created:
+            log.info("plans fired: plans=%d tasks=%d", stats.plans_fired, stats.tasks_created)
 
     async def trigger_once(self) -> PassStats:
         """One pass: fire every plan that is due now (each in its own transaction)."""
@@ -89,35 +99,7 @@ class PlanTrigger:
 
     async def trigger(self) -> PassStats:
         """Passes until one is not saturated (bounded); returns what they did together."""
-        total = PassStats()
-        for _ in range(MAX_BACK_TO_BACK_PASSES):
-            stats = await self.trigger_once()
-            total = total + stats
-            if not stats.saturated:
-                break
-        self.totals = self.totals + attrs.evolve(total, saturated=False)
-        return total
-
-    async def wait_for_pass(self) -> None:
-        """Wait until the trigger round that runs next has finished (tests and operators)."""
-        await self._pass_done.wait()
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started(self)
-        while True:
-            try:
-                stats = await self.trigger()
-            except OrbitError as exc:
-                # The database may be unreachable for a while; the next round tries again,
-                # and fire times that became more than grace_s late meanwhile are caught up.
-                log.warning("plan trigger failed: %s", exc.message)
-            else:
-                if stats.tasks_created:
-                    log.info("plans fired: plans=%d tasks=%d", stats.plans_fired, stats.tasks_created)
-            self.passes += 1
-            done, self._pass_done = self._pass_done, trio.Event()
-            done.set()
-            await trio.sleep(self.interval_s)
+        return await self.run_round()
 
 
 async def plan_service(node, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -7,7 +7,9 @@
   "record has changed since last read" (1020). ``fn`` must therefore be safe to
   run again: it may only touch the database through ``tx``.
 * A connection that saw a connection-level failure, or whose use was interrupted
-  by cancellation, is closed rather than returned: its protocol state is unknown.
+  by cancellation, is closed rather than returned: its protocol state is unknown. An
+  idle connection the server has closed meanwhile (restart, ``wait_timeout``) is noticed
+  before reuse, without a round trip, so it never costs a request.
 * Driver errors are translated at this boundary into ``orbit_node.errors`` types.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import math
 import random
+import select
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -66,6 +69,23 @@ def hard_close(conn) -> None:
         except Exception:
             pass
     conn.close()
+
+
+def is_dropped(conn) -> bool:
+    """An idle connection whose socket has anything to read is not fit for reuse.
+
+    A healthy idle MySQL session never sends unprompted, so readable means the server
+    closed it (restart, ``wait_timeout``, ``KILL``: EOF, RST or a farewell error packet).
+    Checked without a round trip, before every reuse.
+    """
+    stream = getattr(conn, "_sock", None)
+    if stream is None:
+        return True
+    try:
+        readable, _, _ = select.select([stream.socket.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def errno_of(exc: BaseException) -> int | None:
@@ -198,7 +218,15 @@ class Database:
     async def connection(self) -> AsyncIterator[Any]:
         """Borrow a raw connection (autocommit on). It is closed instead of returned on any failure."""
         async with self._slots:
-            conn = self._idle.pop() if self._idle else await self._connect()
+            conn = None
+            while self._idle:
+                conn = self._idle.pop()
+                if not is_dropped(conn):
+                    break
+                self._discard(conn)
+                conn = None
+            if conn is None:
+                conn = await self._connect()
             keep = False
             timeout = math.inf if self.operation_timeout_s is None else self.operation_timeout_s
             with trio.move_on_after(timeout) as bound:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 
+import attrs
 import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
+from orbit_node.sdk.worker import Worker
 from orbit_node.services import default_services
 from orbit_node.store.dispatch import OwnershipLost
 
@@ -129,3 +131,38 @@ async def test_a_poison_task_that_kills_its_worker_every_attempt_fails_at_max_at
     assert (row["state"], row["attempts"]) == ("failed", 3)
     assert json.loads(row["error"])["code"] == "LEASE_EXPIRED"
     assert [a["outcome"] for a in await assert_attempt_history(db, task_id)] == ["lease_expired"] * 3
+
+
+async def test_the_sdk_worker_notices_a_silent_node_and_reconnects(node_config, db):
+    """The network to the node goes black (no RST, no FIN): the SDK Worker hears no answer
+    to its heartbeats for the heartbeat timeout the node announced, drops the connection
+    and reconnects by itself once the node can be reached again; then it runs tasks."""
+    owner, token = await tenant_with_token(db)
+    config = attrs.evolve(node_config, heartbeat_timeout_s=1.0)
+    ran: list[str] = []
+
+    async def handler(task):
+        ran.append(task.task_id)
+        return "ok"
+
+    async with run_node(config, services=default_services()) as node:
+        port = int(node.base_url.rsplit(":", 1)[1])
+        async with open_fault_proxy("127.0.0.1", port) as proxy, trio.open_nursery() as nursery:
+            worker = Worker(url=f"http://127.0.0.1:{proxy.port}", token=token, queues=[owner.queue_id],
+                            connect_timeout_s=1.0)
+            worker.register("h", "v1", "v1", handler)
+            with trio.fail_after(30):
+                await nursery.start(worker.run)
+                proxy.refuse_new = True  # the node is unreachable: new connections fail too
+                proxy.blackhole()
+                while proxy.accepted < 2:  # the Worker gave up on the silent connection and dialled again
+                    await trio.sleep(0.05)
+                proxy.heal()
+                while worker.connections < 2:
+                    await trio.sleep(0.05)
+                task_id = await seed.insert_task(db, owner)
+                await worker.wait_completed(1)
+                assert ran == [task_id]
+                await worker.drain()
+    row = await seed.task_row(db, task_id)
+    assert (row["state"], row["result"]) == ("succeeded", '"ok"')

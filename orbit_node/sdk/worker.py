@@ -16,7 +16,9 @@
   run lease; a task the node no longer confirms is cancelled locally.
 * A handler's return value is the result (any JSON value). ``PermanentError`` fails
   the task without retry; any other exception fails the attempt as retryable.
-* A lost connection is re-established with jittered exponential backoff. Handlers
+* A lost connection is re-established with jittered exponential backoff; a node that
+  answers nothing (heartbeats included) for its announced heartbeat timeout counts as
+  lost, even if the network never reset the connection. Handlers
   that were running are cancelled (their tasks come back after the lease expires),
   since their Finish could not be accepted by another connection anyway.
 * The handler receives the frozen task, ``task.priority`` included (0 when absent).
@@ -43,6 +45,13 @@ log = logging.getLogger("orbit.sdk.worker")
 # Reconnect backoff: first pause and cap.
 RECONNECT_INITIAL_S = 0.1
 RECONNECT_MAX_S = 5.0
+# Bound on the WebSocket closing handshake: a node that cannot be reached (packets
+# dropped, no RST) must not hold a reconnect for trio-websocket's 60 s.
+DISCONNECT_TIMEOUT_S = 2.0
+
+
+class NodeSilent(Exception):
+    """Nothing came from the node for its announced heartbeat timeout: the connection is dead."""
 
 
 class PermanentError(Exception):
@@ -106,6 +115,8 @@ class _Session:
 
     ws: Any
     welcome: dict
+    # trio time of the last message from the node (heartbeat answers included).
+    last_heard: float = attrs.field(factory=trio.current_time)
     _ids: Any = attrs.field(factory=lambda: itertools.count(1))
     _waiting: dict[str, Any] = attrs.field(factory=dict)
     running: dict[str, tuple[str, trio.CancelScope]] = attrs.field(factory=dict)
@@ -151,6 +162,8 @@ class Worker:
     resource_keys: bool = False
     client_name: str = "orbit-python"
     ssl_context: ssl.SSLContext | None = None
+    # Bound on opening a connection (TCP, TLS and the WebSocket handshake) to the node.
+    connect_timeout_s: float = 10.0
     _handlers: dict[tuple[str, str, str], Handler] = attrs.field(factory=dict)
     _draining: bool = False
     drained: bool = False
@@ -207,20 +220,21 @@ class Worker:
         if not self._handlers:
             raise ValueError("register at least one handler before running the Worker")
         backoff = RECONNECT_INITIAL_S
-        first = True
+        # Reported once, by the first session that got a welcome (a later one must not
+        # report again, whether or not the first ended cleanly).
+        status = [task_status]
         try:
             while not self._draining:
                 try:
                     try:
-                        await self._session(task_status if first else trio.TASK_STATUS_IGNORED)
+                        await self._session(status)
                     except BaseExceptionGroup as group:
                         # Nurseries wrap what ended the session; act on the exception itself.
                         raise _leaf(group) from None
-                    first = False
                     backoff = RECONNECT_INITIAL_S
                 except WorkerRejected:
                     raise
-                except (OSError, ConnectionClosed, HandshakeError, trio.BrokenResourceError) as exc:
+                except (OSError, ConnectionClosed, HandshakeError, trio.BrokenResourceError, NodeSilent) as exc:
                     if self._draining:
                         break
                     log.warning("worker connection lost (%s); reconnecting in %.1f s", exc, backoff)
@@ -230,10 +244,13 @@ class Worker:
         finally:
             self._stopped.set()
 
-    async def _session(self, task_status) -> None:
+    async def _session(self, status: list) -> None:
         headers = [(b"authorization", f"Bearer {self.token}".encode())]
         try:
-            async with open_websocket_url(self._ws_url(), self.ssl_context, extra_headers=headers) as ws:
+            async with open_websocket_url(
+                self._ws_url(), self.ssl_context, extra_headers=headers,
+                connect_timeout=self.connect_timeout_s, disconnect_timeout=DISCONNECT_TIMEOUT_S,
+            ) as ws:
                 await ws.send_message(json.dumps({
                     "type": "hello",
                     "queues": self.queues,
@@ -249,7 +266,8 @@ class Worker:
                     raise WorkerRejected(0, json.dumps(welcome).encode())
                 self.connections += 1
                 session = _Session(ws, welcome)
-                task_status.started()
+                if status:
+                    status.pop().started()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._heartbeats, session)
                     nursery.start_soon(self._renewals, session)
@@ -270,6 +288,7 @@ class Worker:
                 if self._draining:
                     return
                 raise
+            session.last_heard = trio.current_time()
             kind = message.get("type")
             if kind == "dispatch":
                 nursery.start_soon(self._start_and_run, session, message["tasks"])
@@ -331,8 +350,13 @@ class Worker:
             self._finished(report["outcome"] == "succeeded")
 
     async def _heartbeats(self, session: _Session) -> None:
+        """Send a heartbeat every interval; a node silent for its heartbeat timeout is gone
+        (the network may drop packets without ever resetting the connection)."""
+        timeout = session.welcome["heartbeat_timeout_s"]
         while True:
             await trio.sleep(session.welcome["heartbeat_interval_s"])
+            if trio.current_time() - session.last_heard >= timeout:
+                raise NodeSilent(f"nothing from the node for {timeout:g} s")
             await session.send({"type": "heartbeat"})
 
     async def _renewals(self, session: _Session) -> None:

@@ -35,7 +35,7 @@ class Flow(enum.Enum):
     PASS = "pass"
     # Bytes are held, and no more are read, until the flow changes (a partition that heals).
     STALL = "stall"
-    # Bytes are read and dropped (a partition that loses traffic).
+    # Bytes are read and dropped, and so is a FIN or RST (a partition that loses traffic).
     BLACKHOLE = "blackhole"
 
 
@@ -162,10 +162,12 @@ class FaultProxy:
             try:
                 data = await src.receive_some(CHUNK)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                link.abort()
+                if self._flows[direction] is not Flow.BLACKHOLE:
+                    link.abort()
                 return
             if not data:
-                if direction not in link.shut:
+                # A black hole swallows the FIN too: the receiver never learns the peer left.
+                if direction not in link.shut and self._flows[direction] is not Flow.BLACKHOLE:
                     try:
                         await dst.send_eof()
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):

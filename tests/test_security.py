@@ -169,10 +169,10 @@ async def test_tokens_never_appear_in_the_logs(dsn, db, tmp_path):
 
 async def test_idle_and_half_open_connections_are_closed_while_healthy_clients_keep_working(node_config, db):
     """Connections that never send a request, stop half-way through one, never say hello,
-    or half-close (FIN) without a close frame, are all closed by the node; a healthy Worker
-    and a healthy API client are served the whole time."""
+    half-close (FIN) without a close frame, or vanish from the network after hello, are all
+    closed by the node; a healthy Worker and a healthy API client are served the whole time."""
     config = attrs.evolve(node_config, heartbeat_timeout_s=1.0, body_timeout_s=2.0)
-    tenant = await make_tenant(db, "idle")
+    tenant = await make_tenant(db, "idle", queues=("work", "elsewhere"))
     headers = [(b"authorization", f"Bearer {tenant.token}".encode())]
     expected = {"silent": 20, "partial request": 20, "partial body": 20, "partial body, authenticated": 20,
                 "websocket without hello": 10,
@@ -202,8 +202,15 @@ async def test_idle_and_half_open_connections_are_closed_while_healthy_clients_k
                         assert message["type"] == "error" and message["code"] == "HEARTBEAT_TIMEOUT"
             closed_by_node.append(kind)
 
+        async def vanished_worker(base_url: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
+            async with raw_worker(base_url, tenant.token) as w:
+                await w.hello([tenant.queues["elsewhere"]])  # (the healthy Worker's tasks stay its own)
+                task_status.started()
+                await trio.sleep_forever()
+
         with trio.move_on_after(30) as too_slow:
-            async with open_fault_proxy(host, port) as proxy, trio.open_nursery() as nursery:
+            async with open_fault_proxy(host, port) as proxy, open_fault_proxy(host, port) as lost, \
+                    trio.open_nursery() as vanished, trio.open_nursery() as nursery:
                 for _ in range(20):
                     nursery.start_soon(idle_tcp, "silent", b"")
                     nursery.start_soon(idle_tcp, "partial request", b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Le")
@@ -219,6 +226,11 @@ async def test_idle_and_half_open_connections_are_closed_while_healthy_clients_k
                     await nursery.start(idle_websocket, "half-open websocket", ws_url(f"http://127.0.0.1:{proxy.port}"))
                 # The half-open Workers' side of TCP is gone (FIN), with no close frame.
                 await proxy.half_close(Direction.UP)
+                # Workers that said hello and then vanished from the network: nothing of theirs
+                # arrives, nothing reaches them, no FIN or RST ever comes (only the node can end these).
+                for _ in range(5):
+                    await vanished.start(vanished_worker, f"http://127.0.0.1:{lost.port}")
+                lost.blackhole()
                 # Healthy traffic while all of that sits there, until every bad connection is gone.
                 async with raw_worker(node.base_url, tenant.token) as healthy, node.client(tenant.token) as http:
                     await healthy.hello([tenant.queue_id])
@@ -236,9 +248,11 @@ async def test_idle_and_half_open_connections_are_closed_while_healthy_clients_k
                         n += 1
                         await trio.sleep(0.2)
                     while hub.admitted > 1:
-                        await trio.sleep(0.01)
+                        await heartbeat_roundtrip(healthy)
+                        await trio.sleep(0.2)
                     assert len(hub.connections) == 1  # only the healthy Worker is left
                     await heartbeat_roundtrip(healthy)
+                vanished.cancel_scope.cancel()
         assert not too_slow.cancelled_caught, [(kind, closed_by_node.count(kind)) for kind in expected]
     assert {kind: closed_by_node.count(kind) for kind in expected} == expected
     assert set(await seed.count_states(db)) == {"succeeded"}

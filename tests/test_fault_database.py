@@ -399,3 +399,38 @@ async def waiting_for_a_row_lock(db: Database) -> bool:
         "WHERE p.DB = DATABASE() AND t.trx_state = 'LOCK WAIT'",
     )
     return bool(found[0]["n"])
+
+
+async def test_sigterm_while_the_database_is_black_holed_still_exits_within_the_grace(dsn, db, tmp_path):
+    """A node process whose database stopped answering (packets dropped) with Workers
+    connected, a claim and a renew in flight: SIGTERM still drains and exits 0 within the
+    grace period plus a bounded clean-up, instead of waiting on the database forever."""
+    owner, token = await tenant_with_token(db)
+    task_id = await seed.insert_task(db, owner)
+    async with open_fault_proxy(dsn.host, dsn.port) as proxy:
+        node = NodeProcess(proxy.dsn_for(dsn), tmp_path / "node.log", env={"ORBIT_SHUTDOWN_GRACE_S": "2"})
+        await node.start()
+        try:
+            with trio.fail_after(40):
+                async with raw_worker(node.base_url, token) as busy, raw_worker(node.base_url, token) as idle:
+                    await busy.hello([owner.queue_id])
+                    held = (await busy.recv_type("dispatch"))["tasks"][0]
+                    ref = {"task_id": task_id, "token": held["token"]}
+                    assert (await busy.request("start", [ref], "s"))["results"][0]["ok"]
+                    await idle.hello([owner.queue_id])  # its claim request waits in the pool
+                    proxy.blackhole()
+                    await busy.send({"type": "renew", "id": "r", "tasks": [ref]})
+                    await seed.insert_task(db, owner)  # a claim of the idle Worker will hang on the database
+                    await trio.sleep(1.5)  # (the idle Worker's next claim is on its way to the black hole)
+                    started = trio.current_time()
+                    code = await node.terminate(timeout_s=30)
+                    assert code == 0, node.log_text()[-2000:]
+                    # Grace (2 s), then each connection's bounded clean-up (5 s) and the node's
+                    # last write (2 s) give up on the database; nothing waits longer.
+                    assert trio.current_time() - started < 2 + 5 + 2 + 3
+        finally:
+            await node.aclose()
+    # The running task was left to its lease (nothing half-written), the other never reserved twice.
+    row = await seed.task_row(db, task_id)
+    assert (row["state"], row["fencing_token"]) == ("running", held["token"])
+    await assert_attempt_history(db, task_id)

@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from .common import (
-    REPO, admin_sql, bench_database, connection_plan, count_tasks, make_app, measured_phase, node_process,
+    REPO, admin_sql, bench_database, connection_plan, count_tasks, make_app, measured_phase, node_process, seed_tasks,
     submit_closed_loop, wait_until, worker_fleet,
 )
 from .report import Target, format_table, ratio, summarize
@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capacity", type=int, default=16,
                         help="S1/S2/e2e: capacity of one Orbit Worker connection (default 16 = the claim batch)")
     parser.add_argument("--peers", default="procrastinate,huey", help="S1: peers to run (comma-separated, or none)")
-    parser.add_argument("--peer-timeout-s", type=float, default=120.0,
-                        help="S1: a peer drains at most this long; its rate is then done / elapsed (default 120)")
+    parser.add_argument("--peer-timeout-s", type=float, default=60.0,
+                        help="S1: a peer drains at most this long; its rate is then done / elapsed (default 60)")
     parser.add_argument("--submit-concurrency", type=int, default=16, help="HTTP submitters at once (default 16)")
     parser.add_argument("--no-diagnose", action="store_true",
                         help="S1/S2: skip the diagnostic Orbit run with the per-connection pacing lifted")
@@ -59,15 +59,22 @@ def pacing_bound(connections: int, capacity: int) -> float:
 
 
 async def orbit_burndown(bdb, *, tasks: int, connections: int, capacity: int, submit_concurrency: int,
-                         profile: bool, app_name: str = "s1", pace: int | None = None) -> dict[str, Any]:
-    """Pre-submit ``tasks`` over HTTP, then drain them with SDK Workers; tasks/s of the drain.
+                         profile: bool, app_name: str = "s1", pace: int | None = None,
+                         seed_sql: bool = False) -> dict[str, Any]:
+    """Pre-submit ``tasks`` over HTTP (or, with ``seed_sql``, write them with SQL), then drain
+    them with SDK Workers; tasks/s of the drain.
 
     ``pace`` overrides the node's claims per connection per scan cycle (diagnostics only).
     """
     app = await make_app(bdb.db, app_name)
     async with node_process(bdb.dsn, claims_per_connection_per_cycle=pace) as node:
         submit_started = time.perf_counter()
-        submit_lat = await submit_closed_loop(node.url, app.token, app.queue_id, tasks, concurrency=submit_concurrency)
+        if seed_sql:
+            await seed_tasks(bdb.db, app, tasks)
+            submit_lat: list[float] = []
+        else:
+            submit_lat = await submit_closed_loop(node.url, app.token, app.queue_id, tasks,
+                                                  concurrency=submit_concurrency)
         submit_s = time.perf_counter() - submit_started
         progress: list[tuple[float, int]] = []
         with measured_phase(node.pid, profile=profile) as phase:
@@ -145,7 +152,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.no_diagnose:
             lifted = await orbit_burndown(bdb, tasks=args.tasks, connections=connections, capacity=args.capacity,
                                           submit_concurrency=args.submit_concurrency, profile=False,
-                                          app_name="s1-lifted", pace=LIFTED_PACE)
+                                          app_name="s1-lifted", pace=LIFTED_PACE, seed_sql=True)
         peers = {name: await run_peer(name, args.tasks, connections * args.capacity, bdb.dsn, args.peer_timeout_s)
                  for name in peers_wanted}
     rows = [["Orbit", orbit["tasks_per_s"], 1.0, orbit["seconds"], orbit["cpu"]["node_cpu_s"] + orbit["cpu"]["harness_cpu_s"],

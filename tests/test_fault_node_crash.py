@@ -115,6 +115,8 @@ async def test_a_retry_after_a_crash_between_commit_and_response_returns_the_sam
                         while not await rows(db, "SELECT task_id FROM idempotency_records WHERE idempotency_key = %s", key):
                             await trio.sleep(0.01)
                         await node.kill()
+                        # The dead process's connection is gone; its answer never came through.
+                        http_proxy.reset()
                 assert isinstance(outcome[0], httpx.TransportError), outcome
             stored = await rows(db, "SELECT task_id FROM tasks")
             assert len(stored) == 1

@@ -13,7 +13,7 @@ from orbit_node.services import default_services
 from orbit_node.store.dispatch import DispatchStore, RecoveryStats
 
 from . import seed
-from .faults.checks import assert_attempt_history, rows, tenant_with_token, wait_for_state
+from .faults.checks import assert_attempt_history, rows, tenant_with_token
 from .faults.clock import LaterDatabase
 from .faults.mariadb import PrivateMariaDB
 from .faults.nodeproc import NodeProcess

@@ -174,7 +174,7 @@ async def test_logs_of_a_full_run_contain_no_credential_secret(dsn, tmp_path):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(node.read, process.stdout)
                 await node.listening.wait()
-                await drive(node.url, token, metrics_token, queue_id)
+                ids = await drive(node.url, token, metrics_token, queue_id)
                 process.send_signal(signal.SIGTERM)
                 assert await process.wait() == 0
     finally:
@@ -190,7 +190,8 @@ async def test_logs_of_a_full_run_contain_no_credential_secret(dsn, tmp_path):
     submits = [e for e in entries if e.get("route") == "/v1/tasks" and e.get("method") == "POST"]
     assert len(submits) == 3
     assert all(e["status"] == 201 and e["application"] == "logapp" and e["request_id"].startswith("req_")
-               for e in submits)
+               and e["queue_id"] == queue_id for e in submits)
+    assert sorted(e["task_id"] for e in submits) == sorted(ids)
     reads = [e for e in entries if e.get("route") == "/v1/tasks/<task_id>"]
     assert reads and all(re.fullmatch(r"[0-9a-f]{32}", e["task_id"]) for e in reads)
     connected = [e for e in entries if e["message"].startswith("worker connected")]
@@ -199,7 +200,7 @@ async def test_logs_of_a_full_run_contain_no_credential_secret(dsn, tmp_path):
     assert any(e.get("status") == 401 for e in entries)
 
 
-async def drive(url: str, token: str, metrics_token: str, queue_id: str) -> None:
+async def drive(url: str, token: str, metrics_token: str, queue_id: str) -> list[str]:
     """A whole life of a node: submits, reads, a Worker running everything, refusals, a scrape."""
     import httpx
 
@@ -231,3 +232,4 @@ async def drive(url: str, token: str, metrics_token: str, queue_id: str) -> None
         assert leaked.status_code == 400
         scraped = await http.get("/metrics", headers={"Authorization": f"Bearer {metrics_token}"})
         assert scraped.status_code == 200 and "orbit_tasks_finished_total" in scraped.text
+    return ids

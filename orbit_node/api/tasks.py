@@ -7,6 +7,7 @@ from typing import Any
 
 from quart import Blueprint
 
+from .. import logs
 from ..store.tasks import Task, TaskSummary
 from ..store.tenancy import Principal
 from . import envelope, validation
@@ -83,6 +84,7 @@ async def submit_task():
     who.require("tasks:submit", new.queue_id)
     state = node_state()
     accepted = await state.tasks.submit(who.namespace_id, key, new)
+    logs.bind(queue_id=new.queue_id, task_id=accepted.task.task_id)
     claims = state.services.get("claims")
     if accepted.created and claims is not None:
         # Waiting Workers of this queue on this node may claim at once instead of after

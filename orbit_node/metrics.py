@@ -68,6 +68,8 @@ QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 RECOVERY_OUTCOMES = ("requeued", "retried", "failed", "cancelled", "expired")
 # Label of requests that matched no route (the path itself would be unbounded).
 UNMATCHED_ROUTE = "unmatched"
+# Methods counted under their own name; any other (a client may send anything) is "other".
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 @attrs.define(eq=False)
@@ -126,6 +128,7 @@ class NodeMetrics:
         self.db_replays.labels(str(errno)).inc()
 
     def observe_http(self, method: str, route: str, status: int, seconds: float) -> None:
+        method = method if method in HTTP_METHODS else "other"
         self.http_requests.labels(method, route, str(status)).inc()
         self.http_seconds.labels(method, route).observe(max(seconds, 0.0))
 

@@ -368,6 +368,11 @@ class Page(Generic[T]):
     # Pass to the next call to continue; None on the last page.
     next_cursor: str | None
 
+    @classmethod
+    def from_document(cls, item_type: Any, document: Mapping[str, Any]) -> "Page[Any]":
+        """A list envelope: ``data`` items of ``item_type`` and the ``next_cursor``."""
+        return cls([item_type.from_json(item) for item in document["data"]], document.get("next_cursor"))
+
 
 @attrs.frozen
 class SubmitResult:
@@ -532,7 +537,7 @@ class OrbitClient:
         _, document = await self._call(
             "GET", "/v1/tasks", params={"queue_id": queue_id, "state": state, "limit": limit, "cursor": cursor}
         )
-        return Page([TaskSummary.from_json(item) for item in document["data"]], document.get("next_cursor"))
+        return Page.from_document(TaskSummary, document)
 
     async def cancel_task(self, task_id: str) -> Task:
         _, document = await self._call("POST", f"/v1/tasks/{_segment(task_id)}/cancel")
@@ -579,7 +584,7 @@ class OrbitClient:
         _, document = await self._call(
             "GET", "/v1/plans", params={"queue_id": queue_id, "limit": limit, "cursor": cursor}
         )
-        return Page([Plan.from_json(item) for item in document["data"]], document.get("next_cursor"))
+        return Page.from_document(Plan, document)
 
     async def get_plan_version(self, plan_id: str, version: int) -> PlanVersion:
         _, document = await self._call("GET", f"/v1/plans/{_segment(plan_id)}/versions/{int(version)}")
@@ -592,7 +597,7 @@ class OrbitClient:
         _, document = await self._call(
             "GET", f"/v1/plans/{_segment(plan_id)}/versions", params={"limit": limit, "cursor": cursor}
         )
-        return Page([PlanVersion.from_json(item) for item in document["data"]], document.get("next_cursor"))
+        return Page.from_document(PlanVersion, document)
 
     async def list_plan_tasks(
         self, plan_id: str, *, state: str | None = None, limit: int | None = None, cursor: str | None = None
@@ -601,7 +606,7 @@ class OrbitClient:
         _, document = await self._call(
             "GET", f"/v1/plans/{_segment(plan_id)}/tasks", params={"state": state, "limit": limit, "cursor": cursor}
         )
-        return Page([PlanTaskSummary.from_json(item) for item in document["data"]], document.get("next_cursor"))
+        return Page.from_document(PlanTaskSummary, document)
 
     # -- queues
 
@@ -622,7 +627,7 @@ class OrbitClient:
 
     async def list_queues(self, *, limit: int | None = None, cursor: str | None = None) -> Page[Queue]:
         _, document = await self._call("GET", "/v1/queues", params={"limit": limit, "cursor": cursor})
-        return Page([Queue.from_json(item) for item in document["data"]], document.get("next_cursor"))
+        return Page.from_document(Queue, document)
 
     async def pause_queue(self, queue_id: str) -> Queue:
         _, document = await self._call("POST", f"/v1/queues/{_segment(queue_id)}/pause")

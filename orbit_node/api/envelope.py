@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import json
 import secrets
-from datetime import datetime
 from typing import Any
 
 from quart import Response, g
 
 from ..errors import OrbitError
+from ..wire import rfc3339
 
 
-def timestamp(value: datetime | None) -> str | None:
-    """A database DATETIME (naive, UTC session) as RFC 3339 with microseconds."""
-    return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+timestamp = rfc3339
 
 
 def new_request_id() -> str:

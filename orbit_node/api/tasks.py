@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from quart import Blueprint
@@ -10,6 +9,7 @@ from quart import Blueprint
 from .. import logs
 from ..store.tasks import Task, TaskSummary
 from ..store.tenancy import Principal
+from ..wire import stored_json
 from . import envelope, validation
 from .auth import node_state, require_any
 
@@ -21,12 +21,7 @@ LIST_PARAMS = ("queue_id", "state", "limit", "cursor")
 CURSOR_KIND = "t1"
 
 
-def _stored_json(text: str) -> Any:
-    """result/error columns hold JSON text; an older row may hold plain text."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+_stored_json = stored_json
 
 
 def summary_json(task: TaskSummary) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import attrs
 from ..db import Database, Tx
 from ..errors import InvalidArgument, NotFound
 from ..ids import is_hex32
+from ..wire import rfc3339, stored_json
 
 LIVE_STATES = ("queued", "reserved", "running")
 # A node whose heartbeat (every 10 s) is older than this is not live for operators.
@@ -25,17 +26,8 @@ NODE_STALE_S = 30
 TURNS_STALE_S = 3600
 
 
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _json_text(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+_iso = rfc3339
+_json_text = stored_json
 
 
 @attrs.frozen(kw_only=True)

@@ -21,6 +21,8 @@ from typing import Any
 
 import attrs
 
+from ..wire import rfc3339
+
 # WebSocket close codes the node uses (documented in docs/worker-protocol.md).
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001  # node shutting down, after drain
@@ -334,11 +336,7 @@ def heartbeat() -> dict[str, Any]:
     return {"type": "heartbeat"}
 
 
-def timestamp(value) -> str | None:
-    """Database DATETIME (UTC, naive) -> RFC 3339 with microseconds."""
-    if value is None:
-        return None
-    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+timestamp = rfc3339
 
 
 def dispatch_task(r) -> dict[str, Any]:

@@ -26,7 +26,8 @@ import attrs
 import trio
 
 from orbit_node.db import Database, migrate
-from orbit_node.store.dispatch import Capability, ClaimRequest, DispatchStore, FinishItem, Outcome
+from orbit_node.claims import Capability, ClaimRequest
+from orbit_node.store.dispatch import DispatchStore, FinishItem, Outcome
 from orbit_node.store.tenancy import TenancyStore
 
 from .common import admin_sql, bench_dsn

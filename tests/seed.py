@@ -15,7 +15,8 @@ import attrs
 
 from orbit_node.db import Database
 from orbit_node.ids import time_ordered_id
-from orbit_node.store.dispatch import Capability, ClaimRequest, DispatchStore
+from orbit_node.claims import Capability, ClaimRequest
+from orbit_node.store.dispatch import DispatchStore
 from orbit_node.store.tenancy import TenancyStore
 
 CAP = Capability("h", "v1", "v1")

@@ -3,6 +3,8 @@ the claim SQL is replaced by a function that records when it was called)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import attrs
 import pytest
 import trio
@@ -10,7 +12,8 @@ import trio.testing
 
 from orbit_node.config import NodeConfig, SchedulerLimits, Dsn
 from orbit_node.dispatch.pool import ClaimPool, PoolClosed
-from orbit_node.dispatch.scheduler import ClaimTicket, FairScheduler
+from orbit_node.claims import ClaimRequest
+from orbit_node.dispatch.scheduler import FairScheduler
 from orbit_node.store.tenancy import Principal
 from orbit_node.workers import protocol as p
 from orbit_node.workers.connection import ConnectionClosed, WorkerConnection
@@ -18,15 +21,15 @@ from orbit_node.workers.connection import ConnectionClosed, WorkerConnection
 CAPS = frozenset({("h", "v1", "v1")})
 
 
-def ticket(conn="c1", app="A", queue="q") -> ClaimTicket:
-    return ClaimTicket(connection_id=conn, application_id=app, namespace_id="ns", queue_ids=(queue,),
+def ticket(conn="c1", app="A", queue="q") -> ClaimRequest:
+    return ClaimRequest(connection_id=conn, node_id="n", application_id=app, namespace_id="ns", queue_ids=(queue,),
                        capabilities=CAPS, resource_key_support=False, limit=1)
 
 
 async def test_pool_paces_a_connection_to_four_claims_per_cycle(autojump_clock):
     calls: list[float] = []
 
-    async def claim(grant):
+    async def claim(request):
         calls.append(trio.current_time())
         await trio.sleep(0.001)
         return ["task"]
@@ -54,7 +57,7 @@ async def test_pool_paces_a_connection_to_four_claims_per_cycle(autojump_clock):
 async def test_pool_serves_empty_results_from_the_cache_for_one_cycle(autojump_clock):
     calls: list[float] = []
 
-    async def claim(grant):
+    async def claim(request):
         calls.append(trio.current_time())
         return []
 
@@ -82,7 +85,7 @@ async def test_pool_serves_empty_results_from_the_cache_for_one_cycle(autojump_c
 async def test_close_cancels_pending_requests_and_lets_in_flight_claims_deliver(autojump_clock):
     release_claim = trio.Event()
 
-    async def claim(grant):
+    async def claim(request):
         await release_claim.wait()
         return ["reservation"]
 
@@ -106,9 +109,9 @@ async def test_results_of_a_departed_connection_are_released(autojump_clock):
     released = []
     go = trio.Event()
 
-    async def claim(grant):
+    async def claim(request):
         await go.wait()
-        return ["r1", "r2"]
+        return [SimpleNamespace(task_id="t1", fencing_token="1-aa"), SimpleNamespace(task_id="t2", fencing_token="1-bb")]
 
     async def release(reservations):
         released.extend(reservations)
@@ -123,7 +126,7 @@ async def test_results_of_a_departed_connection_are_released(autojump_clock):
             go.set()
             await trio.testing.wait_all_tasks_blocked()
             pool.close()
-    assert released == ["r1", "r2"]
+    assert released == [("t1", "1-aa"), ("t2", "1-bb")]
 
 
 class MemoryTransport:

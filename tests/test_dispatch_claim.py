@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from orbit_node.db import Database
-from orbit_node.store.dispatch import Capability
+from orbit_node.claims import Capability
 from orbit_node.store.tenancy import TenancyStore
 
 from .seed import (

@@ -8,14 +8,16 @@ import pytest
 
 from orbit_node.config import SchedulerLimits
 from orbit_node.dispatch.cache import CacheKey, EmptyResultCache
-from orbit_node.dispatch.scheduler import AlreadyOutstanding, ClaimTicket, FairScheduler, SchedulerFull
+from orbit_node.claims import ClaimRequest
+from orbit_node.dispatch.scheduler import AlreadyOutstanding, FairScheduler, SchedulerFull
 
 CAPS = frozenset({("h", "v1", "v1")})
 
 
-def ticket(conn: str, app: str, *queues: str, caps=CAPS, rk=False, ns=None) -> ClaimTicket:
-    return ClaimTicket(
+def ticket(conn: str, app: str, *queues: str, caps=CAPS, rk=False, ns=None) -> ClaimRequest:
+    return ClaimRequest(
         connection_id=conn,
+        node_id="n",
         application_id=app,
         namespace_id=ns or f"ns-{app}",
         queue_ids=tuple(queues),
@@ -33,10 +35,10 @@ def drain_one_at_a_time(s: FairScheduler, now: float = 0.0, *, resubmit=None, ro
         if not grants:
             break
         for g in grants:
-            order.append((g.ticket.application_id, g.queue_id, g.ticket.connection_id))
+            order.append((g.request.application_id, g.queue_id, g.request.connection_id))
             s.complete(g, now, empty=False)
             if resubmit:
-                s.submit(resubmit(g.ticket))
+                s.submit(resubmit(g.request))
     return order
 
 
@@ -88,7 +90,7 @@ def test_big_application_gets_no_more_turns_than_small_one_while_both_busy():
         # Complete the oldest claim and resubmit for that connection: both stay busy.
         g = in_flight.pop(0)
         s.complete(g, float(step), empty=False)
-        s.submit(g.ticket)
+        s.submit(g.request)
     turns = s.statistics().turns_by_application
     assert abs(turns["big"] - turns["small"]) <= 1, turns
 
@@ -125,9 +127,9 @@ def test_limits_are_never_exceeded_under_random_load():
         assert stats.pending + stats.in_flight <= 128
         per_app = {}
         for g in in_flight:
-            per_app[g.ticket.application_id] = per_app.get(g.ticket.application_id, 0) + 1
+            per_app[g.request.application_id] = per_app.get(g.request.application_id, 0) + 1
         assert max(per_app.values(), default=0) <= 1
-        per_conn = [g.ticket.connection_id for g in in_flight]
+        per_conn = [g.request.connection_id for g in in_flight]
         assert len(per_conn) == len(set(per_conn))
     stats = s.statistics()
     assert stats.max_in_flight_seen == 4
@@ -147,7 +149,7 @@ def test_request_limit_and_one_outstanding_per_connection():
     assert len(grants) == 4
     # In-flight requests still count against the 128 and against their connection.
     with pytest.raises(AlreadyOutstanding):
-        s.submit(grants[0].ticket)
+        s.submit(grants[0].request)
     with pytest.raises(SchedulerFull):
         s.submit(ticket("c999", "a999", "q"))
     s.complete(grants[0], 0.0, empty=False)
@@ -160,7 +162,7 @@ def test_one_in_flight_per_application_lets_other_applications_claim():
         s.submit(ticket(f"a{i}", "A", f"qa{i}"))
     s.submit(ticket("b0", "B", "qb"))
     grants = s.grant(0.0)
-    assert [g.ticket.application_id for g in grants] == ["A", "B"]
+    assert [g.request.application_id for g in grants] == ["A", "B"]
     assert s.grant(0.0) == []
 
 
@@ -192,11 +194,11 @@ def test_multi_queue_request_is_served_once_at_the_first_turn():
     s.submit(ticket("x", "A", "q1", "q2"))
     s.submit(ticket("y", "A", "q2"))
     g1 = s.grant(0.0)
-    assert [(g.ticket.connection_id, g.queue_id) for g in g1] == [("x", "q1")]
+    assert [(g.request.connection_id, g.queue_id) for g in g1] == [("x", "q1")]
     s.complete(g1[0], 0.0, empty=False)
     g2 = s.grant(0.0)
     # x left q2's line when it was granted in q1; y is next there.
-    assert [(g.ticket.connection_id, g.queue_id) for g in g2] == [("y", "q2")]
+    assert [(g.request.connection_id, g.queue_id) for g in g2] == [("y", "q2")]
     s.complete(g2[0], 0.0, empty=False)
     assert s.grant(0.0) == []
     assert s.statistics().pending == 0
@@ -216,11 +218,11 @@ def test_empty_result_cache_holds_requests_without_sql_until_expiry_or_arrival()
     assert s.next_wakeup(0.5) == pytest.approx(1.0)
     # A different capability set never shares the entry.
     s.submit(ticket("c3", "A", "q", caps=frozenset({("h", "v2", "v1")})))
-    assert [g.ticket.connection_id for g in s.grant(0.5)] == ["c3"]
+    assert [g.request.connection_id for g in s.grant(0.5)] == ["c3"]
     # Expiry: one scan cycle later the queue is asked again.
-    assert [g.ticket.connection_id for g in s.grant(1.0)] == []  # A's one in-flight claim (c3) still runs
+    assert [g.request.connection_id for g in s.grant(1.0)] == []  # A's one in-flight claim (c3) still runs
     s.complete(s._in_flight["c3"], 1.0, empty=False)
-    assert [g.ticket.connection_id for g in s.grant(1.0)] == ["c1"]
+    assert [g.request.connection_id for g in s.grant(1.0)] == ["c1"]
 
 
 def test_task_arrival_wakes_the_queue_at_once():
@@ -232,7 +234,7 @@ def test_task_arrival_wakes_the_queue_at_once():
     s.submit(t)
     assert s.grant(0.1) == []
     s.task_arrived("q")
-    assert [g.ticket.connection_id for g in s.grant(0.1)] == ["c1"]
+    assert [g.request.connection_id for g in s.grant(0.1)] == ["c1"]
 
 
 def test_cache_bound_and_expiry():

@@ -169,7 +169,7 @@ async def test_a_flooding_application_does_not_delay_another_beyond_one_rotation
     pool = full_node.node.state.services["claims"]
     granted: list[str] = []
     requested_at: list[int] = []  # len(granted) when each of the small application's requests entered
-    pool.on_grant = lambda grant: granted.append(grant.ticket.application_id)
+    pool.on_grant = lambda grant: granted.append(grant.request.application_id)
     big = await seed.tenant(db, application="big", queue="q0")
     queues = [big] + [await seed.add_queue(db, big, f"q{i}") for i in range(1, 10)]
     for q in queues:

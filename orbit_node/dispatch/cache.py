@@ -11,9 +11,10 @@ accepted through this node for a queue forgets that queue's entries at once.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
 
 import attrs
+
+from ..claims import Capability
 
 
 @attrs.frozen
@@ -21,7 +22,7 @@ class CacheKey:
     namespace_id: str
     queue_id: str
     # The connection's exact capability set and resource-key declaration.
-    capabilities: frozenset[Hashable]
+    capabilities: frozenset[Capability]
     resource_key_support: bool
 
 

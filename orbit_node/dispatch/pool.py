@@ -1,7 +1,7 @@
 """The trio side of the fair claim pool: runs the scheduler's grants as claim SQL.
 
 The decisions are ``FairScheduler``'s (pure); this adapter only awaits. Connections
-hand in one ``ClaimTicket`` with a ``deliver`` callback and go on serving their
+hand in one ``ClaimRequest`` with a ``deliver`` callback and go on serving their
 Worker: the control loop never waits on claim SQL. Each grant runs in this pool's
 own nursery; its result goes to ``deliver``. If the connection left meanwhile, the
 reservations are given back at once (``release``) instead of waiting for their lease.
@@ -15,16 +15,17 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import attrs
 import trio
 
-from .scheduler import ClaimTicket, FairScheduler, Grant
+from ..claims import ClaimRequest
+from ..store.dispatch import Reservation
+from .scheduler import FairScheduler, Grant
 
 log = logging.getLogger("orbit.claims")
 
-Deliver = Callable[[Sequence[Any] | BaseException], None]
+Deliver = Callable[[Sequence[Reservation] | BaseException], None]
 
 
 class PoolClosed(Exception):
@@ -46,16 +47,17 @@ class PoolStatistics:
 @attrs.define(eq=False)
 class ClaimPool:
     scheduler: FairScheduler
-    # Runs the claim SQL for a grant; returns the reservations.
-    claim: Callable[[Grant], Awaitable[Sequence[Any]]]
-    # Gives reservations back when their connection is gone.
-    release: Callable[[Sequence[Any]], Awaitable[None]]
+    # Runs the claim SQL (``DispatchStore.claim``); returns the reservations.
+    claim: Callable[[ClaimRequest], Awaitable[Sequence[Reservation]]]
+    # Gives (task_id, token) reservations back when their connection is gone
+    # (``DispatchStore.release_many``).
+    release: Callable[[Sequence[tuple[str, str]]], Awaitable[object]]
     # Called with (grant, outcome, seconds) after each claim: metrics hook.
     observe: Callable[[Grant, str, float], None] | None = None
     # Called with each grant as it is made, in fairness order (metrics: claim turns).
     on_grant: Callable[[Grant], None] | None = None
     # Called with each request the scheduler accepted.
-    on_request: Callable[[ClaimTicket], None] | None = None
+    on_request: Callable[[ClaimRequest], None] | None = None
     _deliver: dict[str, Deliver] = attrs.field(factory=dict, init=False)
     _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
     _closed: bool = attrs.field(default=False, init=False)
@@ -64,14 +66,14 @@ class ClaimPool:
 
     # -- called by connections (synchronous, never blocks) ---------------------------------
 
-    def request(self, ticket: ClaimTicket, deliver: Deliver) -> None:
+    def request(self, request: ClaimRequest, deliver: Deliver) -> None:
         """Queue one claim request; raises ``SchedulerRefused`` or ``PoolClosed``."""
         if self._closed:
             raise PoolClosed("node is shutting down")
-        self.scheduler.submit(ticket)
-        self._deliver[ticket.connection_id] = deliver
+        self.scheduler.submit(request)
+        self._deliver[request.connection_id] = deliver
         if self.on_request is not None:
-            self.on_request(ticket)
+            self.on_request(request)
         self._changed.set()
 
     def leave(self, connection_id: str) -> None:
@@ -88,8 +90,8 @@ class ClaimPool:
     def close(self) -> None:
         """Stop granting; cancel pending requests. In-flight claims still finish."""
         self._closed = True
-        for ticket in self.scheduler.withdraw_all():
-            deliver = self._deliver.pop(ticket.connection_id, None)
+        for request in self.scheduler.withdraw_all():
+            deliver = self._deliver.pop(request.connection_id, None)
             if deliver is not None:
                 deliver(PoolClosed("node is shutting down"))
         self._changed.set()
@@ -116,14 +118,14 @@ class ClaimPool:
 
     async def _run_claim(self, grant: Grant) -> None:
         started = trio.current_time()
-        result: Sequence[Any] | BaseException
+        result: Sequence[Reservation] | BaseException
         try:
-            result = await self.claim(grant)
+            result = await self.claim(grant.claim)
             outcome = "tasks" if result else "empty"
         except Exception as exc:  # the database may be down: the connection retries later
             log.warning(
-                "claim failed for connection %s: %s", grant.ticket.connection_id, exc,
-                extra={"connection_id": grant.ticket.connection_id, "application_id": grant.ticket.application_id,
+                "claim failed for connection %s: %s", grant.request.connection_id, exc,
+                extra={"connection_id": grant.request.connection_id, "application_id": grant.request.application_id,
                        "queue_id": grant.queue_id},
             )
             result, outcome = exc, "error"
@@ -139,14 +141,14 @@ class ClaimPool:
             self._counts["reserved"] += len(result)
         if self.observe is not None:
             self.observe(grant, outcome, now - started)
-        deliver = self._deliver.pop(grant.ticket.connection_id, None)
+        deliver = self._deliver.pop(grant.request.connection_id, None)
         if deliver is not None:
             deliver(result)
         elif outcome == "tasks":
             # The connection left while its claim ran: give the reservations back now.
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:
-                    await self.release(result)
+                    await self.release([(r.task_id, r.fencing_token) for r in result])
                 except Exception as exc:
                     log.warning(
                         "could not release %d reservations of a closed connection (lease recovery will): %s",

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter, OrderedDict
-from collections.abc import Hashable
-
 import attrs
 
+from ..claims import ClaimRequest
 from ..config import SchedulerLimits
 from .cache import CacheKey, EmptyResultCache
 
@@ -44,28 +43,22 @@ class AlreadyOutstanding(SchedulerRefused):
     """The connection already has its one outstanding request."""
 
 
-@attrs.frozen(kw_only=True)
-class ClaimTicket:
-    """One connection's claim request, as the scheduler sees it."""
-
-    connection_id: str
-    application_id: str
-    namespace_id: str
-    queue_ids: tuple[str, ...]
-    capabilities: frozenset[Hashable]
-    resource_key_support: bool
-    limit: int
-
-    def cache_key(self, queue_id: str) -> CacheKey:
-        return CacheKey(self.namespace_id, queue_id, self.capabilities, self.resource_key_support)
+def cache_key(request: ClaimRequest, queue_id: str) -> CacheKey:
+    """The empty-result cache entry a claim of ``request`` in ``queue_id`` would fill."""
+    return CacheKey(request.namespace_id, queue_id, request.capabilities, request.resource_key_support)
 
 
 @attrs.frozen
 class Grant:
-    """Permission to run one claim for ``ticket`` in ``queue_id`` now."""
+    """Permission to run one claim for ``request`` in ``queue_id`` now."""
 
-    ticket: ClaimTicket
+    request: ClaimRequest
     queue_id: str
+
+    @property
+    def claim(self) -> ClaimRequest:
+        """The claim to run: the request narrowed to the granted queue."""
+        return self.request.for_queue(self.queue_id)
 
 
 @attrs.frozen
@@ -85,7 +78,7 @@ class SchedulerStatistics:
 class FairScheduler:
     limits: SchedulerLimits
     cache: EmptyResultCache = attrs.field(default=None)
-    _pending: dict[str, ClaimTicket] = attrs.field(factory=dict, init=False)
+    _pending: dict[str, ClaimRequest] = attrs.field(factory=dict, init=False)
     _in_flight: dict[str, Grant] = attrs.field(factory=dict, init=False)
     _app_in_flight: Counter = attrs.field(factory=Counter, init=False)
     # Rotation of applications with waiting requests (front = next turn).
@@ -112,49 +105,49 @@ class FairScheduler:
     def outstanding(self, connection_id: str) -> bool:
         return connection_id in self._pending or connection_id in self._in_flight
 
-    def submit(self, ticket: ClaimTicket) -> None:
+    def submit(self, request: ClaimRequest) -> None:
         """Queue a connection's request; raises ``SchedulerRefused`` when a limit says no."""
-        if not ticket.queue_ids:
+        if not request.queue_ids:
             raise ValueError("a claim request needs at least one queue")
-        if self.outstanding(ticket.connection_id):
+        if self.outstanding(request.connection_id):
             self._refused += 1
-            raise AlreadyOutstanding(ticket.connection_id)
+            raise AlreadyOutstanding(request.connection_id)
         if len(self._pending) + len(self._in_flight) >= self.limits.max_requests:
             self._refused += 1
             raise SchedulerFull(f"{self.limits.max_requests} claim requests already held")
-        self._pending[ticket.connection_id] = ticket
-        app_queues = self._app_queues.setdefault(ticket.application_id, OrderedDict())
-        self._apps.setdefault(ticket.application_id, None)
-        for queue_id in dict.fromkeys(ticket.queue_ids):
-            self._lines.setdefault(queue_id, OrderedDict())[ticket.connection_id] = None
+        self._pending[request.connection_id] = request
+        app_queues = self._app_queues.setdefault(request.application_id, OrderedDict())
+        self._apps.setdefault(request.application_id, None)
+        for queue_id in dict.fromkeys(request.queue_ids):
+            self._lines.setdefault(queue_id, OrderedDict())[request.connection_id] = None
             app_queues.setdefault(queue_id, None)
         self._max_requests = max(self._max_requests, len(self._pending) + len(self._in_flight))
 
-    def withdraw(self, connection_id: str) -> ClaimTicket | None:
+    def withdraw(self, connection_id: str) -> ClaimRequest | None:
         """Drop a connection's pending request (connection closed). In-flight claims finish normally."""
-        ticket = self._pending.pop(connection_id, None)
-        if ticket is not None:
-            self._leave_lines(ticket)
-        return ticket
+        request = self._pending.pop(connection_id, None)
+        if request is not None:
+            self._leave_lines(request)
+        return request
 
-    def withdraw_all(self) -> list[ClaimTicket]:
+    def withdraw_all(self) -> list[ClaimRequest]:
         """Drop every pending request (node shutting down)."""
         return [t for t in (self.withdraw(c) for c in list(self._pending)) if t is not None]
 
-    def _leave_lines(self, ticket: ClaimTicket) -> None:
-        app_queues = self._app_queues.get(ticket.application_id)
-        for queue_id in dict.fromkeys(ticket.queue_ids):
+    def _leave_lines(self, request: ClaimRequest) -> None:
+        app_queues = self._app_queues.get(request.application_id)
+        for queue_id in dict.fromkeys(request.queue_ids):
             line = self._lines.get(queue_id)
             if line is None:
                 continue
-            line.pop(ticket.connection_id, None)
+            line.pop(request.connection_id, None)
             if not line:
                 del self._lines[queue_id]
                 if app_queues is not None:
                     app_queues.pop(queue_id, None)
         if app_queues is not None and not app_queues:
-            del self._app_queues[ticket.application_id]
-            self._apps.pop(ticket.application_id, None)
+            del self._app_queues[request.application_id]
+            self._apps.pop(request.application_id, None)
 
     # -- decisions ---------------------------------------------------------------------
 
@@ -172,13 +165,13 @@ class FairScheduler:
                 continue
             for queue_id in self._app_queues[app_id]:
                 for connection_id in self._lines[queue_id]:
-                    ticket = self._pending[connection_id]
+                    request = self._pending[connection_id]
                     if self._paced_out(connection_id, cycle):
                         continue
-                    if self.cache.is_empty(ticket.cache_key(queue_id), now, count=False):
+                    if self.cache.is_empty(cache_key(request, queue_id), now, count=False):
                         self._cached_skips += 1
                         continue
-                    return Grant(ticket, queue_id)
+                    return Grant(request, queue_id)
         return None
 
     def grant(self, now: float) -> list[Grant]:
@@ -188,18 +181,18 @@ class FairScheduler:
             grant = self._pick(now)
             if grant is None:
                 break
-            ticket = grant.ticket
-            app_id = ticket.application_id
+            request = grant.request
+            app_id = request.application_id
             # The granted application and queue go to the back of their rotations.
             self._apps.move_to_end(app_id)
             self._app_queues[app_id].move_to_end(grant.queue_id)
-            del self._pending[ticket.connection_id]
-            self._leave_lines(ticket)
-            self._in_flight[ticket.connection_id] = grant
+            del self._pending[request.connection_id]
+            self._leave_lines(request)
+            self._in_flight[request.connection_id] = grant
             self._app_in_flight[app_id] += 1
             cycle = self._cycle(now)
-            seen_cycle, count = self._cycle_grants.get(ticket.connection_id, (cycle, 0))
-            self._cycle_grants[ticket.connection_id] = (cycle, count + 1 if seen_cycle == cycle else 1)
+            seen_cycle, count = self._cycle_grants.get(request.connection_id, (cycle, 0))
+            self._cycle_grants[request.connection_id] = (cycle, count + 1 if seen_cycle == cycle else 1)
             self._turns[app_id] += 1
             self._max_in_flight = max(self._max_in_flight, len(self._in_flight))
             self._max_app_in_flight = max(self._max_app_in_flight, self._app_in_flight[app_id])
@@ -208,15 +201,15 @@ class FairScheduler:
 
     def complete(self, grant: Grant, now: float, *, empty: bool) -> None:
         """A granted claim finished; an empty result is remembered for one scan cycle."""
-        ticket = grant.ticket
-        if self._in_flight.get(ticket.connection_id) is not grant:
+        request = grant.request
+        if self._in_flight.get(request.connection_id) is not grant:
             raise ValueError(f"no in-flight claim {grant!r}")
-        del self._in_flight[ticket.connection_id]
-        self._app_in_flight[ticket.application_id] -= 1
-        if not self._app_in_flight[ticket.application_id]:
-            del self._app_in_flight[ticket.application_id]
+        del self._in_flight[request.connection_id]
+        self._app_in_flight[request.application_id] -= 1
+        if not self._app_in_flight[request.application_id]:
+            del self._app_in_flight[request.application_id]
         if empty:
-            self.cache.store_empty(ticket.cache_key(grant.queue_id), now)
+            self.cache.store_empty(cache_key(request, grant.queue_id), now)
 
     def forget_connection(self, connection_id: str) -> None:
         """The connection is gone for good: drop its request and its pacing record."""

@@ -33,6 +33,7 @@ import attrs
 from ..db import Database, Tx
 from ..dispatch.backoff import backoff_delay_ms
 from ..errors import DatabaseError, FailedPrecondition, NotFound
+from ..claims import Capability, ClaimRequest
 from ..ids import is_hex32
 
 LIVE_STATES = ("reserved", "running")
@@ -99,37 +100,6 @@ class OwnershipLost(FailedPrecondition):
         )
         self.task_id = task_id
         self.reason = reason
-
-
-@attrs.frozen
-class Capability:
-    handler: str
-    handler_version: str
-    payload_version: str
-
-    def as_tuple(self) -> tuple[str, str, str]:
-        return (self.handler, self.handler_version, self.payload_version)
-
-
-def _non_negative(instance, attribute, value):
-    if value < 0:
-        raise ValueError(f"{attribute.name} must not be negative, got {value!r}")
-
-
-@attrs.frozen(kw_only=True)
-class ClaimRequest:
-    """One Worker connection's claim: where, what it can run, how many it can take."""
-
-    namespace_id: str
-    application_id: str
-    # Queues in the order the caller wants them served (the scheduler's queue turn first).
-    queue_ids: tuple[str, ...] = attrs.field(converter=tuple)
-    capabilities: frozenset[Capability] = attrs.field(converter=frozenset)
-    resource_key_support: bool
-    # The connection's free capacity; capped by the store's batch size.
-    limit: int = attrs.field(validator=_non_negative)
-    node_id: str
-    connection_id: str
 
 
 @attrs.frozen(kw_only=True)

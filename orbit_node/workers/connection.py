@@ -10,7 +10,7 @@ Per connection, one nursery with:
 * the shutdown watch: on node shutdown, tells the Worker to drain.
 
 Claims are never awaited here: when the connection has free capacity and no
-outstanding request, it hands one ``ClaimTicket`` to the node's ``ClaimPool`` and
+outstanding request, it hands one ``ClaimRequest`` to the node's ``ClaimPool`` and
 goes on; the result arrives through ``_deliver``.
 """
 
@@ -26,7 +26,8 @@ import trio
 
 from .. import logs
 from ..dispatch.pool import ClaimPool, PoolClosed
-from ..dispatch.scheduler import ClaimTicket, SchedulerRefused
+from ..claims import ClaimRequest
+from ..dispatch.scheduler import SchedulerRefused
 from ..errors import NotFound, OrbitError
 from ..store.tenancy import Principal
 from . import protocol as p
@@ -228,8 +229,9 @@ class WorkerConnection:
         if (self.hello is None or self.outstanding or self.worker_draining or self.node_draining
                 or self._closing is not None or self.free_capacity <= 0):
             return
-        ticket = ClaimTicket(
+        request = ClaimRequest(
             connection_id=self.connection_id,
+            node_id=self.hub.node_id,
             application_id=self.principal.application_id,
             namespace_id=self.principal.namespace_id,
             queue_ids=self.hello.queues,
@@ -238,7 +240,7 @@ class WorkerConnection:
             limit=min(self.free_capacity, self.hub.config.claim_batch_size),
         )
         try:
-            self.hub.pool.request(ticket, self._deliver)
+            self.hub.pool.request(request, self._deliver)
         except SchedulerRefused:
             self.retry_claim_at = trio.current_time() + self.hub.config.scheduler.scan_cycle_s
             self._wake_watchdog.set()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -12,7 +11,7 @@ import trio
 
 from ..config import NodeConfig
 from ..dispatch.pool import ClaimPool
-from ..dispatch.scheduler import FairScheduler, Grant
+from ..dispatch.scheduler import FairScheduler
 from ..metrics import TurnRecorder
 from ..store import dispatch as ds
 from ..store.operations import OperationsStore
@@ -92,26 +91,6 @@ class WorkerHub:
 
     # -- translation between the protocol and the dispatch store ------------------------
 
-    async def claim(self, grant: Grant) -> Sequence[ds.Reservation]:
-        ticket = grant.ticket
-        return await self.store.claim(
-            ds.ClaimRequest(
-                namespace_id=ticket.namespace_id,
-                application_id=ticket.application_id,
-                queue_ids=(grant.queue_id,),
-                capabilities=frozenset(
-                    ds.Capability(c.handler, c.handler_version, c.payload_version) for c in ticket.capabilities
-                ),
-                resource_key_support=ticket.resource_key_support,
-                limit=ticket.limit,
-                node_id=self.node_id,
-                connection_id=ticket.connection_id,
-            )
-        )
-
-    async def release(self, reservations: Sequence[ds.Reservation]) -> None:
-        await self.store.release_many([(r.task_id, r.fencing_token) for r in reservations])
-
     @staticmethod
     def finish_item(report: p.FinishReport) -> ds.FinishItem:
         return ds.FinishItem(
@@ -160,13 +139,9 @@ async def worker_service(node, task_status=trio.TASK_STATUS_IGNORED) -> None:
         run_lease_s=config.run_lease_s,
         batch_size=config.claim_batch_size,
     )
-    hub_ref: dict[str, WorkerHub] = {}
     metrics = node.state.metrics
     pool = ClaimPool(
-        FairScheduler(config.scheduler),
-        claim=lambda grant: hub_ref["hub"].claim(grant),
-        release=lambda reservations: hub_ref["hub"].release(reservations),
-        observe=metrics.observe_claim,
+        FairScheduler(config.scheduler), claim=store.claim, release=store.release_many, observe=metrics.observe_claim
     )
     hub = WorkerHub(
         config=config,
@@ -178,7 +153,6 @@ async def worker_service(node, task_status=trio.TASK_STATUS_IGNORED) -> None:
         shutdown_requested=node.shutdown_requested,
         metrics=metrics,
     )
-    hub_ref["hub"] = hub
     # Claim turns go to the database too: operators see every node's rotation in one place.
     turns = TurnRecorder(OperationsStore(node.db), node.node_id, lambda: pool.scheduler.statistics().turns_by_application)
     node.state.services.update(workers=hub, claims=pool, dispatch=store, turns=turns)

@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from ..claims import Capability
 from ..wire import rfc3339
 
 # WebSocket close codes the node uses (documented in docs/worker-protocol.md).
@@ -52,13 +53,6 @@ class ProtocolError(Exception):
         self.message = message
         self.field = field
         self.close_code = close_code
-
-
-@attrs.frozen
-class Capability:
-    handler: str
-    handler_version: str
-    payload_version: str
 
 
 @attrs.frozen

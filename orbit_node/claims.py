@@ -1,0 +1,48 @@
+"""The claim value, defined once: from the Worker's hello to the claim SQL.
+
+Pure values (attrs only): the Worker protocol parses a hello into ``Capability``
+values, the connection builds one ``ClaimRequest`` from it, the fair scheduler
+queues and grants that request, and the dispatch store runs the claim SQL for it,
+narrowed to the queue whose turn it is (``ClaimRequest.for_queue``).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class Capability:
+    """One (handler, handler_version, payload_version) a Worker can run."""
+
+    handler: str
+    handler_version: str
+    payload_version: str
+
+    def as_tuple(self) -> tuple[str, str, str]:
+        return (self.handler, self.handler_version, self.payload_version)
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must not be negative, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class ClaimRequest:
+    """One Worker connection's claim: where, what it can run, how many it can take."""
+
+    connection_id: str
+    node_id: str
+    application_id: str
+    namespace_id: str
+    # Queues in the order the caller wants them served (the scheduler's queue turn first).
+    queue_ids: tuple[str, ...] = attrs.field(converter=tuple)
+    capabilities: frozenset[Capability] = attrs.field(converter=frozenset)
+    resource_key_support: bool
+    # The connection's free capacity; capped by the store's batch size.
+    limit: int = attrs.field(validator=_non_negative)
+
+    def for_queue(self, queue_id: str) -> ClaimRequest:
+        """The same request, for the one queue whose turn the scheduler granted."""
+        return attrs.evolve(self, queue_ids=(queue_id,))

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Awaitable, Callable
-
 import attrs
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -22,15 +20,13 @@ from .api.app import NodeState, create_app
 from .config import NodeConfig
 from .db import Database
 from .ids import random_id
-from .metrics import serve_metrics
+from .api.metrics import serve_metrics
+from .services import ServiceSet
 
 log = logging.getLogger("orbit.node")
 
 # How often the node row's heartbeat is refreshed (operators' view only; it decides nothing).
 NODE_HEARTBEAT_S = 10.0
-
-# A service is started with `await nursery.start(service, node)` and runs until cancelled.
-Service = Callable[..., Awaitable[None]]
 
 
 @attrs.define(eq=False)
@@ -43,13 +39,16 @@ class Node:
     # Addresses of the open metrics server (ORBIT_METRICS=open), once listening.
     metrics_bound: list[str] = attrs.field(factory=list, init=False)
     _shutdown: trio.Event = attrs.field(factory=trio.Event, init=False)
-    services: list[Service] = attrs.field(factory=list)
+    # The background services this node runs (``services.default_services()`` in production).
+    services: ServiceSet = ServiceSet()
 
-    def __attrs_post_init__(self):
+    def __attrs_post_init__(self) -> None:
         self.db = Database(
             self.config.dsn, size=self.config.db_pool_size, operation_timeout_s=self.config.db_operation_timeout_s
         )
-        self.state = NodeState(config=self.config, db=self.db, node_id=self.node_id)
+        self.state = NodeState.build(
+            config=self.config, db=self.db, node_id=self.node_id, run=self.services, shutdown_requested=self._shutdown
+        )
         self.db.on_replay = self.state.metrics.observe_replay
 
     def request_shutdown(self) -> None:
@@ -105,8 +104,7 @@ class Node:
 
         try:
             async with trio.open_nursery() as nursery:
-                for service in self.services:
-                    await nursery.start(service, self)
+                await nursery.start(self.state.services.run, self._shutdown)
                 nursery.start_soon(self._heartbeat)
                 if self.config.metrics == "open":
                     self.metrics_bound = await nursery.start(

@@ -282,8 +282,8 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
     with trio.fail_after(TEST_TIMEOUT_S):
         async with run_node(config, services=default_services()) as one, \
                 run_node(config, services=default_services()) as two:
-            watch_one = ClaimWatch(one.node.state.services["claims"])
-            watch_two = ClaimWatch(two.node.state.services["claims"])
+            watch_one = ClaimWatch(one.node.state.services.pool)
+            watch_two = ClaimWatch(two.node.state.services.pool)
             async with raw_worker(one.base_url, alpha.token) as w1:
                 # Node one: alpha runs its 3 tasks (a claim with tasks, then an empty one).
                 await w1.hello([alpha.queues["work"]], capacity=5)
@@ -299,7 +299,7 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
                     await w3.hello([alpha.queues["work"]], capacity=1)
                     await watch_two.wait_for(3)
                     for running in (one, two):
-                        await running.node.state.services["turns"].flush()
+                        await running.node.state.services.turns.flush()
 
                     (frame,) = await top_frames("--once", dsn=dsn)
                     apps = {a["application"]: a for a in frame["applications"]}

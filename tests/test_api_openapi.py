@@ -93,7 +93,7 @@ def test_the_document_is_openapi_3_1_with_valid_schemas():
 def test_routes_and_methods_equal_the_document():
     # The factory the node serves (no connection is made to build it).
     config = NodeConfig(dsn=Dsn.parse("mysql://root@127.0.0.1:1/unused"))
-    state = NodeState(config=config, db=Database(config.dsn, size=1), node_id="0" * 32)
+    state = NodeState.build(config=config, db=Database(config.dsn, size=1), node_id="0" * 32)
     http, websockets = app_routes(create_app(state))
     assert http == documented_routes(websocket=False)
     # The Worker endpoint is documented once it is routed (its messages live in their own schema).

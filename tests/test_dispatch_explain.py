@@ -157,7 +157,7 @@ async def test_http_route_needs_tasks_read_and_hides_other_tenants(db, node_conf
     _, submitter = await tenancy.create_credential(owner.namespace_id, "submitter", {"tasks:submit": "*"})
     _, other_queue = await tenancy.create_credential(owner.namespace_id, "narrow", {"tasks:read": ["a" * 32]})
 
-    app = create_app(NodeState(config=node_config, db=db, node_id="n" * 32))
+    app = create_app(NodeState.build(config=node_config, db=db, node_id="n" * 32))
     v1 = Blueprint("v1_explain", __name__, url_prefix="/v1")
     v1.before_request(auth.authenticate)
     v1.register_blueprint(explain.blueprint)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import trio
 
 from orbit_node.db import Database
-from orbit_node.dispatch.recovery import recovery_service
+from orbit_node.dispatch.recovery import Sweeper
 from orbit_node.store.dispatch import FinishItem, LostReason, Outcome, OwnershipLost, RecoveryStats
 
 from .seed import (
@@ -258,9 +257,8 @@ async def test_recovery_service_sweeps_on_its_interval(db, node_config):
     store = dispatch_store(db)
     _, r = await claimed(db, store)
     await expire_lease(db, r.task_id)
-    node = SimpleNamespace(db=db, config=node_config)
     async with trio.open_nursery() as nursery:
-        sweeper = await nursery.start(recovery_service, node)
+        sweeper = await nursery.start(Sweeper(store, node_config.sweep_interval_s).run)
         with trio.fail_after(10):
             await sweeper.wait_for_pass()
         nursery.cancel_scope.cancel()

@@ -46,7 +46,7 @@ async def test_reset_mid_run_then_a_frozen_worker_past_its_lease_is_refused(node
                     assert ws_proxy.reset() == 1
                     with pytest.raises(ConnectionClosed):
                         await w1.recv()
-            hub = node.node.state.services["workers"]
+            hub = node.node.state.services.hub
             while hub.connections:
                 await trio.sleep(0.01)
             row = await seed.task_row(db, task_id)

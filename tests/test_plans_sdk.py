@@ -8,7 +8,7 @@ from datetime import timezone
 import pytest
 import trio
 
-from orbit_node.plans.trigger import plan_service
+from orbit_node.services import ServiceSet
 from orbit_node.sdk import (
     InvalidArgumentError,
     NotFoundError,
@@ -35,7 +35,7 @@ async def test_the_sdk_manages_a_plan_whose_tasks_a_running_node_creates(node_co
     tenant = await make_tenant(db)
     t0 = await whole_second(db) - seconds(60)
     with trio.fail_after(TIMEOUT_S):
-        async with run_node(node_config, services=[plan_service]) as running:
+        async with run_node(node_config, services=ServiceSet(plans=True)) as running:
             async with OrbitClient(running.base_url, tenant.token) as client:
                 # Ten fire times, one a second, all before now: the plan has nothing left to
                 # fire until the test writes next_fire_at back to the first one.
@@ -48,7 +48,7 @@ async def test_the_sdk_manages_a_plan_whose_tasks_a_running_node_creates(node_co
                 plan = await client.create_plan("reports", tenant.queue_id, PlanDefinition(task=template(7), schedule=schedule))
                 assert (plan.active_version, plan.next_fire_at, plan.paused) == (1, None, False)
                 await set_next_fire(db, plan.plan_id, t0)
-                trigger = running.node.state.services["plans"]
+                trigger = running.node.state.services.plans
                 while trigger.totals.tasks_created < 10:
                     await trigger.wait_for_pass()
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import logging
-from types import SimpleNamespace
 
 import trio
 
 from orbit_node.db import Database
 from orbit_node.plans.definition import parse_definition
-from orbit_node.plans.trigger import PlanTrigger, plan_service
+from orbit_node.node import Node
+from orbit_node.plans.trigger import PlanTrigger
+from orbit_node.services import ServiceSet
 from orbit_node.store.plans import PlanStore, fire_key
 
 from .plans_seed import (
@@ -330,13 +331,13 @@ async def test_the_plan_service_of_a_node_creates_due_tasks(db, node_config):
     t0 = await whole_second(db) - seconds(30)
     plan = await create_plan(db, owner, definition(interval_s=5, start_at=t0, end_at=t0 + seconds(20), grace_s=3600))
     await set_next_fire(db, plan.plan_id, t0)
-    node = SimpleNamespace(db=db, config=node_config, state=SimpleNamespace(services={}))
+    node = Node(node_config, services=ServiceSet(plans=True))
     with trio.fail_after(TEST_TIMEOUT_S):
         async with trio.open_nursery() as nursery:
-            trigger = await nursery.start(plan_service, node)
+            trigger = await nursery.start(node.state.services.plans.run)
             while trigger.passes < 1:
                 await trigger.wait_for_pass()
             nursery.cancel_scope.cancel()
-    assert node.state.services["plans"] is trigger
+    assert node.state.services.plans is trigger
     assert trigger.totals.tasks_created == 5
     assert [r["available_at"] for r in await plan_tasks(db, plan.plan_id)] == [t0 + seconds(5 * k) for k in range(5)]

@@ -51,7 +51,7 @@ async def test_worker_handshake_refuses_missing_unknown_revoked_and_query_string
     revoked_id, revoked = await tenancy.create_credential(tenant.namespace_id, "old", {"workers:connect": "*"})
     await tenancy.revoke_credential(revoked_id)
     url = ws_url(full_node.base_url)
-    hub = full_node.node.state.services["workers"]
+    hub = full_node.node.state.services.hub
     # A well-formed token with a wrong secret: the id exists, the secret does not match.
     forged = tenant.token[:-8] + ("0" * 8 if not tenant.token.endswith("0" * 8) else "1" * 8)
     cases = [
@@ -179,7 +179,7 @@ async def test_idle_and_half_open_connections_are_closed_while_healthy_clients_k
                 "half-open websocket": 5}
     async with run_node(config, services=default_services()) as node:
         host, port = "127.0.0.1", int(node.base_url.rsplit(":", 1)[1])
-        hub = node.node.state.services["workers"]
+        hub = node.node.state.services.hub
         closed_by_node: list[str] = []
 
         async def idle_tcp(kind: str, first_bytes: bytes) -> None:

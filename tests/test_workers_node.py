@@ -35,7 +35,7 @@ async def test_the_129th_connection_is_refused_and_the_others_keep_working(full_
     token = await token_for(db, owner)
     headers = [(b"authorization", f"Bearer {token}".encode())]
     url = ws_url(full_node.base_url)
-    hub = full_node.node.state.services["workers"]
+    hub = full_node.node.state.services.hub
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             opened = []
@@ -72,7 +72,7 @@ async def test_worker_disconnecting_mid_task_task_comes_back_after_lease_expiry_
     owner = await seed.tenant(db)
     token = await token_for(db, owner)
     task_id = await seed.insert_task(db, owner)
-    store = full_node.node.state.services["dispatch"]
+    store = full_node.node.state.services.store
     with trio.fail_after(20):
         async with raw_worker(full_node.base_url, token) as w:
             await w.hello([owner.queue_id])
@@ -127,7 +127,7 @@ async def test_heartbeats_are_answered_while_every_sql_slot_is_stalled(full_node
         await seed.insert_task(db, owner)
         owners.append(owner)
         tokens.append(await token_for(db, owner))
-    pool = full_node.node.state.services["claims"]
+    pool = full_node.node.state.services.pool
     blocker = Database(dsn, size=1)
     locked, done = trio.Event(), trio.Event()
 
@@ -166,7 +166,7 @@ async def test_heartbeats_are_answered_while_every_sql_slot_is_stalled(full_node
 
 
 async def test_a_flooding_application_does_not_delay_another_beyond_one_rotation(full_node, db):
-    pool = full_node.node.state.services["claims"]
+    pool = full_node.node.state.services.pool
     granted: list[str] = []
     requested_at: list[int] = []  # len(granted) when each of the small application's requests entered
     pool.on_grant = lambda grant: granted.append(grant.request.application_id)
@@ -264,7 +264,7 @@ async def test_idle_connections_close_promptly_on_shutdown(node_config, db):
         async with run_node(config, services=default_services()) as running:
             async with raw_worker(running.base_url, token) as w:
                 await w.hello([owner.queue_id])
-                pool = running.node.state.services["claims"]
+                pool = running.node.state.services.pool
                 while pool.statistics().claims_empty < 1:
                     await trio.sleep(0.01)
                 running.node.request_shutdown()

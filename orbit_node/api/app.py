@@ -14,12 +14,14 @@ from ..config import NodeConfig
 from ..db import Database
 from ..db import migrate
 from ..errors import DatabaseError, InvalidArgument, NotFound, OrbitError, PayloadTooLarge, Unavailable
-from ..metrics import NodeMetrics, instrument_app
+from ..metrics import NodeMetrics
+from ..services import DispatchServices, ServiceSet
 from ..store.tasks import TaskStore
 from ..store.tenancy import TenancyStore
-from ..workers.endpoint import blueprint as workers_blueprint
 from . import auth, envelope, explain, plans, queues, tasks, validation
 from .asgi import ClosingHTTPConnection
+from .metrics import MetricsAuth, instrument_app
+from .workers import blueprint as workers_blueprint
 
 log = logging.getLogger("orbit.http")
 
@@ -27,24 +29,43 @@ log = logging.getLogger("orbit.http")
 READY_TIMEOUT_S = 2.0
 
 
-@attrs.define(eq=False)
+@attrs.frozen
 class NodeState:
-    """What request handlers share: configuration, the pool and the repositories."""
+    """What request handlers share: configuration, the database, repositories and services.
+
+    Built once per node (``NodeState.build``); handlers read it and never write into it."""
 
     config: NodeConfig
     db: Database
     node_id: str
-    tenancy: TenancyStore = attrs.field(init=False)
-    tasks: TaskStore = attrs.field(init=False)
-    # Extra services (dispatch, workers, plans) attach themselves here.
-    services: dict = attrs.field(factory=dict)
+    tenancy: TenancyStore
+    tasks: TaskStore
     # This node's Prometheus registry and the hooks that feed it.
-    metrics: NodeMetrics = attrs.field(init=False)
+    metrics: NodeMetrics
+    metrics_auth: MetricsAuth
+    services: DispatchServices
 
-    def __attrs_post_init__(self):
-        self.tenancy = TenancyStore(self.db)
-        self.tasks = TaskStore(self.db)
-        self.metrics = NodeMetrics(self)
+    @classmethod
+    def build(
+        cls,
+        *,
+        config: NodeConfig,
+        db: Database,
+        node_id: str,
+        run: ServiceSet = ServiceSet(),
+        shutdown_requested: trio.Event | None = None,
+    ) -> NodeState:
+        """The node's state with the services of ``run`` (none: an HTTP-only node)."""
+        tenancy = TenancyStore(db)
+        metrics = NodeMetrics(node_id, db)
+        services = DispatchServices.build(
+            config=config, db=db, node_id=node_id, tenancy=tenancy, metrics=metrics,
+            shutdown_requested=shutdown_requested if shutdown_requested is not None else trio.Event(), run=run,
+        )
+        return cls(
+            config=config, db=db, node_id=node_id, tenancy=tenancy, tasks=TaskStore(db), metrics=metrics,
+            metrics_auth=MetricsAuth(tenancy), services=services,
+        )
 
 
 class MethodNotAllowed(OrbitError):

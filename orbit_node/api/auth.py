@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from quart import current_app, g, request
+from werkzeug.datastructures import Headers
 
 from .. import logs
 from ..errors import PermissionDenied, Unauthenticated
@@ -25,8 +26,9 @@ def node_state() -> "NodeState":
     return current_app.extensions["orbit"]
 
 
-def bearer_token() -> str:
-    values = request.headers.getlist("Authorization")
+def bearer_token(headers: Headers | None = None) -> str:
+    """The credential of ``Authorization: Bearer <token>`` (of the current request by default)."""
+    values = (request.headers if headers is None else headers).getlist("Authorization")
     if not values:
         raise Unauthenticated("authorization: the Authorization: Bearer header is required", field="authorization")
     if len(values) > 1:

@@ -10,25 +10,15 @@ from __future__ import annotations
 
 from quart import Blueprint
 
-from ..store.dispatch import DispatchStore
 from . import envelope, validation
 from .auth import node_state, require_any
 
 blueprint = Blueprint("explain", __name__)
 
 
-def dispatch_store() -> DispatchStore:
-    """The node's dispatch store (the Worker service registers one), else one made here."""
-    state = node_state()
-    store = state.services.get("dispatch")
-    if store is None:
-        store = state.services["dispatch"] = DispatchStore.from_config(state.db, state.config)
-    return store
-
-
 @blueprint.get("/tasks/<task_id>/explain")
 async def explain_task(task_id: str):
     who = require_any("tasks:read")
-    explanation = await dispatch_store().explain(who.namespace_id, validation.path_id(task_id, "task_id"))
+    explanation = await node_state().services.store.explain(who.namespace_id, validation.path_id(task_id, "task_id"))
     who.require("tasks:read", explanation["queue_id"])
     return envelope.ok(explanation)

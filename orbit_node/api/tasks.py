@@ -80,7 +80,7 @@ async def submit_task():
     state = node_state()
     accepted = await state.tasks.submit(who.namespace_id, key, new)
     logs.bind(queue_id=new.queue_id, task_id=accepted.task.task_id)
-    claims = state.services.get("claims")
+    claims = state.services.pool
     if accepted.created and claims is not None:
         # Waiting Workers of this queue on this node may claim at once instead of after
         # their empty-result cache entry expires (a latency shortcut; it decides nothing).

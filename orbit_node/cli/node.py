@@ -10,13 +10,12 @@ import trio
 
 from ..config import NodeConfig
 from ..node import Node
+from ..services import default_services
 from .common import run_command
 
 
 def build_node(config: NodeConfig) -> Node:
     """The node with every background service this code base provides."""
-    from ..services import default_services
-
     return Node(config, services=default_services())
 
 

@@ -4,7 +4,7 @@ and claim turns per application, refreshed every second.
 Everything comes from the database, so one view covers every node behind a load
 balancer: backlogs and running tasks from ``tasks``, claim turns from ``claim_turns``
 (each node writes its cumulative counters there about once a second; see
-``orbit_node.metrics.TurnRecorder``). Turns per second are the difference between two
+``orbit_node.dispatch.turns.TurnRecorder``). Turns per second are the difference between two
 frames. The frame pacing runs on trio's clock (``refresh_loop``).
 """
 

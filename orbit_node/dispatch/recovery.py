@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 
 import attrs
-import trio
 
 from ..periodic import PeriodicService
 from ..store.dispatch import DispatchStore, RecoveryStats
@@ -43,14 +42,3 @@ class Sweeper(PeriodicService):
             "recovered tasks: requeued=%d retried=%d failed=%d cancelled=%d expired=%d",
             swept.requeued, swept.retried, swept.failed, swept.cancelled, swept.expired,
         )
-
-
-async def recovery_service(node, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Node service: sweep every ``node.config.sweep_interval_s`` using ``node.db``.
-
-    Reports the ``Sweeper`` through ``task_status``."""
-    sweeper = Sweeper(DispatchStore.from_config(node.db, node.config), node.config.sweep_interval_s)
-    state = getattr(node, "state", None)  # a bare node (tests) has no shared state
-    if state is not None:
-        state.services["sweeper"] = sweeper  # read by /metrics (leases recovered) and tests
-    await sweeper.run(task_status=task_status)

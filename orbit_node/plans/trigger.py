@@ -13,7 +13,6 @@ import logging
 from typing import Protocol
 
 import attrs
-import trio
 
 from ..periodic import PeriodicService
 from ..store.plans import PlanStore
@@ -100,13 +99,3 @@ class PlanTrigger(PeriodicService):
     async def trigger(self) -> PassStats:
         """Passes until one is not saturated (bounded); returns what they did together."""
         return await self.run_round()
-
-
-async def plan_service(node, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Node service: trigger plans every ``node.config.plan_interval_s`` using ``node.db``.
-
-    Reports the ``PlanTrigger`` through ``task_status`` and attaches it to the node's shared
-    state as ``services["plans"]`` (operators' and tests' view of its rounds)."""
-    trigger = PlanTrigger(PlanStore(node.db), node.config.plan_interval_s)
-    node.state.services["plans"] = trigger
-    await trigger.run(task_status=task_status)

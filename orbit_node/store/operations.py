@@ -2,7 +2,7 @@
 
 SQL lives in ``db/sql/operations.sql``. Reads lock nothing and decide nothing. Claim turns
 are the per-node fairness counters of P3 section 3; each node records its own here (see
-``orbit_node.metrics.TurnRecorder``) so one view can show every node's rotation.
+``orbit_node.dispatch.turns.TurnRecorder``) so one view can show every node's rotation.
 """
 
 from __future__ import annotations

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from ..config import NodeConfig
 from ..dispatch.pool import ClaimPool
-from ..dispatch.scheduler import FairScheduler
-from ..metrics import TurnRecorder
 from ..store import dispatch as ds
-from ..store.operations import OperationsStore
+from ..store.dispatch import DispatchStore
 from ..store.tenancy import TenancyStore
 from ..store.workers import WorkerRegistryStore
 from . import protocol as p
+
+if TYPE_CHECKING:
+    from .connection import WorkerConnection
 
 log = logging.getLogger("orbit.workers")
 
@@ -25,22 +27,28 @@ log = logging.getLogger("orbit.workers")
 REGISTRY_HEARTBEAT_S = 10.0
 
 
+def _ignore(*args: object) -> None:
+    """A hook nobody listens to."""
+
+
 @attrs.define(eq=False)
 class WorkerHub:
     config: NodeConfig
     node_id: str
-    store: Any  # DispatchStore
+    store: DispatchStore
     pool: ClaimPool
     tenancy: TenancyStore
     registry: WorkerRegistryStore
     shutdown_requested: trio.Event
-    connections: dict[str, Any] = attrs.field(factory=dict)
+    # A Start was accepted this many seconds after its dispatch (metrics hook).
+    on_start: Callable[[float], None] = _ignore
+    # A connection of (application id, application name) was accepted (metrics labels).
+    on_application: Callable[[str, str], None] = _ignore
+    connections: dict[str, WorkerConnection] = attrs.field(factory=dict)
     admitted: int = 0
     refused: int = 0
     dispatched: int = 0
     finished: dict[str, int] = attrs.field(factory=dict)
-    # The node's metrics (``orbit_node.metrics.NodeMetrics``), when it has any.
-    metrics: Any = None
 
     # -- admission ---------------------------------------------------------------------
 
@@ -61,8 +69,7 @@ class WorkerHub:
 
     async def register(self, conn) -> None:
         self.connections[conn.connection_id] = conn
-        if self.metrics is not None:
-            self.metrics.note_application(conn.principal.application_id, conn.principal.application)
+        self.on_application(conn.principal.application_id, conn.principal.application)
         log.info(
             "worker connected: %d queues, capacity %d, client %s %s", len(conn.hello.queues), conn.hello.capacity,
             conn.hello.client_name or "-", conn.hello.client_version or "-",
@@ -120,8 +127,7 @@ class WorkerHub:
 
     def observe_started(self, seconds: float) -> None:
         """A Start was accepted ``seconds`` after its task was dispatched."""
-        if self.metrics is not None:
-            self.metrics.observe_start(seconds)
+        self.on_start(seconds)
 
     def observe_finish(self, results) -> None:
         for result in results:
@@ -129,49 +135,13 @@ class WorkerHub:
                 continue  # a repeated Finish changed nothing
             self.finished[result.outcome.value] = self.finished.get(result.outcome.value, 0) + 1
 
+    # -- the service ---------------------------------------------------------------------
 
-async def worker_service(node, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Start the dispatch store, the fair claim pool and the Worker hub of a node."""
-    config = node.config
-    store = ds.DispatchStore(
-        node.db,
-        reservation_lease_s=config.reservation_lease_s,
-        run_lease_s=config.run_lease_s,
-        batch_size=config.claim_batch_size,
-    )
-    metrics = node.state.metrics
-    pool = ClaimPool(
-        FairScheduler(config.scheduler), claim=store.claim, release=store.release_many, observe=metrics.observe_claim
-    )
-    hub = WorkerHub(
-        config=config,
-        node_id=node.node_id,
-        store=store,
-        pool=pool,
-        tenancy=node.state.tenancy,
-        registry=WorkerRegistryStore(node.db),
-        shutdown_requested=node.shutdown_requested,
-        metrics=metrics,
-    )
-    # Claim turns go to the database too: operators see every node's rotation in one place.
-    turns = TurnRecorder(OperationsStore(node.db), node.node_id, lambda: pool.scheduler.statistics().turns_by_application)
-    node.state.services.update(workers=hub, claims=pool, dispatch=store, turns=turns)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(pool.run)
-        nursery.start_soon(_registry_heartbeat, hub)
-        await nursery.start(turns.run)
-        task_status.started(hub)
-        await node.shutdown_requested.wait()
-        # Phase 1 of shutdown: pending claims are cancelled, in-flight ones finish and
-        # deliver; connections are told to drain by their own shutdown watch.
-        pool.close()
-        nursery.cancel_scope.deadline = trio.current_time() + config.shutdown_grace_s + 1
-
-
-async def _registry_heartbeat(hub: WorkerHub) -> None:
-    while True:
-        await trio.sleep(REGISTRY_HEARTBEAT_S)
-        try:
-            await hub.registry.heartbeat_node(hub.node_id)
-        except Exception as exc:
-            log.warning("registry heartbeat failed: %s", exc)
+    async def run(self) -> None:
+        """Refresh this node's row in the Worker registry until cancelled."""
+        while True:
+            await trio.sleep(REGISTRY_HEARTBEAT_S)
+            try:
+                await self.registry.heartbeat_node(self.node_id)
+            except Exception as exc:
+                log.warning("registry heartbeat failed: %s", exc)

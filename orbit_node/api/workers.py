@@ -9,11 +9,12 @@ A refusal happens before the upgrade and costs the existing connections nothing.
 
 from __future__ import annotations
 
-from quart import Blueprint, current_app, websocket
+from quart import Blueprint, websocket
 
-from ..api import envelope
 from ..errors import InvalidArgument, OrbitError, ResourceExhausted, Unavailable
-from .connection import WorkerConnection
+from ..workers.connection import WorkerConnection
+from . import envelope
+from .auth import bearer_token, node_state
 
 blueprint = Blueprint("workers", __name__)
 
@@ -30,7 +31,7 @@ CREDENTIAL_PARAMS = ("token", "access_token", "auth", "authorization", "key", "a
 class QuartTransport:
     """The connection's view of a Quart WebSocket. A peer disconnect cancels the handler."""
 
-    async def receive(self):
+    async def receive(self) -> str | bytes:
         return await websocket.receive()
 
     async def send(self, text: str) -> None:
@@ -40,17 +41,10 @@ class QuartTransport:
         await websocket.close(code, reason)
 
 
-def _bearer(header: str | None) -> str | None:
-    if not header:
-        return None
-    scheme, _, value = header.partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-
-
 @blueprint.websocket("/v1/workers/connect")
 async def connect():
-    state = current_app.extensions["orbit"]
-    hub = state.services.get("workers")
+    state = node_state()
+    hub = state.services.hub
     try:
         if any(name.lower() in CREDENTIAL_PARAMS for name in websocket.args) or "orb_" in websocket.query_string.decode(
             "latin1"
@@ -58,7 +52,7 @@ async def connect():
             raise InvalidArgument(
                 "credentials must be sent in the Authorization header, never in the query string", field="query"
             )
-        principal = await state.tenancy.authenticate(_bearer(websocket.headers.get("Authorization")))
+        principal = await state.tenancy.authenticate(bearer_token(websocket.headers))
         principal.require("workers:connect")
         if hub is None or hub.shutdown_requested.is_set():
             raise Unavailable("this node is not accepting Worker connections", field="node")

@@ -1,0 +1,177 @@
+"""``GET /metrics``: the HTTP side of the node's metrics, and request instrumentation.
+
+Exposure (``NodeConfig.metrics``): ``off`` (404 everywhere), ``open`` (no credential, on a
+separate address served by its own small hypercorn server in the node's nursery, meant
+for a private network), ``credential`` (``GET /metrics`` on the node's HTTP address with a
+bearer credential holding the node-wide scope ``metrics:read``).
+
+Every request also gets its log context, an HTTP metric and an access-log line here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+from quart import Blueprint, Response, g, request
+from quart_trio import QuartTrio
+
+from .. import logs
+from ..errors import NotFound, PermissionDenied, Unauthenticated, Unavailable
+from ..metrics import NodeMetrics
+from ..store.tenancy import TenancyStore
+from .auth import bearer_token, node_state
+from .envelope import current_request_id
+
+if TYPE_CHECKING:
+    from .app import NodeState
+
+access_log = logging.getLogger("orbit.access")
+
+ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
+                   Awaitable[None]]
+
+# The node-wide scope a credential needs to read GET /metrics in "credential" mode.
+METRICS_SCOPE = "metrics:read"
+# A verified metrics credential is trusted this long before the database is asked again
+# (a scrape every 15 s costs one credential lookup a minute). When the database cannot be
+# reached, a credential verified before keeps working: metrics matter most then.
+AUTH_CACHE_S = 60.0
+# Verified metrics credentials remembered per node (a handful of scrapers in practice).
+AUTH_CACHE_ENTRIES = 64
+# Routes probed so often that their access-log lines are kept at debug level.
+QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
+# Label of requests that matched no route (the path itself would be unbounded).
+UNMATCHED_ROUTE = "unmatched"
+
+
+@attrs.define(eq=False)
+class MetricsAuth:
+    """Verifies ``metrics:read`` credentials, remembering the verified ones for a while."""
+
+    tenancy: TenancyStore
+    # sha256(token) -> trio time it was last verified with scope metrics:read.
+    _verified: dict[str, float] = attrs.field(factory=dict, init=False)
+
+    async def authorize(self, token: str) -> None:
+        """Accept a bearer credential holding ``metrics:read``; raise the API error otherwise."""
+        key = hashlib.sha256(token.encode()).hexdigest()
+        now = trio.current_time()
+        seen = self._verified.get(key)
+        if seen is not None and now - seen < AUTH_CACHE_S:
+            return
+        try:
+            principal = await self.tenancy.authenticate(token)
+        except Unavailable:
+            if seen is not None:
+                return
+            raise
+        except Unauthenticated:
+            self._verified.pop(key, None)
+            raise
+        if not principal.allows(METRICS_SCOPE):
+            self._verified.pop(key, None)
+            raise PermissionDenied(f"authorization: credential lacks scope {METRICS_SCOPE}", field="authorization")
+        self._verified[key] = now
+        while len(self._verified) > AUTH_CACHE_ENTRIES:
+            self._verified.pop(min(self._verified, key=self._verified.__getitem__))
+
+
+blueprint = Blueprint("metrics", __name__)
+
+
+@blueprint.get("/metrics")
+async def metrics_endpoint():
+    state = node_state()
+    if state.config.metrics != "credential":
+        # Exactly what an unknown path answers: the endpoint is not there.
+        raise NotFound(f"path: no route {request.path}", field="path")
+    await state.metrics_auth.authorize(bearer_token())
+    body, content_type = state.metrics.exposition(request.headers.get("Accept", ""))
+    return Response(body, status=200, content_type=content_type)
+
+
+def instrument_app(app: QuartTrio, state: NodeState) -> None:
+    """Request context for logs, HTTP metrics, the access log and the /metrics route.
+
+    Call before the app registers its own hooks, so the context is bound first."""
+
+    @app.before_request
+    async def _begin():
+        g.orbit_started = trio.current_time()
+        ids = {k: v for k, v in (request.view_args or {}).items() if k in logs.CONTEXT_FIELDS}
+        logs.new_context(request_id=current_request_id(), **ids)
+
+    @app.after_request
+    async def _observe(response):
+        rule = request.url_rule
+        route = rule.rule if rule is not None else UNMATCHED_ROUTE
+        started = g.get("orbit_started")
+        seconds = trio.current_time() - started if started is not None else 0.0
+        state.metrics.observe_http(request.method, route, response.status_code, seconds)
+        access_log.log(
+            logging.DEBUG if route in QUIET_ROUTES else logging.INFO,
+            "%s %s %d", request.method, route, response.status_code,
+            extra={
+                "request_id": g.get("request_id"),
+                "method": request.method,
+                "route": route,
+                # The path only: a query string could carry something secret.
+                "path": request.path,
+                "status": response.status_code,
+                "duration_ms": round(seconds * 1000, 3),
+            },
+        )
+        return response
+
+    app.register_blueprint(blueprint)
+
+
+def asgi_app(metrics: NodeMetrics) -> ASGIApp:
+    """The open metrics server: GET /metrics, nothing else."""
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        headers: list[tuple[bytes, bytes]] = []
+        if scope["path"] != "/metrics":
+            status, body, content_type = 404, b"not found: only /metrics is served here\n", "text/plain; charset=utf-8"
+        elif scope["method"] not in ("GET", "HEAD"):
+            status, body, content_type = 405, b"method not allowed\n", "text/plain; charset=utf-8"
+            headers.append((b"allow", b"GET, HEAD"))
+        else:
+            accept = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"accept"), "")
+            body, content_type = metrics.exposition(accept)
+            status = 200
+        headers += [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+
+    return app
+
+
+async def serve_metrics(metrics: NodeMetrics, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve the open metrics endpoint until cancelled; reports the bound addresses."""
+    config = HypercornConfig()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("orbit.metrics.server")
+    config.include_server_header = False
+    config.graceful_timeout = 0
+    await serve(asgi_app(metrics), config, shutdown_trigger=trio.sleep_forever, task_status=task_status, mode="asgi")
+
+

@@ -1,0 +1,82 @@
+"""Claim turns in the database: each node's cumulative turns per application.
+
+Each node rotates its claim turns on its own (``FairScheduler``); an operator wants one
+view of every node's rotation (``orbit-admin top``) without reaching every node's
+metrics address, so the turns are also written to the table ``claim_turns``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+import attrs
+import trio
+
+from ..errors import OrbitError
+from ..store.operations import OperationsStore
+
+log = logging.getLogger("orbit.claims")
+
+# How often a node writes its claim-turn counters to the database (only changed ones).
+TURNS_FLUSH_S = 1.0
+# How often a node deletes the counters of nodes that stopped or died long ago.
+TURNS_PRUNE_S = 600.0
+
+
+@attrs.define(eq=False)
+class TurnRecorder:
+    """Writes a node's cumulative claim turns per application to ``claim_turns``.
+
+    Every ``interval_s`` the applications whose count changed are upserted (absolute
+    values, so a lost write is repaired by the next); an idle node writes nothing. On
+    stop the node's rows are deleted; rows of nodes that died are pruned by the others.
+    """
+
+    store: OperationsStore
+    node_id: str
+    # The scheduler's cumulative turns per application id.
+    turns: Callable[[], Mapping[str, int]]
+    interval_s: float = TURNS_FLUSH_S
+    prune_interval_s: float = TURNS_PRUNE_S
+    flushes: int = 0
+    _recorded: dict[str, int] = attrs.field(factory=dict, init=False)
+    _next_prune: float | None = attrs.field(default=None, init=False)
+    _flushed: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    async def flush(self) -> int:
+        """Write the changed counters now; returns how many applications were written."""
+        current = dict(self.turns())
+        changed = {app: n for app, n in current.items() if self._recorded.get(app) != n}
+        if changed:
+            await self.store.record_turns(self.node_id, changed)
+            self._recorded.update(changed)
+        return len(changed)
+
+    async def wait_for_flush(self) -> None:
+        """Wait until the flush that runs next has finished."""
+        await self._flushed.wait()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started(self)
+        try:
+            while True:
+                try:
+                    await self.flush()
+                    now = trio.current_time()
+                    if self._next_prune is None or now >= self._next_prune:
+                        self._next_prune = now + self.prune_interval_s
+                        await self.store.prune_turns()
+                except OrbitError as exc:
+                    # The database may be unreachable; the counters are written next time.
+                    log.warning("could not record claim turns: %s", exc.message)
+                self.flushes += 1
+                done, self._flushed = self._flushed, trio.Event()
+                done.set()
+                await trio.sleep(self.interval_s)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                try:
+                    await self.store.forget_turns(self.node_id)
+                except Exception as exc:
+                    log.warning("could not delete this node's claim turns (another node prunes them): %s", exc)

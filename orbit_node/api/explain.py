@@ -9,8 +9,9 @@ task's queue. Unknown tasks and tasks of another namespace are 404 ``NOT_FOUND``
 from __future__ import annotations
 
 from quart import Blueprint
+from .. import rules
 
-from . import envelope, validation
+from . import envelope
 from .auth import node_state, require_any
 
 blueprint = Blueprint("explain", __name__)
@@ -19,6 +20,6 @@ blueprint = Blueprint("explain", __name__)
 @blueprint.get("/tasks/<task_id>/explain")
 async def explain_task(task_id: str):
     who = require_any("tasks:read")
-    explanation = await node_state().services.store.explain(who.namespace_id, validation.path_id(task_id, "task_id"))
+    explanation = await node_state().services.store.explain(who.namespace_id, rules.path_id(task_id, "task_id"))
     who.require("tasks:read", explanation["queue_id"])
     return envelope.ok(explanation)

@@ -16,6 +16,7 @@ from ..errors import InvalidArgument
 from ..plans.definition import parse_definition
 from ..store.plans import Plan, PlanStore, PlanTask, PlanVersion
 from ..store.tenancy import Principal
+from .. import rules
 from . import envelope, validation
 from .auth import node_state, require_any
 from .tasks import check_queue_filter, summary_json
@@ -73,7 +74,7 @@ def _store() -> PlanStore:
 async def _plan(plan_id: str, scope: str) -> tuple[Principal, Plan]:
     """The plan of the path, after checking ``scope`` for its queue."""
     who = require_any(scope)
-    plan = await _store().get(who.namespace_id, validation.path_id(plan_id, "plan_id"))
+    plan = await _store().get(who.namespace_id, rules.path_id(plan_id, "plan_id"))
     who.require(scope, plan.queue_id)
     return who, plan
 
@@ -81,7 +82,7 @@ async def _plan(plan_id: str, scope: str) -> tuple[Principal, Plan]:
 def _path_version(text: str) -> int:
     """The version number of a path segment."""
     if not VERSION_TEXT.fullmatch(text) or int(text) > VERSION_MAX:
-        raise InvalidArgument(f"version: must be an integer from 1 to {VERSION_MAX}, got {validation.show(text)}", field="version")
+        raise InvalidArgument(f"version: must be an integer from 1 to {VERSION_MAX}, got {rules.show(text)}", field="version")
     return int(text)
 
 
@@ -89,10 +90,10 @@ def _path_version(text: str) -> int:
 async def create_plan():
     who = require_any("queues:manage")
     body = await validation.json_object(required=True)
-    validation.reject_unknown(body, CREATE_FIELDS)
-    name = validation.string(validation.require(body, "name"), "name", validation.QUEUE_NAME, NAME_RULE)
-    queue_id = validation.string(
-        validation.require(body, "queue_id"), "queue_id", validation.QUEUE_ID, "32 lowercase hex characters"
+    rules.reject_unknown(body, CREATE_FIELDS)
+    name = rules.string(rules.require(body, "name"), "name", rules.QUEUE_NAME, NAME_RULE)
+    queue_id = rules.string(
+        rules.require(body, "queue_id"), "queue_id", rules.QUEUE_ID, "32 lowercase hex characters"
     )
     definition = parse_definition(body["definition"]) if "definition" in body else None
     who.require("queues:manage", queue_id)
@@ -129,8 +130,8 @@ async def get_plan(plan_id: str):
 async def add_plan_version(plan_id: str):
     who, plan = await _plan(plan_id, "queues:manage")
     body = await validation.json_object(required=True)
-    validation.reject_unknown(body, VERSION_FIELDS)
-    definition = parse_definition(validation.require(body, "definition"))
+    rules.reject_unknown(body, VERSION_FIELDS)
+    definition = parse_definition(rules.require(body, "definition"))
     version = await _store().add_version(who.namespace_id, plan.plan_id, definition)
     return envelope.ok(version_json(version), 201)
 
@@ -161,22 +162,22 @@ async def get_plan_version(plan_id: str, version: str):
 async def activate_plan_version(plan_id: str):
     who, plan = await _plan(plan_id, "queues:manage")
     body = await validation.json_object(required=True)
-    validation.reject_unknown(body, ACTIVATE_FIELDS)
-    version = validation.integer(validation.require(body, "version"), "version", 1, VERSION_MAX)
+    rules.reject_unknown(body, ACTIVATE_FIELDS)
+    version = rules.integer(rules.require(body, "version"), "version", 1, VERSION_MAX)
     return envelope.ok(plan_json(await _store().activate(who.namespace_id, plan.plan_id, version)))
 
 
 @bp.post("/plans/<plan_id>/pause")
 async def pause_plan(plan_id: str):
     who, plan = await _plan(plan_id, "queues:manage")
-    validation.no_fields(await validation.json_object(required=False))
+    rules.no_fields(await validation.json_object(required=False))
     return envelope.ok(plan_json(await _store().set_paused(who.namespace_id, plan.plan_id, True)))
 
 
 @bp.post("/plans/<plan_id>/resume")
 async def resume_plan(plan_id: str):
     who, plan = await _plan(plan_id, "queues:manage")
-    validation.no_fields(await validation.json_object(required=False))
+    rules.no_fields(await validation.json_object(required=False))
     return envelope.ok(plan_json(await _store().set_paused(who.namespace_id, plan.plan_id, False)))
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from quart import Blueprint
 
 from ..store.tenancy import Queue
+from .. import rules
 from . import envelope, validation
 from .auth import node_state, principal, readable_queues, require_all_queues, require_queue_read
 
@@ -32,7 +33,7 @@ def queue_json(queue: Queue) -> dict[str, Any]:
 async def create_queue():
     # A new queue is in no queue list, so creating one needs the scope for all queues.
     who = require_all_queues("queues:manage")
-    fields = validation.create_queue(await validation.json_object(required=True))
+    fields = rules.create_queue(await validation.json_object(required=True))
     queue, _ = await node_state().tenancy.create_queue(
         who.namespace_id,
         who.application_id,
@@ -45,7 +46,7 @@ async def create_queue():
 
 @bp.get("/queues/<queue_id>")
 async def get_queue(queue_id: str):
-    who = require_queue_read(validation.path_id(queue_id, "queue_id"))
+    who = require_queue_read(rules.path_id(queue_id, "queue_id"))
     return envelope.ok(queue_json(await node_state().tenancy.get_queue(who.namespace_id, queue_id)))
 
 
@@ -65,26 +66,26 @@ async def list_queues():
 def _manage(queue_id: str) -> str:
     """Check the path id and queues:manage for it; returns the namespace."""
     who = principal()
-    who.require("queues:manage", validation.path_id(queue_id, "queue_id"))
+    who.require("queues:manage", rules.path_id(queue_id, "queue_id"))
     return who.namespace_id
 
 
 @bp.post("/queues/<queue_id>/pause")
 async def pause_queue(queue_id: str):
     namespace_id = _manage(queue_id)
-    validation.no_fields(await validation.json_object(required=False))
+    rules.no_fields(await validation.json_object(required=False))
     return envelope.ok(queue_json(await node_state().tenancy.set_queue_paused(namespace_id, queue_id, True)))
 
 
 @bp.post("/queues/<queue_id>/resume")
 async def resume_queue(queue_id: str):
     namespace_id = _manage(queue_id)
-    validation.no_fields(await validation.json_object(required=False))
+    rules.no_fields(await validation.json_object(required=False))
     return envelope.ok(queue_json(await node_state().tenancy.set_queue_paused(namespace_id, queue_id, False)))
 
 
 @bp.patch("/queues/<queue_id>/controls")
 async def set_queue_controls(queue_id: str):
     namespace_id = _manage(queue_id)
-    changes = validation.queue_controls(await validation.json_object(required=True))
+    changes = rules.queue_controls(await validation.json_object(required=True))
     return envelope.ok(queue_json(await node_state().tenancy.update_queue_controls(namespace_id, queue_id, changes)))

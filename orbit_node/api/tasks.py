@@ -10,6 +10,7 @@ from .. import logs
 from ..store.tasks import Task, TaskSummary
 from ..store.tenancy import Principal
 from ..wire import stored_json
+from .. import rules
 from . import envelope, validation
 from .auth import node_state, require_any
 
@@ -75,7 +76,7 @@ def task_json(task: Task) -> dict[str, Any]:
 async def submit_task():
     who = require_any("tasks:submit")
     key = validation.idempotency_key()
-    new = validation.submit_task(await validation.json_object(required=True))
+    new = rules.submit_task(await validation.json_object(required=True))
     who.require("tasks:submit", new.queue_id)
     state = node_state()
     accepted = await state.tasks.submit(who.namespace_id, key, new)
@@ -91,7 +92,7 @@ async def submit_task():
 @bp.get("/tasks/<task_id>")
 async def get_task(task_id: str):
     who = require_any("tasks:read")
-    task = await node_state().tasks.get(who.namespace_id, validation.path_id(task_id, "task_id"))
+    task = await node_state().tasks.get(who.namespace_id, rules.path_id(task_id, "task_id"))
     who.require("tasks:read", task.queue_id)
     return envelope.ok(task_json(task))
 
@@ -99,7 +100,7 @@ async def get_task(task_id: str):
 async def check_queue_filter(who: Principal, queue_id: str | None) -> None:
     """A listing's ``queue_id`` filter: well formed, readable (tasks:read), a queue of the namespace."""
     if queue_id is not None:
-        validation.path_id(queue_id, "queue_id")
+        rules.path_id(queue_id, "queue_id")
         who.require("tasks:read", queue_id)
         await node_state().tenancy.get_queue(who.namespace_id, queue_id)
 
@@ -129,8 +130,8 @@ async def list_tasks():
 @bp.post("/tasks/<task_id>/cancel")
 async def cancel_task(task_id: str):
     who = require_any("tasks:cancel")
-    validation.path_id(task_id, "task_id")
-    validation.no_fields(await validation.json_object(required=False))
+    rules.path_id(task_id, "task_id")
+    rules.no_fields(await validation.json_object(required=False))
     tasks = node_state().tasks
     task = await tasks.get(who.namespace_id, task_id)
     who.require("tasks:cancel", task.queue_id)

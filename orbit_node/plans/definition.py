@@ -1,7 +1,7 @@
 """A plan version's ``definition``: the task template and the schedule, validated.
 
 ``definition.task`` goes through the same validator as ``POST /v1/tasks``
-(``api.validation.task_template``: same fields, same rules, priority a JSON integer 0-9),
+(``api.rules.task_template``: same fields, same rules, priority a JSON integer 0-9),
 without the fields that belong to each created task (queue, available_at, delay_s,
 deadline). ``definition.schedule`` is checked here. Every refusal is
 ``InvalidArgument`` naming the dotted field (``definition.schedule.cron``).
@@ -19,9 +19,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import attrs
 from croniter import CroniterError, croniter
 
-from ..api.validation import integer, reject_unknown, require, show, task_template, timestamp
 from ..errors import InvalidArgument
-from ..store.tasks import NewTask, canonical_json
+from ..rules import NewTask, canonical_json, integer, reject_unknown, require, show, task_template, timestamp
 from .schedule import CATCH_UP_POLICIES, DEFAULT_GRACE_S, DEFAULT_TIME_ZONE, Schedule
 
 DEFINITION_FIELDS = ("task", "schedule")

@@ -8,7 +8,6 @@ the first created, so one key never creates two tasks.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -19,16 +18,10 @@ import attrs
 from ..db import Database, Tx
 from ..errors import DatabaseError, FailedPrecondition, IdempotencyConflict, NotFound
 from ..ids import is_hex32, time_ordered_id
+from ..rules import NewTask
 
 STATES = ("queued", "reserved", "running", "succeeded", "failed", "cancelled", "expired")
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
-
-# Defaults of the optional submission fields (the column defaults of 000005/000012).
-DEFAULT_PRIORITY = 0
-DEFAULT_MAX_ATTEMPTS = 3
-DEFAULT_BACKOFF_INITIAL_MS = 1000
-DEFAULT_BACKOFF_MAX_MS = 300_000
-DEFAULT_BACKOFF_MULTIPLIER = 2.0
 
 # idempotency_records.kind of client acceptance keys (plans use their own kind).
 KIND_REQUEST = "request"
@@ -36,69 +29,6 @@ KIND_REQUEST = "request"
 ER_DUP_ENTRY = 1062
 # Sorts above every 32-hex task id: the "before" bound of a listing's first page.
 LIST_START = "g"
-
-
-def canonical_json(value: Any) -> str:
-    """One text per JSON value: sorted keys, no whitespace, UTF-8 kept as is."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def _timestamp(value: datetime | None) -> str | None:
-    return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-@attrs.frozen(kw_only=True)
-class NewTask:
-    """A validated submission. Times are naive UTC datetimes (the database session is UTC)."""
-
-    queue_id: str
-    handler: str
-    handler_version: str
-    payload_version: str
-    # The payload as parsed JSON (integers of any size are Python ints, kept exactly).
-    payload: Any
-    priority: int = DEFAULT_PRIORITY
-    available_at: datetime | None = None
-    # Added to the database clock when available_at is absent.
-    delay_us: int = 0
-    deadline: datetime | None = None
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    backoff_initial_ms: int = DEFAULT_BACKOFF_INITIAL_MS
-    backoff_max_ms: int = DEFAULT_BACKOFF_MAX_MS
-    backoff_multiplier: float = DEFAULT_BACKOFF_MULTIPLIER
-    resource_key: str | None = None
-
-    def canonical(self) -> dict[str, Any]:
-        """The request as the digest sees it: every field at its default value is left out.
-
-        This is what keeps digests stable across versions: a request that says
-        ``"priority": 0`` and one written before priority existed are the same request.
-        """
-        form: dict[str, Any] = {
-            "queue_id": self.queue_id,
-            "handler": self.handler,
-            "handler_version": self.handler_version,
-            "payload_version": self.payload_version,
-            "payload": self.payload,
-        }
-        optional = (
-            ("priority", self.priority, DEFAULT_PRIORITY),
-            ("available_at", _timestamp(self.available_at), None),
-            ("delay_us", self.delay_us, 0),
-            ("deadline", _timestamp(self.deadline), None),
-            ("max_attempts", self.max_attempts, DEFAULT_MAX_ATTEMPTS),
-            ("backoff_initial_ms", self.backoff_initial_ms, DEFAULT_BACKOFF_INITIAL_MS),
-            ("backoff_max_ms", self.backoff_max_ms, DEFAULT_BACKOFF_MAX_MS),
-            ("backoff_multiplier", float(self.backoff_multiplier), DEFAULT_BACKOFF_MULTIPLIER),
-            ("resource_key", self.resource_key, None),
-        )
-        for name, value, default in optional:
-            if value != default:
-                form[name] = value
-        return form
-
-    def digest(self) -> str:
-        return hashlib.sha256(canonical_json(self.canonical()).encode("utf-8")).hexdigest()
 
 
 def _column(name: str | None = None, *, converter: Any = None) -> Any:

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from ..claims import Capability
+from ..rules import HANDLER, QUEUE_ID, VERSION
 from ..wire import rfc3339
 
 # WebSocket close codes the node uses (documented in docs/worker-protocol.md).
@@ -37,11 +38,13 @@ MAX_TASKS_PER_MESSAGE = 1000
 MAX_CAPACITY = 1000
 MAX_QUEUES = 64
 MAX_CAPABILITIES = 256
-_NAME = re.compile(r"^[A-Za-z0-9._:/-]{1,200}$")
-_VERSION = re.compile(r"^[A-Za-z0-9._+-]{1,64}$")
-_HEX32 = re.compile(r"^[0-9a-f]{32}$")
-_TOKEN = re.compile(r"^[0-9]{1,10}-[0-9a-f]{16}$")
-_MESSAGE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+# Handler and version names follow the task rules (``orbit_node.rules``), so every
+# capability a Worker declares can match an accepted task.
+_NAME = HANDLER
+_VERSION = VERSION
+_HEX32 = QUEUE_ID
+_TOKEN = re.compile(r"[0-9]{1,10}-[0-9a-f]{16}")
+_MESSAGE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
 class ProtocolError(Exception):
@@ -150,7 +153,7 @@ def _fields(obj: Mapping[str, Any], required: set[str], optional: set[str], wher
 
 
 def _string(value: Any, pattern: re.Pattern, field: str) -> str:
-    if not isinstance(value, str) or not pattern.match(value):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise _invalid(f"{field}: invalid value", field)
     return value
 

@@ -1,0 +1,424 @@
+"""The rules of what a client may send, pure: no web framework, no database, no network.
+
+One place for the field rules of a task (``POST /v1/tasks`` and a plan's task template
+share them), queues and the Worker protocol's names; the strict JSON reader; and
+``NewTask``, the validated submission the store accepts. Every refusal is an
+``InvalidArgument`` with a stable code and the field it names. JSON is parsed
+strictly: duplicate keys, ``NaN``/``Infinity``, numbers out of range, integer literals
+longer than Python parses (4300 digits), lone surrogates and nesting deeper than
+``MAX_JSON_DEPTH`` are refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import attrs
+
+from .errors import InvalidArgument
+from .ids import is_hex32
+from .wire import rfc3339
+
+# Containers nested deeper than this are refused: far below the interpreter's
+# recursion limit, so parsing and re-serialising can never hit it.
+MAX_JSON_DEPTH = 64
+# The same names Workers may declare (schema/worker-protocol.schema.json), so every
+# accepted task can be served.
+QUEUE_ID = re.compile(r"[0-9a-f]{32}")
+HANDLER = re.compile(r"[A-Za-z0-9._:/-]{1,200}")
+VERSION = re.compile(r"[A-Za-z0-9._+-]{1,64}")
+QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# Idempotency-Key: 1-255 visible ASCII characters.
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+# resource_key: 1-255 characters, no control characters.
+RESOURCE_KEY_MAX = 255
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+SURROGATES = re.compile(r"[\ud800-\udfff]")
+# RFC 3339 date-time; fractions beyond microseconds are truncated (the database keeps microseconds).
+RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+# Accepted instants: the DATETIME(6) range from the Unix epoch on.
+EARLIEST = datetime(1970, 1, 1)
+LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999)
+MAX_PRIORITY = 9
+MAX_ATTEMPTS = 100
+# A delay longer than this is better written as available_at.
+MAX_DELAY_S = 366 * 24 * 3600
+BACKOFF_INITIAL_MS_MAX = 3_600_000
+BACKOFF_MAX_MS_MAX = 86_400_000
+BACKOFF_MULTIPLIER_MIN = 1.0
+BACKOFF_MULTIPLIER_MAX = 10.0
+# Queue controls are INT columns.
+CONTROL_MAX = 2_147_483_647
+SUBMIT_FIELDS = (
+    "queue_id", "handler", "handler_version", "payload_version", "payload", "priority",
+    "available_at", "delay_s", "deadline", "max_attempts", "backoff", "resource_key",
+)
+SUBMIT_REQUIRED = ("queue_id", "handler", "handler_version", "payload_version", "payload")
+# A plan's task template (definition.task) has the submission's fields except these,
+# which belong to each task the plan creates rather than to the template.
+TEMPLATE_EXCLUDED = {
+    "queue_id": "the plan's queue receives its tasks",
+    "available_at": "each task is available at its fire time",
+    "delay_s": "each task is available at its fire time",
+    "deadline": "a fixed deadline cannot serve repeated fire times",
+}
+TEMPLATE_FIELDS = tuple(f for f in SUBMIT_FIELDS if f not in TEMPLATE_EXCLUDED)
+TEMPLATE_REQUIRED = tuple(f for f in SUBMIT_REQUIRED if f not in TEMPLATE_EXCLUDED)
+BACKOFF_FIELDS = ("initial_ms", "max_ms", "multiplier")
+QUEUE_CONTROL_FIELDS = ("max_concurrency", "max_starts_per_second")
+QUEUE_CREATE_FIELDS = ("name", *QUEUE_CONTROL_FIELDS)
+
+
+# Defaults of the optional submission fields (the column defaults of 000005/000012).
+DEFAULT_PRIORITY = 0
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_BACKOFF_INITIAL_MS = 1000
+DEFAULT_BACKOFF_MAX_MS = 300_000
+DEFAULT_BACKOFF_MULTIPLIER = 2.0
+
+
+# -- JSON --------------------------------------------------------------------------
+
+
+class _Refused(Exception):
+    """Raised from inside the JSON decoder's hooks; becomes InvalidArgument(field="body")."""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _Refused(f"body: duplicate object key {show(key)}")
+        result[key] = value
+    return result
+
+
+def _constant(name: str) -> Any:
+    raise _Refused(f"body: {name} is not a JSON number")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"body: number {text[:40]} is out of range")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:  # longer than sys.get_int_max_str_digits()
+        raise _Refused(f"body: integer literal of {len(text.lstrip('-'))} digits is too long") from None
+
+
+def _check_tree(value: Any) -> None:
+    """Depth limit and lone surrogates, without recursion."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if SURROGATES.search(item):
+                raise _Refused("body: string contains a lone UTF-16 surrogate")
+        elif isinstance(item, (dict, list)):
+            if depth >= MAX_JSON_DEPTH:
+                raise _Refused(f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+            if isinstance(item, dict):
+                stack.extend((k, depth + 1) for k in item)
+                stack.extend((v, depth + 1) for v in item.values())
+            else:
+                stack.extend((v, depth + 1) for v in item)
+
+
+def parse_json(raw: bytes) -> Any:
+    """Parse a request body strictly (UTF-8 JSON text, RFC 8259, no extensions)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"body: not valid UTF-8 (byte {exc.start})", field="body") from None
+    try:
+        value = json.loads(text, object_pairs_hook=_object, parse_constant=_constant, parse_float=_float, parse_int=_int)
+        _check_tree(value)
+    except _Refused as exc:
+        raise InvalidArgument(str(exc), field="body") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"body: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", field="body") from None
+    except RecursionError:
+        raise InvalidArgument(f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels", field="body") from None
+    return value
+
+
+def show(value: Any) -> str:
+    """A short, safe rendering of a client value for an error message."""
+    try:
+        text = json.dumps(value, ensure_ascii=True)
+    except (TypeError, ValueError):
+        text = type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def kind(value: Any) -> str:
+    """How an error message names the JSON type of ``value``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def path_id(value: str, field: str) -> str:
+    if not is_hex32(value):
+        raise InvalidArgument(f"{field}: expected 32 lowercase hex characters, got {show(value)}", field=field)
+    return value
+
+
+# -- fields ------------------------------------------------------------------------
+
+
+def reject_unknown(obj: Mapping[str, Any], allowed: Iterable[str], prefix: str = "") -> None:
+    allowed = set(allowed)
+    for key in obj:
+        if key not in allowed:
+            raise InvalidArgument(f"{prefix}{key}: unknown field", field=f"{prefix}{key}")
+
+
+def require(obj: Mapping[str, Any], name: str, prefix: str = "") -> Any:
+    if name not in obj:
+        raise InvalidArgument(f"{prefix}{name}: field is required", field=f"{prefix}{name}")
+    return obj[name]
+
+
+def string(value: Any, field: str, pattern: re.Pattern[str], rule: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise InvalidArgument(f"{field}: must be {rule}, got {show(value)}", field=field)
+    return value
+
+
+def integer(value: Any, field: str, low: int, high: int) -> int:
+    """A JSON integer literal in [low, high]: not a bool, not 9.0, not 1e0, not "9"."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgument(f"{field}: must be a JSON integer from {low} to {high}, got {show(value)}", field=field)
+    return value
+
+
+def number(value: Any, field: str, low: float, high: float) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise InvalidArgument(f"{field}: must be a number from {low:g} to {high:g}, got {show(value)}", field=field)
+    return value
+
+
+def timestamp(value: Any, field: str) -> datetime:
+    """An RFC 3339 date-time with an offset -> naive UTC datetime (microseconds)."""
+    rule = "an RFC 3339 timestamp such as 2030-01-02T03:04:05Z"
+    match = RFC3339.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise InvalidArgument(f"{field}: must be {rule}, got {show(value)}", field=field)
+    year, month, day, hour, minute, second, fraction, offset = match.groups()
+    micro = int((fraction or "").ljust(6, "0")[:6])
+    try:
+        if offset in ("Z", "z"):
+            tz = timezone.utc
+        else:
+            sign = -1 if offset[0] == "-" else 1
+            off_h, off_m = int(offset[1:3]), int(offset[4:6])
+            if off_h > 23 or off_m > 59:
+                raise ValueError("offset out of range")
+            tz = timezone(sign * timedelta(hours=off_h, minutes=off_m))
+        local = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=tz)
+        utc = local.astimezone(timezone.utc).replace(tzinfo=None)
+    except (ValueError, OverflowError):
+        raise InvalidArgument(f"{field}: must be {rule}, got {show(value)}", field=field) from None
+    if not EARLIEST <= utc <= LATEST:
+        raise InvalidArgument(f"{field}: must be from 1970-01-01 to 9999-12-31 (UTC), got {show(value)}", field=field)
+    return utc
+
+
+def resource_key(value: Any, field: str = "resource_key") -> str:
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= RESOURCE_KEY_MAX
+        or CONTROL_CHARS.search(value)
+    ):
+        raise InvalidArgument(
+            f"{field}: must be a string of 1-{RESOURCE_KEY_MAX} characters without control characters, got {show(value)}",
+            field=field,
+        )
+    return value
+
+
+# -- request bodies ----------------------------------------------------------------
+
+
+def submit_task(body: Mapping[str, Any]) -> NewTask:
+    """The body of POST /v1/tasks -> a validated NewTask."""
+    return NewTask(**task_fields(body, allowed=SUBMIT_FIELDS, required=SUBMIT_REQUIRED))
+
+
+def task_template(value: Any, field: str) -> dict[str, Any]:
+    """A plan version's ``definition.task``: the POST /v1/tasks rules, without the queue and times.
+
+    Returns the NewTask fields except ``queue_id``; refusals name ``field`` + "." + the field.
+    """
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{field}: must be an object, got {show(value)}", field=field)
+    prefix = field + "."
+    for name, reason in TEMPLATE_EXCLUDED.items():
+        if name in value:
+            raise InvalidArgument(f"{prefix}{name}: not part of a plan's task; {reason}", field=prefix + name)
+    return task_fields(value, allowed=TEMPLATE_FIELDS, required=TEMPLATE_REQUIRED, prefix=prefix)
+
+
+def task_fields(
+    body: Mapping[str, Any], *, allowed: Sequence[str], required: Sequence[str], prefix: str = ""
+) -> dict[str, Any]:
+    """The NewTask fields of a task body (a submission or a plan's task template).
+
+    One set of rules for both; every refusal names ``prefix`` + the field.
+    """
+    reject_unknown(body, allowed, prefix)
+    for name in required:
+        require(body, name, prefix)
+    fields: dict[str, Any] = {}
+    if "queue_id" in body:
+        fields["queue_id"] = string(body["queue_id"], prefix + "queue_id", QUEUE_ID, "32 lowercase hex characters")
+    fields |= {
+        "handler": string(body["handler"], prefix + "handler", HANDLER, "1-200 characters of A-Z a-z 0-9 . _ : / -"),
+        "handler_version": string(
+            body["handler_version"], prefix + "handler_version", VERSION, "1-64 characters of A-Z a-z 0-9 . _ + -"
+        ),
+        "payload_version": string(
+            body["payload_version"], prefix + "payload_version", VERSION, "1-64 characters of A-Z a-z 0-9 . _ + -"
+        ),
+        "payload": body["payload"],
+    }
+    if "priority" in body:
+        fields["priority"] = integer(body["priority"], prefix + "priority", 0, MAX_PRIORITY)
+    if "available_at" in body and "delay_s" in body:
+        raise InvalidArgument(f"{prefix}delay_s: give available_at or delay_s, not both", field=prefix + "delay_s")
+    if "available_at" in body:
+        fields["available_at"] = timestamp(body["available_at"], prefix + "available_at")
+    if "delay_s" in body:
+        delay = number(body["delay_s"], prefix + "delay_s", 0, MAX_DELAY_S)
+        fields["delay_us"] = delay * 1_000_000 if isinstance(delay, int) else round(delay * 1_000_000)
+    if "deadline" in body:
+        fields["deadline"] = timestamp(body["deadline"], prefix + "deadline")
+        if "available_at" in fields and fields["deadline"] <= fields["available_at"]:
+            raise InvalidArgument(f"{prefix}deadline: must be later than available_at", field=prefix + "deadline")
+    if "max_attempts" in body:
+        fields["max_attempts"] = integer(body["max_attempts"], prefix + "max_attempts", 1, MAX_ATTEMPTS)
+    if "backoff" in body:
+        fields.update(_backoff(body["backoff"], prefix + "backoff"))
+    if "resource_key" in body:
+        fields["resource_key"] = resource_key(body["resource_key"], prefix + "resource_key")
+    return fields
+
+
+def _backoff(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{field}: must be an object, got {show(value)}", field=field)
+    reject_unknown(value, BACKOFF_FIELDS, prefix=field + ".")
+    initial = value.get("initial_ms", DEFAULT_BACKOFF_INITIAL_MS)
+    maximum = value.get("max_ms", DEFAULT_BACKOFF_MAX_MS)
+    multiplier = value.get("multiplier", DEFAULT_BACKOFF_MULTIPLIER)
+    initial = integer(initial, f"{field}.initial_ms", 1, BACKOFF_INITIAL_MS_MAX)
+    maximum = integer(maximum, f"{field}.max_ms", 1, BACKOFF_MAX_MS_MAX)
+    multiplier = number(multiplier, f"{field}.multiplier", BACKOFF_MULTIPLIER_MIN, BACKOFF_MULTIPLIER_MAX)
+    if maximum < initial:
+        raise InvalidArgument(
+            f"{field}.max_ms: must not be less than {field}.initial_ms", field=f"{field}.max_ms"
+        )
+    return {"backoff_initial_ms": initial, "backoff_max_ms": maximum, "backoff_multiplier": float(multiplier)}
+
+
+def _control(value: Any, field: str) -> int | None:
+    return None if value is None else integer(value, field, 0, CONTROL_MAX)
+
+
+def create_queue(body: Mapping[str, Any]) -> dict[str, Any]:
+    reject_unknown(body, QUEUE_CREATE_FIELDS)
+    name = string(require(body, "name"), "name", QUEUE_NAME, "1-128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit")
+    return {"name": name, **{f: _control(body.get(f), f) for f in QUEUE_CONTROL_FIELDS}}
+
+
+def queue_controls(body: Mapping[str, Any]) -> dict[str, int | None]:
+    reject_unknown(body, QUEUE_CONTROL_FIELDS)
+    if not body:
+        raise InvalidArgument("body: name at least one of max_concurrency, max_starts_per_second", field="body")
+    return {f: _control(body[f], f) for f in QUEUE_CONTROL_FIELDS if f in body}
+
+
+def no_fields(body: Mapping[str, Any]) -> None:
+    """Bodies of action routes (cancel, pause, resume): empty or ``{}``."""
+    reject_unknown(body, ())
+
+
+def canonical_json(value: Any) -> str:
+    """One text per JSON value: sorted keys, no whitespace, UTF-8 kept as is."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+@attrs.frozen(kw_only=True)
+class NewTask:
+    """A validated submission. Times are naive UTC datetimes (the database session is UTC)."""
+
+    queue_id: str
+    handler: str
+    handler_version: str
+    payload_version: str
+    # The payload as parsed JSON (integers of any size are Python ints, kept exactly).
+    payload: Any
+    priority: int = DEFAULT_PRIORITY
+    available_at: datetime | None = None
+    # Added to the database clock when available_at is absent.
+    delay_us: int = 0
+    deadline: datetime | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    backoff_initial_ms: int = DEFAULT_BACKOFF_INITIAL_MS
+    backoff_max_ms: int = DEFAULT_BACKOFF_MAX_MS
+    backoff_multiplier: float = DEFAULT_BACKOFF_MULTIPLIER
+    resource_key: str | None = None
+
+    def canonical(self) -> dict[str, Any]:
+        """The request as the digest sees it: every field at its default value is left out.
+
+        This is what keeps digests stable across versions: a request that says
+        ``"priority": 0`` and one written before priority existed are the same request.
+        """
+        form: dict[str, Any] = {
+            "queue_id": self.queue_id,
+            "handler": self.handler,
+            "handler_version": self.handler_version,
+            "payload_version": self.payload_version,
+            "payload": self.payload,
+        }
+        optional = (
+            ("priority", self.priority, DEFAULT_PRIORITY),
+            ("available_at", rfc3339(self.available_at), None),
+            ("delay_us", self.delay_us, 0),
+            ("deadline", rfc3339(self.deadline), None),
+            ("max_attempts", self.max_attempts, DEFAULT_MAX_ATTEMPTS),
+            ("backoff_initial_ms", self.backoff_initial_ms, DEFAULT_BACKOFF_INITIAL_MS),
+            ("backoff_max_ms", self.backoff_max_ms, DEFAULT_BACKOFF_MAX_MS),
+            ("backoff_multiplier", float(self.backoff_multiplier), DEFAULT_BACKOFF_MULTIPLIER),
+            ("resource_key", self.resource_key, None),
+        )
+        for name, value, default in optional:
+            if value != default:
+                form[name] = value
+        return form
+
+    def digest(self) -> str:
+        return hashlib.sha256(canonical_json(self.canonical()).encode("utf-8")).hexdigest()

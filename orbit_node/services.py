@@ -18,7 +18,7 @@ from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import FairScheduler
 from .dispatch.turns import TurnRecorder
 from .metrics import NodeMetrics
-from .plans.trigger import PlanTrigger
+from .dispatch.plan_trigger import PlanTrigger
 from .store.dispatch import DispatchStore
 from .store.operations import OperationsStore
 from .store.plans import PlanStore

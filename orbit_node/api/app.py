@@ -4,68 +4,23 @@ from __future__ import annotations
 
 import logging
 
-import attrs
 import trio
 from quart import Blueprint, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from ..config import NodeConfig
-from ..db import Database
 from ..db import migrate
 from ..errors import DatabaseError, InvalidArgument, NotFound, OrbitError, PayloadTooLarge, Unavailable
-from ..metrics import NodeMetrics
-from ..services import DispatchServices, ServiceSet
-from ..store.tasks import TaskStore
-from ..store.tenancy import TenancyStore
 from . import auth, envelope, explain, plans, queues, tasks, validation
 from .asgi import ClosingHTTPConnection
-from .metrics import MetricsAuth, instrument_app
+from .metrics import instrument_app
+from .state import NodeState
 from .workers import blueprint as workers_blueprint
 
 log = logging.getLogger("orbit.http")
 
 # /readyz gives the database this long to answer before reporting not ready.
 READY_TIMEOUT_S = 2.0
-
-
-@attrs.frozen
-class NodeState:
-    """What request handlers share: configuration, the database, repositories and services.
-
-    Built once per node (``NodeState.build``); handlers read it and never write into it."""
-
-    config: NodeConfig
-    db: Database
-    node_id: str
-    tenancy: TenancyStore
-    tasks: TaskStore
-    # This node's Prometheus registry and the hooks that feed it.
-    metrics: NodeMetrics
-    metrics_auth: MetricsAuth
-    services: DispatchServices
-
-    @classmethod
-    def build(
-        cls,
-        *,
-        config: NodeConfig,
-        db: Database,
-        node_id: str,
-        run: ServiceSet = ServiceSet(),
-        shutdown_requested: trio.Event | None = None,
-    ) -> NodeState:
-        """The node's state with the services of ``run`` (none: an HTTP-only node)."""
-        tenancy = TenancyStore(db)
-        metrics = NodeMetrics(node_id, db)
-        services = DispatchServices.build(
-            config=config, db=db, node_id=node_id, tenancy=tenancy, metrics=metrics,
-            shutdown_requested=shutdown_requested if shutdown_requested is not None else trio.Event(), run=run,
-        )
-        return cls(
-            config=config, db=db, node_id=node_id, tenancy=tenancy, tasks=TaskStore(db), metrics=metrics,
-            metrics_auth=MetricsAuth(tenancy), services=services,
-        )
 
 
 class MethodNotAllowed(OrbitError):

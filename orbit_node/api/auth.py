@@ -6,23 +6,19 @@ the server; nothing in the request body or query can change them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from quart import current_app, g, request
 from werkzeug.datastructures import Headers
 
 from .. import logs
 from ..errors import PermissionDenied, Unauthenticated
 from ..store.tenancy import ALL_QUEUES, Principal
-
-if TYPE_CHECKING:
-    from .app import NodeState
+from .state import NodeState
 
 # Either scope lets a credential read a queue's settings.
 QUEUE_READ_SCOPES = ("queues:manage", "tasks:read")
 
 
-def node_state() -> "NodeState":
+def node_state() -> NodeState:
     return current_app.extensions["orbit"]
 
 

@@ -10,12 +10,10 @@ Every request also gets its log context, an HTTP metric and an access-log line h
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import attrs
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
@@ -23,64 +21,21 @@ from quart import Blueprint, Response, g, request
 from quart_trio import QuartTrio
 
 from .. import logs
-from ..errors import NotFound, PermissionDenied, Unauthenticated, Unavailable
+from ..errors import NotFound
 from ..metrics import NodeMetrics
-from ..store.tenancy import TenancyStore
 from .auth import bearer_token, node_state
+from .state import NodeState
 from .envelope import current_request_id
-
-if TYPE_CHECKING:
-    from .app import NodeState
 
 access_log = logging.getLogger("orbit.access")
 
 ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
                    Awaitable[None]]
 
-# The node-wide scope a credential needs to read GET /metrics in "credential" mode.
-METRICS_SCOPE = "metrics:read"
-# A verified metrics credential is trusted this long before the database is asked again
-# (a scrape every 15 s costs one credential lookup a minute). When the database cannot be
-# reached, a credential verified before keeps working: metrics matter most then.
-AUTH_CACHE_S = 60.0
-# Verified metrics credentials remembered per node (a handful of scrapers in practice).
-AUTH_CACHE_ENTRIES = 64
 # Routes probed so often that their access-log lines are kept at debug level.
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 # Label of requests that matched no route (the path itself would be unbounded).
 UNMATCHED_ROUTE = "unmatched"
-
-
-@attrs.define(eq=False)
-class MetricsAuth:
-    """Verifies ``metrics:read`` credentials, remembering the verified ones for a while."""
-
-    tenancy: TenancyStore
-    # sha256(token) -> trio time it was last verified with scope metrics:read.
-    _verified: dict[str, float] = attrs.field(factory=dict, init=False)
-
-    async def authorize(self, token: str) -> None:
-        """Accept a bearer credential holding ``metrics:read``; raise the API error otherwise."""
-        key = hashlib.sha256(token.encode()).hexdigest()
-        now = trio.current_time()
-        seen = self._verified.get(key)
-        if seen is not None and now - seen < AUTH_CACHE_S:
-            return
-        try:
-            principal = await self.tenancy.authenticate(token)
-        except Unavailable:
-            if seen is not None:
-                return
-            raise
-        except Unauthenticated:
-            self._verified.pop(key, None)
-            raise
-        if not principal.allows(METRICS_SCOPE):
-            self._verified.pop(key, None)
-            raise PermissionDenied(f"authorization: credential lacks scope {METRICS_SCOPE}", field="authorization")
-        self._verified[key] = now
-        while len(self._verified) > AUTH_CACHE_ENTRIES:
-            self._verified.pop(min(self._verified, key=self._verified.__getitem__))
 
 
 blueprint = Blueprint("metrics", __name__)

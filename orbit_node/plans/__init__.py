@@ -1,7 +1,7 @@
 """Plans: scheduled tasks from immutable plan versions.
 
-``schedule`` computes fire times (pure), ``definition`` validates a version's
-definition, ``trigger`` is the node service that creates the tasks.
+Pure: ``schedule`` computes fire times, ``definition`` validates a version's
+definition. The node service that creates the tasks is ``dispatch.plan_trigger``.
 """
 
 from .definition import Definition, parse_definition, parse_stored

@@ -15,7 +15,6 @@ from typing import Protocol
 import attrs
 
 from ..periodic import PeriodicService
-from ..store.plans import PlanStore
 
 log = logging.getLogger("orbit.plans")
 

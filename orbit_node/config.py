@@ -101,8 +101,6 @@ class SchedulerLimits:
     in_flight_per_application: int = attrs.field(default=1, validator=_positive)
     # Pending + in-flight claim requests per node.
     max_requests: int = attrs.field(default=128, validator=_positive)
-    # Outstanding claim requests per connection.
-    outstanding_per_connection: int = attrs.field(default=1, validator=_positive)
     # Claims a connection may be granted per scan cycle.
     claims_per_connection_per_cycle: int = attrs.field(default=4, validator=_positive)
     # Length of a scan cycle (also the lifetime of an empty-result cache entry).

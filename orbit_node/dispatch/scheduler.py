@@ -7,7 +7,8 @@ Limits (``SchedulerLimits``, development baseline):
 * at most ``sql_slots`` claims in flight per node (4);
 * at most ``in_flight_per_application`` in-flight claims per application (1);
 * at most ``max_requests`` pending + in-flight requests per node (128);
-* at most ``outstanding_per_connection`` request per connection (1);
+* at most one outstanding request per connection (P3: fixed, not a setting; requests
+  are keyed by connection);
 * at most ``claims_per_connection_per_cycle`` grants per connection per scan cycle (4 per 1 s).
 
 Selection order: rotate the active applications -> rotate that application's queues

@@ -13,7 +13,7 @@ import trio.testing
 from orbit_node.config import NodeConfig, SchedulerLimits, Dsn
 from orbit_node.dispatch.pool import ClaimPool, PoolClosed
 from orbit_node.claims import ClaimRequest
-from orbit_node.dispatch.scheduler import FairScheduler
+from orbit_node.dispatch.scheduler import FairScheduler, cache_key
 from orbit_node.store.tenancy import Principal
 from orbit_node.workers import protocol as p
 from orbit_node.workers.connection import ConnectionClosed, WorkerConnection
@@ -127,6 +127,42 @@ async def test_results_of_a_departed_connection_are_released(autojump_clock):
             await trio.testing.wait_all_tasks_blocked()
             pool.close()
     assert released == [("t1", "1-aa"), ("t2", "1-bb")]
+
+
+@pytest.mark.parametrize("blocked_by", ["application_in_flight", "paced_out"])
+async def test_the_pool_sleeps_while_a_waiting_request_can_only_wait(autojump_clock, blocked_by):
+    """A request that cannot run (its application's claim is in flight, or its connection is
+    paced out) next to an expired empty-result entry must not spin the pool's loop."""
+    release_claim = trio.Event()
+    limits = SchedulerLimits(in_flight_per_application=1, claims_per_connection_per_cycle=1)
+
+    async def claim(request):
+        if request.connection_id == "c1":
+            await release_claim.wait()
+            return []
+        return []
+
+    pool = ClaimPool(FairScheduler(limits), claim=claim, release=None)
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            if blocked_by == "application_in_flight":
+                pool.request(ticket("c1"), lambda r: None)  # app A: its one claim stays in flight
+                await trio.testing.wait_all_tasks_blocked()
+                pool.request(ticket("c2", queue="q2"), lambda r: None)  # app A again: must wait
+            else:
+                pool.request(ticket("c2", app="B", queue="q2"), lambda r: None)
+                await trio.testing.wait_all_tasks_blocked()
+                pool.request(ticket("c2", app="B", queue="q2"), lambda r: None)  # paced out this cycle
+            # An empty entry of the waiting request's queue that has expired by now.
+            pool.scheduler.cache.store_empty(cache_key(ticket("c2", queue="q2"), "q2"), trio.current_time() - 5)
+            pool.task_arrived("other-queue")  # one wake-up of the loop
+            before = pool.statistics().rounds
+            for _ in range(200):
+                await trio.lowlevel.checkpoint()
+            assert pool.statistics().rounds - before <= 3
+            release_claim.set()
+            pool.close()
 
 
 class MemoryTransport:

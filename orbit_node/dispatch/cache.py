@@ -73,8 +73,10 @@ class EmptyResultCache:
         for key in [k for k in self._entries if k.queue_id == queue_id]:
             del self._entries[key]
 
-    def next_expiry(self) -> float | None:
-        return min(self._entries.values(), default=None)
+    def expires_at(self, key: CacheKey, now: float) -> float | None:
+        """When the fresh empty entry of ``key`` expires; None when there is none."""
+        expires = self._entries.get(key)
+        return expires if expires is not None and now < expires else None
 
     def __len__(self) -> int:
         return len(self._entries)

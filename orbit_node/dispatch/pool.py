@@ -42,6 +42,8 @@ class PoolStatistics:
     pending: int
     in_flight: int
     turns_by_application: dict[str, int]
+    # Rounds of the pool's loop (each one a grant decision); a figure for busy-loop checks.
+    rounds: int
 
 
 @attrs.define(eq=False)
@@ -62,6 +64,7 @@ class ClaimPool:
     _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
     _closed: bool = attrs.field(default=False, init=False)
     _idle: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _rounds: int = attrs.field(default=0, init=False)
     _counts: dict[str, int] = attrs.field(factory=lambda: {"tasks": 0, "empty": 0, "error": 0, "reserved": 0}, init=False)
 
     # -- called by connections (synchronous, never blocks) ---------------------------------
@@ -103,6 +106,7 @@ class ClaimPool:
         async with trio.open_nursery() as claims:
             task_status.started()
             while True:
+                self._rounds += 1
                 now = trio.current_time()
                 if not self._closed:
                     for grant in self.scheduler.grant(now):
@@ -166,4 +170,5 @@ class ClaimPool:
             pending=s.pending,
             in_flight=s.in_flight,
             turns_by_application=s.turns_by_application,
+            rounds=self._rounds,
         )

@@ -223,17 +223,31 @@ class FairScheduler:
         self.cache.forget_queue(queue_id)
 
     def next_wakeup(self, now: float) -> float | None:
-        """When a waiting request may become eligible without any event (pacing or cache expiry)."""
+        """When a waiting request may become eligible without any event, if ever.
+
+        Only time can make a request eligible when its connection is paced out (the next
+        cycle) or every queue of it has a fresh empty entry (the earliest expiry). A request
+        whose application is at its in-flight limit waits for that claim to complete, which
+        is an event, not a time; the same holds when every SQL slot is busy. Never returns a
+        time at or before ``now``: a loop that sleeps until then would not sleep at all."""
         if not self._pending or len(self._in_flight) >= self.limits.sql_slots:
             return None
-        times = []
         cycle = self._cycle(now)
-        if any(self._paced_out(c, cycle) for c in self._pending):
-            times.append((cycle + 1) * self.limits.scan_cycle_s)
-        expiry = self.cache.next_expiry()
-        if expiry is not None:
-            times.append(max(expiry, now))
-        return min(times, default=None)
+        next_cycle = (cycle + 1) * self.limits.scan_cycle_s
+        earliest: float | None = None
+        for request in self._pending.values():
+            if self._app_in_flight[request.application_id] >= self.limits.in_flight_per_application:
+                continue
+            if self._paced_out(request.connection_id, cycle):
+                when = next_cycle
+            else:
+                expiries = [self.cache.expires_at(cache_key(request, q), now) for q in request.queue_ids]
+                if any(e is None for e in expiries):
+                    continue  # eligible now: ``grant`` takes it when a slot frees (an event)
+                when = min(e for e in expiries if e is not None)
+            if when > now and (earliest is None or when < earliest):
+                earliest = when
+        return earliest
 
     def statistics(self) -> SchedulerStatistics:
         return SchedulerStatistics(

@@ -11,7 +11,11 @@
         ...
         await worker.drain()          # finish what runs, disconnect; worker.drained is True
 
-* Start is sent (batched per dispatch) before a handler runs, Finish after it.
+* Start is sent before a handler runs, Finish after it. Both are batched: every Start
+  and every Finish that is ready within one scheduler tick, or while the previous
+  message of its kind waits for its ack, goes in one message (at most
+  ``MAX_TASKS_PER_MESSAGE`` tasks), so a busy Worker sends one message per batch,
+  not one per task.
 * Leases of running tasks are renewed in one batched ``renew`` every third of the
   run lease; a task the node no longer confirms is cancelled locally.
 * A handler's return value is the result (any JSON value). ``PermanentError`` fails
@@ -48,6 +52,10 @@ RECONNECT_MAX_S = 5.0
 # Bound on the WebSocket closing handshake: a node that cannot be reached (packets
 # dropped, no RST) must not hold a reconnect for trio-websocket's 60 s.
 DISCONNECT_TIMEOUT_S = 2.0
+
+
+# The protocol's bound on the tasks of one start/renew/finish/release message.
+MAX_TASKS_PER_MESSAGE = 1000
 
 
 class NodeSilent(Exception):
@@ -123,6 +131,14 @@ class _Session:
     # Handlers started or about to start (between the start ack and the handler).
     busy: int = 0
     idle: trio.Event = attrs.field(factory=trio.Event)
+    # Start and finish messages sent, by kind (the Worker's counters).
+    sent: dict[str, int] = attrs.field(factory=lambda: {"start": 0, "finish": 0})
+    starts: _Batcher = attrs.field(init=False)
+    finishes: _Batcher = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.starts = _Batcher(self, "start", self.sent)
+        self.finishes = _Batcher(self, "finish", self.sent)
 
     def enter(self) -> None:
         self.busy += 1
@@ -154,6 +170,46 @@ class _Session:
 
 
 @attrs.define(eq=False)
+class _Batcher:
+    """Coalesces the start (or finish) items of many tasks into one message.
+
+    ``submit`` queues items and waits for their own results. ``run`` sends what is queued
+    once the tick in which it was queued is over, waits for the ack, and meanwhile lets
+    new items queue up for the next message (so one message is in flight per kind)."""
+
+    session: _Session
+    kind: str
+    # Messages sent per kind, shared with the Worker (a figure for tests and benchmarks).
+    sent: dict[str, int]
+    _queued: list[tuple[dict, trio.MemorySendChannel]] = attrs.field(factory=list)
+    _wake: trio.Event = attrs.field(factory=trio.Event)
+
+    async def submit(self, items: list[dict]) -> list[dict | None]:
+        """Queue ``items``; returns each one's result (None if the ack did not name it)."""
+        waits = []
+        for item in items:
+            send, recv = trio.open_memory_channel(1)
+            self._queued.append((item, send))
+            waits.append(recv)
+        self._wake.set()
+        return [await recv.receive() for recv in waits]
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            # Whatever else is ready to run in this tick queues its items first.
+            await trio.lowlevel.checkpoint()
+            batch, self._queued = self._queued[:MAX_TASKS_PER_MESSAGE], self._queued[MAX_TASKS_PER_MESSAGE:]
+            if not self._queued:
+                self._wake = trio.Event()
+            self.sent[self.kind] += 1
+            results = await self.session.request(self.kind, [item for item, _ in batch])
+            by_id = {r.get("task_id"): r for r in results}
+            for item, send in batch:
+                send.send_nowait(by_id.get(item["task_id"]))
+
+
+@attrs.define(eq=False)
 class Worker:
     url: str
     token: str = attrs.field(repr=False)
@@ -172,6 +228,8 @@ class Worker:
     completed: int = 0
     failed: int = 0
     connections: int = 0
+    # Start and finish messages sent, by kind (each carries every task ready in its batch).
+    messages_sent: dict[str, int] = attrs.field(factory=lambda: {"start": 0, "finish": 0})
     _progress: trio.Event = attrs.field(factory=trio.Event)
 
     @property
@@ -265,10 +323,12 @@ class Worker:
                 if welcome.get("type") != "welcome":
                     raise WorkerRejected(0, json.dumps(welcome).encode())
                 self.connections += 1
-                session = _Session(ws, welcome)
+                session = _Session(ws, welcome, sent=self.messages_sent)
                 if status:
                     status.pop().started()
                 async with trio.open_nursery() as nursery:
+                    nursery.start_soon(session.starts.run)
+                    nursery.start_soon(session.finishes.run)
                     nursery.start_soon(self._heartbeats, session)
                     nursery.start_soon(self._renewals, session)
                     nursery.start_soon(self._drain_watch, session, nursery)
@@ -312,11 +372,10 @@ class Worker:
             if self._draining:
                 await session.request("release", refs)
                 return
-            results = await session.request("start", refs)
-            by_id = {r["task_id"]: r for r in results}
+            results = await session.starts.submit(refs)
             async with trio.open_nursery() as nursery:
-                for t in tasks:
-                    if by_id.get(t["task_id"], {}).get("ok"):
+                for t, result in zip(tasks, results):
+                    if result is not None and result.get("ok"):
                         nursery.start_soon(self._run_one, session, t)
         finally:
             session.leave()
@@ -343,10 +402,10 @@ class Worker:
         if scope.cancelled_caught:
             report.update(outcome="failed", retryable=False, error={"message": "cancelled by the node", "code": "CANCELLED"})
         try:
-            results = await session.request("finish", [report])
+            (result,) = await session.finishes.submit([report])
         finally:
             session.running.pop(task.task_id, None)
-        if results and results[0].get("ok"):
+        if result is not None and result.get("ok"):
             self._finished(report["outcome"] == "succeeded")
 
     async def _heartbeats(self, session: _Session) -> None:

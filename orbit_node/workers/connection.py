@@ -12,25 +12,31 @@ Per connection, one nursery with:
 Claims are never awaited here: when the connection has free capacity and no
 outstanding request, it hands one ``ClaimRequest`` to the node's ``ClaimPool`` and
 goes on; the result arrives through ``_deliver``.
+
+What the connection holds, when it asks for a claim and when a drain is done are
+decided by ``core.ConnectionCore`` (sans-IO); this module only awaits and sends.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import attrs
 import trio
 
 from .. import logs
-from ..dispatch.pool import ClaimPool, PoolClosed
 from ..claims import ClaimRequest
+from ..config import NodeConfig
+from ..dispatch.pool import ClaimPool, PoolClosed
 from ..dispatch.scheduler import SchedulerRefused
 from ..errors import NotFound, OrbitError
+from ..store.dispatch import FinishItem, Reservation, TransitionResult
 from ..store.tenancy import Principal
 from . import protocol as p
+from .core import ConnectionCore, TaskHandle, TransitionKind, TransitionMessage, kind_of
 
 log = logging.getLogger("orbit.workers")
 
@@ -40,25 +46,80 @@ MAX_PROTOCOL_ERRORS = 16
 MAX_QUEUED_TRANSITIONS = 256
 # Bound on the shielded clean-up (releasing reservations) when a connection ends.
 CLEANUP_TIMEOUT_S = 5.0
+# Bound on the WebSocket close handshake once the queued frames are sent.
+CLOSE_TIMEOUT_S = 2.0
 
 
-class ConnectionClosed(Exception):
-    """The peer closed the WebSocket (or it broke)."""
+class ConnectionClosed(OrbitError):
+    """The Worker connection is over; the subclasses say whose doing it was."""
+
+    code = "CONNECTION_CLOSED"
+
+    def __init__(self, reason: str = ""):
+        super().__init__(reason or "connection closed")
+        self.reason = reason
+
+
+class ClosedByNode(ConnectionClosed):
+    """The node closed the connection with ``close_code`` (timeout, protocol errors, shutdown)."""
+
+    def __init__(self, reason: str, *, close_code: int):
+        super().__init__(reason)
+        self.close_code = close_code
+
+
+class ConnectionBroken(ConnectionClosed):
+    """The peer closed the WebSocket, or it broke."""
+
+    code = "CONNECTION_BROKEN"
 
 
 class Transport(Protocol):
+    """The connection's WebSocket. ``receive`` raises ``ConnectionClosed`` once the peer is gone."""
+
     async def receive(self) -> str | bytes: ...
     async def send(self, text: str) -> None: ...
     async def close(self, code: int, reason: str) -> None: ...
 
 
-@attrs.define
-class Held:
-    token: str
-    state: str  # reserved | running
-    queue_id: str
-    # trio time the dispatch was sent (metrics: dispatch -> Start latency).
-    dispatched_at: float = 0.0
+class TransitionStore(Protocol):
+    """The dispatch store's guarded transitions (``store.dispatch.DispatchStore``)."""
+
+    async def start_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]: ...
+    async def renew_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]: ...
+    async def release_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]: ...
+    async def finish_many(self, items: Iterable[FinishItem]) -> list[TransitionResult]: ...
+
+
+class QueueLookup(Protocol):
+    """Checks a hello's queues exist (``store.tenancy.TenancyStore``); raises ``NotFound``."""
+
+    async def get_queue(self, namespace_id: str, queue_id: str) -> object: ...
+
+
+class Hub(Protocol):
+    """What a connection needs from the node's ``WorkerHub``."""
+
+    @property
+    def config(self) -> NodeConfig: ...
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def store(self) -> TransitionStore: ...
+    @property
+    def pool(self) -> ClaimPool: ...
+    @property
+    def tenancy(self) -> QueueLookup: ...
+    @property
+    def shutdown_requested(self) -> trio.Event: ...
+
+    async def register(self, conn: WorkerConnection) -> None: ...
+    async def unregister(self, conn: WorkerConnection) -> None: ...
+    def finish_item(self, report: p.FinishReport) -> FinishItem: ...
+    def result_json(self, result: TransitionResult) -> dict[str, Any]: ...
+    def observe_dispatch(self, reservations: Sequence[Reservation]) -> None: ...
+    def observe_started(self, seconds: float) -> None: ...
+    def observe_finish(self, results: Sequence[TransitionResult]) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -66,27 +127,38 @@ class WorkerConnection:
     connection_id: str
     principal: Principal
     transport: Transport
-    hub: Any  # WorkerHub: config, node_id, store, pool, tenancy, registry, shutdown event
-    hello: p.Hello | None = None
-    held: dict[str, Held] = attrs.field(factory=dict)
-    outstanding: bool = False
-    worker_draining: bool = False
-    node_draining: bool = False
-    protocol_errors: int = 0
-    last_received: float = 0.0
-    retry_claim_at: float | None = None
-    _out_send: Any = None
-    _out_recv: Any = None
-    _tr_send: Any = None
-    _tr_recv: Any = None
-    _closing: tuple[int, str] | None = None
-    _wake_watchdog: trio.Event = attrs.field(factory=trio.Event)
-    _held_changed: trio.Event = attrs.field(factory=trio.Event)
-    _nursery: trio.Nursery | None = None
+    hub: Hub
+    core: ConnectionCore = attrs.field(init=False)
+    protocol_errors: int = attrs.field(default=0, init=False)
+    # trio time of the last frame received (heartbeat timeout).
+    last_received: float = attrs.field(default=0.0, init=False)
+    # Frames for the writer (never blocks: the connection's own output is bounded by
+    # what the Worker sends and what it holds).
+    _out_send: trio.MemorySendChannel[str] = attrs.field(init=False)
+    _out_recv: trio.MemoryReceiveChannel[str] = attrs.field(init=False)
+    # Transitions for the transition loop, bounded by MAX_QUEUED_TRANSITIONS.
+    _tr_send: trio.MemorySendChannel[TransitionMessage] = attrs.field(init=False)
+    _tr_recv: trio.MemoryReceiveChannel[TransitionMessage] = attrs.field(init=False)
+    _closing: tuple[int, str] | None = attrs.field(default=None, init=False)
+    _wake_watchdog: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _held_changed: trio.Event = attrs.field(factory=trio.Event, init=False)
 
-    def __attrs_post_init__(self):
-        self._out_send, self._out_recv = trio.open_memory_channel(math.inf)
-        self._tr_send, self._tr_recv = trio.open_memory_channel(MAX_QUEUED_TRANSITIONS)
+    def __attrs_post_init__(self) -> None:
+        config = self.hub.config
+        self.core = ConnectionCore(
+            self.connection_id,
+            self.principal.application_id,
+            self.principal.namespace_id,
+            claim_batch_size=config.claim_batch_size,
+            retry_after_s=config.scheduler.scan_cycle_s,
+        )
+        self._out_send, self._out_recv = trio.open_memory_channel[str](math.inf)
+        self._tr_send, self._tr_recv = trio.open_memory_channel[TransitionMessage](MAX_QUEUED_TRANSITIONS)
+
+    @property
+    def hello(self) -> p.Hello | None:
+        """The Worker's hello, once accepted."""
+        return self.core.hello
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -101,15 +173,16 @@ class WorkerConnection:
         """Ask the writer to send what is queued, then close with ``code``."""
         if self._closing is None:
             self._closing = (code, reason)
+            self.core.start_closing()
             self._out_send.close()
 
     async def _writer(self) -> None:
         async for text in self._out_recv:
             await self.transport.send(text)
         code, reason = self._closing or (p.CLOSE_NORMAL, "")
-        with trio.move_on_after(2):
+        with trio.move_on_after(CLOSE_TIMEOUT_S):
             await self.transport.close(code, reason)
-        raise ConnectionClosed(reason)
+        raise ClosedByNode(reason, close_code=code)
 
     # -- the connection's life ----------------------------------------------------------
 
@@ -123,7 +196,6 @@ class WorkerConnection:
         )
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
                 nursery.start_soon(self._writer)
                 nursery.start_soon(self._transitions)
                 nursery.start_soon(self._watchdog)
@@ -138,7 +210,7 @@ class WorkerConnection:
 
     async def _cleanup(self) -> None:
         self.hub.pool.leave(self.connection_id)
-        unstarted = [(task_id, h.token) for task_id, h in self.held.items() if h.state == "reserved"]
+        unstarted = self.core.unstarted()
         if unstarted:
             try:
                 await self.hub.store.release_many(unstarted)
@@ -171,7 +243,7 @@ class WorkerConnection:
         if isinstance(message, p.Heartbeat):
             self.send(p.heartbeat())
             return
-        if self.hello is None:
+        if self.core.hello is None:
             if not isinstance(message, p.Hello):
                 raise p.ProtocolError("OUT_OF_ORDER", "the first message must be hello", field="type",
                                       close_code=p.CLOSE_PROTOCOL)
@@ -180,18 +252,16 @@ class WorkerConnection:
         if isinstance(message, p.Hello):
             raise p.ProtocolError("OUT_OF_ORDER", "hello was already received", field="type")
         if isinstance(message, p.Drain):
-            self.worker_draining = True
+            self.core.worker_drain()
             self.hub.pool.leave(self.connection_id)
-            self.outstanding = False
             return
         try:
             self._tr_send.send_nowait(message)
         except trio.WouldBlock:
             # Refused as a whole: a negative ack per task (with the message id) so the
             # Worker can retry it; nothing was changed.
-            kind = type(message).__name__.lower()
-            self.send(p.ack(kind, [{"task_id": t.task_id, "ok": False, "code": "RESOURCE_EXHAUSTED"}
-                                   for t in message.tasks], message.id))
+            self.send(p.ack(kind_of(message).value, [p.refused(t.task_id, "RESOURCE_EXHAUSTED") for t in message.tasks],
+                            message.id))
 
     async def _accept_hello(self, hello: p.Hello) -> None:
         for index, queue_id in enumerate(hello.queues):
@@ -205,7 +275,7 @@ class WorkerConnection:
                                       close_code=p.CLOSE_POLICY) from None
             except OrbitError as exc:
                 raise p.ProtocolError("UNAVAILABLE", exc.message, close_code=p.CLOSE_INTERNAL) from None
-        self.hello = hello
+        self.core.hello_received(hello, node_id=self.hub.node_id)
         await self.hub.register(self)
         config = self.hub.config
         self.send(p.welcome(
@@ -221,46 +291,32 @@ class WorkerConnection:
 
     # -- claims -----------------------------------------------------------------------
 
-    @property
-    def free_capacity(self) -> int:
-        return 0 if self.hello is None else self.hello.capacity - len(self.held)
-
     def maybe_request_claim(self) -> None:
-        if (self.hello is None or self.outstanding or self.worker_draining or self.node_draining
-                or self._closing is not None or self.free_capacity <= 0):
-            return
-        request = ClaimRequest(
-            connection_id=self.connection_id,
-            node_id=self.hub.node_id,
-            application_id=self.principal.application_id,
-            namespace_id=self.principal.namespace_id,
-            queue_ids=self.hello.queues,
-            capabilities=self.hello.capabilities,
-            resource_key_support=self.hello.resource_keys,
-            limit=min(self.free_capacity, self.hub.config.claim_batch_size),
-        )
+        """Hand the pool the claim request the core asks for, if any."""
+        request = self.core.next_claim()
+        if request is not None:
+            self._submit(request)
+
+    def _submit(self, request: ClaimRequest) -> None:
         try:
             self.hub.pool.request(request, self._deliver)
         except SchedulerRefused:
-            self.retry_claim_at = trio.current_time() + self.hub.config.scheduler.scan_cycle_s
+            self.core.claim_failed(trio.current_time())
+            self._wake_watchdog.set()
+        except PoolClosed:
+            self.core.claim_closed()
+
+    def _deliver(self, result: Sequence[Reservation] | BaseException) -> None:
+        self._held_changed.set()
+        if isinstance(result, PoolClosed):
+            self.core.claim_closed()
+            return
+        if isinstance(result, BaseException):
+            self.core.claim_failed(trio.current_time())
             self._wake_watchdog.set()
             return
-        except PoolClosed:
-            return
-        self.outstanding = True
-
-    def _deliver(self, result: Sequence[Any] | BaseException) -> None:
-        self.outstanding = False
-        self._held_changed.set()
-        if isinstance(result, BaseException):
-            if not isinstance(result, PoolClosed):
-                self.retry_claim_at = trio.current_time() + self.hub.config.scheduler.scan_cycle_s
-                self._wake_watchdog.set()
-            return
+        self.core.claim_delivered(result, trio.current_time())
         if result:
-            now = trio.current_time()
-            for r in result:
-                self.held[r.task_id] = Held(r.fencing_token, "reserved", r.queue_id, now)
             self.send(p.dispatch(result))
             self.hub.observe_dispatch(result)
         self.maybe_request_claim()
@@ -271,72 +327,44 @@ class WorkerConnection:
         async for message in self._tr_recv:
             try:
                 await self._transition(message)
+            except (p.ProtocolError, ConnectionClosed):
+                raise  # not the database's doing: the connection ends, as for any other error
             except OrbitError as exc:
                 # The database could not be reached: every task of the message gets a
                 # negative ack the Worker can retry; nothing changed ownership.
-                kind = type(message).__name__.lower()
-                self.send(p.ack(kind, [{"task_id": t.task_id, "ok": False, "code": exc.code} for t in message.tasks],
+                self.send(p.ack(kind_of(message).value, [p.refused(t.task_id, exc.code) for t in message.tasks],
                                 message.id))
             self._held_changed.set()
             self.maybe_request_claim()
 
-    def _split_held(self, refs, states: tuple[str, ...]):
-        """Tasks this connection holds (in the given states) vs. the ones it does not."""
-        mine, refused = [], []
-        for ref in refs:
-            held = self.held.get(ref.task_id)
-            if held is not None and held.token == ref.token and held.state in states:
-                mine.append(ref)
-            else:
-                refused.append({"task_id": ref.task_id, "ok": False, "code": "NOT_HELD"})
-        return mine, refused
-
-    async def _transition(self, message) -> None:
+    async def _transition(self, message: TransitionMessage) -> None:
+        kind = kind_of(message)
         store = self.hub.store
-        if isinstance(message, p.Start):
-            mine, results = self._split_held(message.tasks, ("reserved",))
-            outcomes = await store.start_many([(r.task_id, r.token) for r in mine]) if mine else []
-            for ref, outcome in zip(mine, outcomes):
-                result = self.hub.result_json(outcome)
-                results.append(result)
-                if result["ok"]:
-                    held = self.held[ref.task_id]
-                    held.state = "running"
-                    self.hub.observe_started(trio.current_time() - held.dispatched_at)
-                else:
-                    self.held.pop(ref.task_id, None)
-            self.send(p.ack("start", results, message.id))
-        elif isinstance(message, p.Renew):
-            mine, results = self._split_held(message.tasks, ("reserved", "running"))
-            outcomes = await store.renew_many([(r.task_id, r.token) for r in mine]) if mine else []
-            cancels = []
-            for ref, outcome in zip(mine, outcomes):
-                result = self.hub.result_json(outcome)
-                results.append(result)
-                if not result["ok"]:
-                    self.held.pop(ref.task_id, None)
-                elif outcome.cancel_requested:
-                    cancels.append((ref.task_id, "cancel_requested"))
-                elif outcome.deadline_passed:
-                    cancels.append((ref.task_id, "deadline"))
-            self.send(p.ack("renew", results, message.id))
-            if cancels:
-                self.send(p.cancel(cancels))
-        elif isinstance(message, p.Finish):
-            mine, results = self._split_held(message.tasks, ("running",))
-            outcomes = await store.finish_many([self.hub.finish_item(r) for r in mine]) if mine else []
-            for ref, outcome in zip(mine, outcomes):
-                results.append(self.hub.result_json(outcome))
-                self.held.pop(ref.task_id, None)
+        mine: Sequence[TaskHandle]
+        # A finish goes to the store as FinishItems, the others as (task_id, token).
+        if isinstance(message, p.Finish):
+            finishing = self.core.split(kind, message.tasks)
+            mine, not_held = finishing.mine, finishing.not_held
+            outcomes = await store.finish_many([self.hub.finish_item(r) for r in finishing.mine]) if mine else []
+        else:
+            split = self.core.split(kind, message.tasks)
+            mine, not_held = split.mine, split.not_held
+            run = {
+                TransitionKind.START: store.start_many,
+                TransitionKind.RENEW: store.renew_many,
+                TransitionKind.RELEASE: store.release_many,
+            }[kind]
+            outcomes = await run([(r.task_id, r.token) for r in mine]) if mine else []
+        settled = self.core.settle(kind, mine, outcomes, trio.current_time())
+        results = [p.refused(task_id, "NOT_HELD") for task_id in not_held]
+        results += [self.hub.result_json(outcome) for _, outcome in zip(mine, outcomes)]
+        for seconds in settled.started_after_s:
+            self.hub.observe_started(seconds)
+        if kind is TransitionKind.FINISH:
             self.hub.observe_finish(outcomes)
-            self.send(p.ack("finish", results, message.id))
-        elif isinstance(message, p.Release):
-            mine, results = self._split_held(message.tasks, ("reserved",))
-            outcomes = await store.release_many([(r.task_id, r.token) for r in mine]) if mine else []
-            for ref, outcome in zip(mine, outcomes):
-                results.append(self.hub.result_json(outcome))
-                self.held.pop(ref.task_id, None)
-            self.send(p.ack("release", results, message.id))
+        self.send(p.ack(kind.value, results, message.id))
+        if settled.cancels:
+            self.send(p.cancel([(c.task_id, c.reason) for c in settled.cancels]))
 
     # -- timers -------------------------------------------------------------------------
 
@@ -348,12 +376,12 @@ class WorkerConnection:
                 self.send(p.error("HEARTBEAT_TIMEOUT", f"nothing received for {timeout:g} s"))
                 self.close_soon(p.CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
                 return
-            if self.retry_claim_at is not None and now >= self.retry_claim_at:
-                self.retry_claim_at = None
-                self.maybe_request_claim()
+            request = self.core.claim_retry(now)
+            if request is not None:
+                self._submit(request)
             deadline = self.last_received + timeout
-            if self.retry_claim_at is not None:
-                deadline = min(deadline, self.retry_claim_at)
+            if self.core.retry_claim_at is not None:
+                deadline = min(deadline, self.core.retry_claim_at)
             self._wake_watchdog = trio.Event()
             with trio.move_on_at(deadline):
                 await self._wake_watchdog.wait()
@@ -362,12 +390,12 @@ class WorkerConnection:
         await self.hub.shutdown_requested.wait()
         # No new requests from here on; the pool's own shutdown answers a pending one
         # (PoolClosed) and lets an in-flight one deliver its reservations here.
-        self.node_draining = True
+        self.core.node_drain()
         self.send(p.drain())
         # The Worker finishes what runs and releases what it has not started; an
         # in-flight claim still delivers first. The node's grace period bounds the wait,
         # then clean-up releases whatever reservations are left.
-        while self.held or self.outstanding:
+        while not self.core.drained:
             self._held_changed = trio.Event()
             await self._held_changed.wait()
         self.close_soon(p.CLOSE_GOING_AWAY, "node shutting down")

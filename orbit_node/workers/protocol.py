@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 
 from ..claims import Capability
+from ..errors import OrbitError
 from ..rules import HANDLER, QUEUE_ID, VERSION
 from ..wire import rfc3339
+
+if TYPE_CHECKING:
+    from ..store.dispatch import Reservation
 
 # WebSocket close codes the node uses (documented in docs/worker-protocol.md).
 CLOSE_NORMAL = 1000
@@ -47,14 +51,19 @@ _TOKEN = re.compile(r"[0-9]{1,10}-[0-9a-f]{16}")
 _MESSAGE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
-class ProtocolError(Exception):
-    """A bad inbound message. ``close_code`` set means the connection must close."""
+class ProtocolError(OrbitError):
+    """A bad inbound message. ``close_code`` set means the connection must close.
+
+    ``code`` is the ``error`` frame's machine code (``INVALID_MESSAGE``, ``OUT_OF_ORDER``,
+    ...); it replaces the class default for each instance.
+    """
+
+    code = "INVALID_MESSAGE"
+    http_status = 400
 
     def __init__(self, code: str, message: str, *, field: str | None = None, close_code: int | None = None):
-        super().__init__(message)
+        super().__init__(message, field=field)
         self.code = code
-        self.message = message
-        self.field = field
         self.close_code = close_code
 
 
@@ -121,12 +130,12 @@ class Drain:
 Message = Hello | Heartbeat | Start | Renew | Release | Finish | Drain
 
 
-def _reject_constant(name: str):
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _no_duplicates(pairs):
-    result = {}
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
             raise ValueError(f"duplicate key {key!r}")
@@ -152,7 +161,7 @@ def _fields(obj: Mapping[str, Any], required: set[str], optional: set[str], wher
         raise _invalid(f"missing field {missing[0]!r}", f"{where}{missing[0]}")
 
 
-def _string(value: Any, pattern: re.Pattern, field: str) -> str:
+def _string(value: Any, pattern: re.Pattern[str], field: str) -> str:
     if not isinstance(value, str) or not pattern.fullmatch(value):
         raise _invalid(f"{field}: invalid value", field)
     return value
@@ -170,7 +179,7 @@ def _bool(value: Any, field: str) -> bool:
     return value
 
 
-def _list(value: Any, field: str, *, low: int, high: int) -> list:
+def _list(value: Any, field: str, *, low: int, high: int) -> list[Any]:
     if not isinstance(value, list) or not low <= len(value) <= high:
         raise _invalid(f"{field}: expected a list of {low}..{high} items", field)
     return value
@@ -274,15 +283,15 @@ def _finish(obj: Mapping[str, Any]) -> Finish:
     return Finish(tuple(reports), _message_id(obj))
 
 
-def _empty(cls):
-    def parse(obj: Mapping[str, Any]):
+def _empty(cls: Callable[[], Message]) -> Callable[[Mapping[str, Any]], Message]:
+    def parse(obj: Mapping[str, Any]) -> Message:
         _fields(obj, set(), set(), "")
         return cls()
 
     return parse
 
 
-_PARSERS = {
+_PARSERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
     "hello": _hello,
     "heartbeat": _empty(Heartbeat),
     "start": lambda obj: Start(_task_refs(obj), _message_id(obj)),
@@ -336,7 +345,7 @@ def heartbeat() -> dict[str, Any]:
 timestamp = rfc3339
 
 
-def dispatch_task(r) -> dict[str, Any]:
+def dispatch_task(r: Reservation) -> dict[str, Any]:
     """One reservation as the Worker sees it; ``priority`` only when non-zero."""
     task = {
         "task_id": r.task_id,
@@ -359,7 +368,7 @@ def dispatch_task(r) -> dict[str, Any]:
     return task
 
 
-def dispatch(reservations) -> dict[str, Any]:
+def dispatch(reservations: Sequence[Reservation]) -> dict[str, Any]:
     return {"type": "dispatch", "tasks": [dispatch_task(r) for r in reservations]}
 
 
@@ -368,6 +377,11 @@ def ack(of: str, results: list[dict[str, Any]], message_id: str | None = None) -
     if message_id is not None:
         body["id"] = message_id
     return body
+
+
+def refused(task_id: str, code: str) -> dict[str, Any]:
+    """One ``ack`` result for a task whose transition was refused before the store (``NOT_HELD``, ...)."""
+    return {"task_id": task_id, "ok": False, "code": code}
 
 
 def cancel(items: list[tuple[str, str]]) -> dict[str, Any]:

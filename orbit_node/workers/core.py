@@ -1,0 +1,316 @@
+"""The bookkeeping of one Worker connection, sans-IO.
+
+``ConnectionCore`` knows which tasks the connection holds and in which state,
+whether a claim request is outstanding, and whether the Worker or the node is
+draining. It decides, synchronously and without a clock of its own (the caller
+passes ``now``):
+
+* which task references of a ``start`` / ``renew`` / ``finish`` / ``release`` are
+  this connection's to send to the dispatch store, and which are refused
+  ``NOT_HELD`` (``split``);
+* what the store's answer changes: a started reservation runs, a refused,
+  finished or released task is dropped, a renewed one may carry a cancel notice
+  (``settle``);
+* when to ask for the next claim and for how many tasks (``next_claim``), what a
+  delivery or a failed request changes (``claim_delivered``, ``claim_failed``,
+  ``claim_closed``, ``claim_retry``);
+* when a draining connection is done (``drained``).
+
+The four transitions are one table (``RULES``): the held states each accepts and
+what an accepted or a refused result does. ``WorkerConnection`` is the trio adapter
+around this object: it awaits the store, the claim pool and the WebSocket, and
+sends the frames ``protocol`` builds.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
+
+import attrs
+
+from ..claims import ClaimRequest
+from . import protocol as p
+
+if TYPE_CHECKING:
+    from ..store.dispatch import Reservation, TransitionResult
+
+
+class TaskState(enum.Enum):
+    """Where a task this connection holds stands."""
+
+    # Dispatched to the Worker, not started yet.
+    RESERVED = "reserved"
+    # The Worker's Start was accepted.
+    RUNNING = "running"
+
+
+class TransitionKind(enum.Enum):
+    """The Worker's four task transitions; the value is the ``ack``'s ``of``."""
+
+    START = "start"
+    RENEW = "renew"
+    FINISH = "finish"
+    RELEASE = "release"
+
+
+class Effect(enum.Enum):
+    """What one store result does to the task on this connection."""
+
+    # The task stays held as it is.
+    KEEP = "keep"
+    # The reservation becomes a running task.
+    RUN = "run"
+    # The connection no longer holds the task.
+    DROP = "drop"
+
+
+@attrs.frozen
+class TransitionRule:
+    """One transition kind: which refs it sends to the store and what results do."""
+
+    # Held states a ref must be in (with its token) to go to the store.
+    accepts: frozenset[TaskState]
+    # What an accepted (``ok``) result does.
+    on_ok: Effect
+    # What a refused result does (ownership lost, task cancelled/expired).
+    on_refused: Effect
+    # An accepted result may tell the Worker to stop the handler (cancel notice).
+    notices: bool = False
+
+
+RULES: Mapping[TransitionKind, TransitionRule] = MappingProxyType({
+    TransitionKind.START: TransitionRule(
+        accepts=frozenset({TaskState.RESERVED}), on_ok=Effect.RUN, on_refused=Effect.DROP
+    ),
+    TransitionKind.RENEW: TransitionRule(
+        accepts=frozenset({TaskState.RESERVED, TaskState.RUNNING}), on_ok=Effect.KEEP, on_refused=Effect.DROP,
+        notices=True,
+    ),
+    TransitionKind.FINISH: TransitionRule(
+        accepts=frozenset({TaskState.RUNNING}), on_ok=Effect.DROP, on_refused=Effect.DROP
+    ),
+    TransitionKind.RELEASE: TransitionRule(
+        accepts=frozenset({TaskState.RESERVED}), on_ok=Effect.DROP, on_refused=Effect.DROP
+    ),
+})
+
+TransitionMessage = p.Start | p.Renew | p.Finish | p.Release
+
+_KIND_OF_MESSAGE: Mapping[type[TransitionMessage], TransitionKind] = MappingProxyType({
+    p.Start: TransitionKind.START,
+    p.Renew: TransitionKind.RENEW,
+    p.Finish: TransitionKind.FINISH,
+    p.Release: TransitionKind.RELEASE,
+})
+
+
+def kind_of(message: TransitionMessage) -> TransitionKind:
+    """The transition kind of a parsed ``start`` / ``renew`` / ``finish`` / ``release``."""
+    return _KIND_OF_MESSAGE[type(message)]
+
+
+class TaskHandle(Protocol):
+    """What a Worker names a task by: ``protocol.TaskRef`` and ``protocol.FinishReport``."""
+
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def token(self) -> str: ...
+
+
+Ref = TypeVar("Ref", bound=TaskHandle)
+
+CancelReason = Literal["cancel_requested", "deadline"]
+
+
+@attrs.frozen
+class Held:
+    """A task this connection holds."""
+
+    token: str
+    state: TaskState
+    queue_id: str
+    # The caller's clock when the task was dispatched (metrics: dispatch -> Start).
+    dispatched_at: float
+
+
+@attrs.frozen
+class Split(Generic[Ref]):
+    """A transition's refs: the ones for the store and the ones refused ``NOT_HELD``."""
+
+    mine: tuple[Ref, ...]
+    not_held: tuple[str, ...]
+
+
+@attrs.frozen
+class CancelNotice:
+    """The Worker should stop the handler of ``task_id``."""
+
+    task_id: str
+    reason: CancelReason
+
+
+@attrs.frozen
+class Settled:
+    """What the store's results changed on this connection."""
+
+    # Seconds from dispatch to the accepted Start, one per task started.
+    started_after_s: tuple[float, ...] = ()
+    # Cancel notices for the Worker, in the order of the refs.
+    cancels: tuple[CancelNotice, ...] = ()
+    # Task ids the connection no longer holds.
+    dropped: tuple[str, ...] = ()
+
+
+@attrs.define(eq=False)
+class ConnectionCore:
+    """The held / outstanding / draining state of one Worker connection."""
+
+    connection_id: str
+    application_id: str
+    namespace_id: str
+    # The most tasks one claim asks for (``NodeConfig.claim_batch_size``).
+    claim_batch_size: int
+    # How long after a refused or failed claim request to ask again (the scan cycle).
+    retry_after_s: float
+    hello: p.Hello | None = attrs.field(default=None, init=False)
+    # The connection has a claim request in the pool (pending or running).
+    outstanding: bool = attrs.field(default=False, init=False)
+    worker_draining: bool = attrs.field(default=False, init=False)
+    node_draining: bool = attrs.field(default=False, init=False)
+    # The connection is closing: no new claims.
+    closing: bool = attrs.field(default=False, init=False)
+    # When to ask again after a refused or failed claim request (caller's clock).
+    retry_claim_at: float | None = attrs.field(default=None, init=False)
+    _held: dict[str, Held] = attrs.field(factory=dict, init=False)
+    # The claim request of this connection with ``limit=0``; set by ``hello_received``.
+    _claim: ClaimRequest | None = attrs.field(default=None, init=False)
+
+    # -- connection life ---------------------------------------------------------------
+
+    def hello_received(self, hello: p.Hello, *, node_id: str) -> None:
+        """The Worker's accepted hello: its queues, capabilities and capacity."""
+        self.hello = hello
+        self._claim = ClaimRequest(
+            connection_id=self.connection_id,
+            node_id=node_id,
+            application_id=self.application_id,
+            namespace_id=self.namespace_id,
+            queue_ids=hello.queues,
+            capabilities=hello.capabilities,
+            resource_key_support=hello.resource_keys,
+            limit=0,
+        )
+
+    def worker_drain(self) -> None:
+        """The Worker said ``drain``: no new claims; its pending request is withdrawn."""
+        self.worker_draining = True
+        self.outstanding = False
+
+    def node_drain(self) -> None:
+        """The node is shutting down: no new claims; an in-flight one still delivers."""
+        self.node_draining = True
+
+    def start_closing(self) -> None:
+        """The connection is closing: no new claims."""
+        self.closing = True
+
+    @property
+    def held(self) -> Mapping[str, Held]:
+        """The tasks this connection holds, by task id (read only)."""
+        return MappingProxyType(self._held)
+
+    @property
+    def drained(self) -> bool:
+        """Nothing held and no claim outstanding: a draining connection may close."""
+        return not self._held and not self.outstanding
+
+    def unstarted(self) -> list[tuple[str, str]]:
+        """(task_id, token) of every reservation not started: released when the connection ends."""
+        return [(task_id, h.token) for task_id, h in self._held.items() if h.state is TaskState.RESERVED]
+
+    # -- claims ------------------------------------------------------------------------
+
+    @property
+    def free_capacity(self) -> int:
+        return 0 if self.hello is None else self.hello.capacity - len(self._held)
+
+    def next_claim(self) -> ClaimRequest | None:
+        """The claim request to submit now, or None; a returned request is outstanding.
+
+        A request is made after hello, when none is outstanding, neither the Worker nor
+        the node drains, the connection is not closing and it has free capacity; it asks
+        for the free capacity, at most ``claim_batch_size``.
+        """
+        free = self.free_capacity
+        if (self._claim is None or self.outstanding or self.worker_draining or self.node_draining
+                or self.closing or free <= 0):
+            return None
+        self.outstanding = True
+        return attrs.evolve(self._claim, limit=min(free, self.claim_batch_size))
+
+    def claim_delivered(self, reservations: Sequence[Reservation], now: float) -> None:
+        """The claim ran: its reservations are held, reserved, dispatched at ``now``."""
+        self.outstanding = False
+        for r in reservations:
+            self._held[r.task_id] = Held(r.fencing_token, TaskState.RESERVED, r.queue_id, now)
+
+    def claim_failed(self, now: float) -> None:
+        """The scheduler refused the request or the claim failed: ask again a scan cycle later."""
+        self.outstanding = False
+        self.retry_claim_at = now + self.retry_after_s
+
+    def claim_closed(self) -> None:
+        """The claim pool is closed (node shutdown): no retry."""
+        self.outstanding = False
+
+    def claim_retry(self, now: float) -> ClaimRequest | None:
+        """At or after ``retry_claim_at``: clear it and return ``next_claim()``; else None."""
+        if self.retry_claim_at is None or now < self.retry_claim_at:
+            return None
+        self.retry_claim_at = None
+        return self.next_claim()
+
+    # -- transitions -------------------------------------------------------------------
+
+    def split(self, kind: TransitionKind, refs: Sequence[Ref]) -> Split[Ref]:
+        """The refs this connection holds, with their token, in a state ``kind`` accepts."""
+        accepts = RULES[kind].accepts
+        mine: list[Ref] = []
+        not_held: list[str] = []
+        for ref in refs:
+            held = self._held.get(ref.task_id)
+            if held is not None and held.token == ref.token and held.state in accepts:
+                mine.append(ref)
+            else:
+                not_held.append(ref.task_id)
+        return Split(tuple(mine), tuple(not_held))
+
+    def settle(
+        self, kind: TransitionKind, refs: Sequence[TaskHandle], results: Sequence[TransitionResult], now: float
+    ) -> Settled:
+        """Apply the store's results (in the order of ``refs``, the ``mine`` of ``split``)."""
+        rule = RULES[kind]
+        started: list[float] = []
+        cancels: list[CancelNotice] = []
+        dropped: list[str] = []
+        for ref, result in zip(refs, results):
+            effect = rule.on_ok if result.ok else rule.on_refused
+            if effect is Effect.DROP:
+                if self._held.pop(ref.task_id, None) is not None:
+                    dropped.append(ref.task_id)
+            elif effect is Effect.RUN:
+                held = self._held.get(ref.task_id)
+                if held is not None:
+                    self._held[ref.task_id] = attrs.evolve(held, state=TaskState.RUNNING)
+                    started.append(now - held.dispatched_at)
+            if result.ok and rule.notices:
+                if result.cancel_requested:
+                    cancels.append(CancelNotice(ref.task_id, "cancel_requested"))
+                elif result.deadline_passed:
+                    cancels.append(CancelNotice(ref.task_id, "deadline"))
+        return Settled(tuple(started), tuple(cancels), tuple(dropped))

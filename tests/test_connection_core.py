@@ -1,0 +1,533 @@
+"""The Worker connection's sans-IO core: held tasks, claim requests, drain (no network, database or trio)."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from datetime import datetime
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from orbit_node.claims import Capability, ClaimRequest
+from orbit_node.store.dispatch import Outcome, Reservation, TransitionResult
+from orbit_node.workers import protocol as p
+from orbit_node.workers.core import (
+    RULES,
+    CancelNotice,
+    ConnectionCore,
+    Held,
+    TaskState,
+    TransitionKind,
+    kind_of,
+)
+
+RESERVED, RUNNING = TaskState.RESERVED, TaskState.RUNNING
+START, RENEW, FINISH, RELEASE = (TransitionKind.START, TransitionKind.RENEW, TransitionKind.FINISH,
+                                 TransitionKind.RELEASE)
+CAPS = frozenset({Capability("h", "v1", "v1")})
+QUEUES = ("q" * 32, "r" * 32)
+BATCH = 16
+SCAN_CYCLE_S = 1.0
+EPOCH = datetime(2030, 1, 1)
+
+# Written out here, not read from RULES: the held states each transition accepts ...
+ACCEPTS = {START: {RESERVED}, RENEW: {RESERVED, RUNNING}, FINISH: {RUNNING}, RELEASE: {RESERVED}}
+# ... and what an accepted / a refused store result leaves held (None: dropped).
+AFTER_OK: dict[TransitionKind, TaskState | str | None] = {START: RUNNING, RENEW: "same", FINISH: None, RELEASE: None}
+AFTER_REFUSED: dict[TransitionKind, TaskState | str | None] = {START: None, RENEW: None, FINISH: None, RELEASE: None}
+OK_OUTCOME = {START: Outcome.STARTED, RENEW: Outcome.RENEWED, FINISH: Outcome.SUCCEEDED, RELEASE: Outcome.RELEASED}
+
+
+def task_id(n: int) -> str:
+    return f"{n:032x}"
+
+
+def token(n: int, attempt: int = 1) -> str:
+    return f"{attempt}-{n:016x}"
+
+
+def hello(capacity: int = 8, *, resource_keys: bool = False) -> p.Hello:
+    return p.Hello(queues=QUEUES, capabilities=CAPS, resource_keys=resource_keys, capacity=capacity,
+                   client_name=None, client_version=None)
+
+
+def core(capacity: int | None = 8, batch: int = BATCH) -> ConnectionCore:
+    c = ConnectionCore("c_1", "a" * 32, "n" * 32, claim_batch_size=batch, retry_after_s=SCAN_CYCLE_S)
+    if capacity is not None:
+        c.hello_received(hello(capacity), node_id="node-1")
+    return c
+
+
+def reservation(n: int, *, queue_id: str = QUEUES[0], attempt: int = 1) -> Reservation:
+    return Reservation(
+        task_id=task_id(n), queue_id=queue_id, namespace_id="n" * 32, application_id="a" * 32, handler="h",
+        handler_version="v1", payload_version="v1", payload_json="{}", priority=0, attempt=attempt, max_attempts=3,
+        fencing_token=token(n, attempt), lease_expires_at=EPOCH, deadline=None, resource_key=None, available_at=EPOCH,
+    )
+
+
+def ok(kind: TransitionKind, n: int, *, cancel_requested: bool = False,
+       deadline_passed: bool = False) -> TransitionResult:
+    return TransitionResult(task_id=task_id(n), outcome=OK_OUTCOME[kind], state="running",
+                            cancel_requested=cancel_requested, deadline_passed=deadline_passed)
+
+
+def refused(n: int, outcome: Outcome = Outcome.OWNERSHIP_LOST, *, cancel_requested: bool = False) -> TransitionResult:
+    return TransitionResult(task_id=task_id(n), outcome=outcome, ok=False, cancel_requested=cancel_requested)
+
+
+def holding(*tasks: tuple[int, TaskState], dispatched_at: float = 0.0) -> ConnectionCore:
+    """A core (capacity 8) that holds task ``n`` in the given state, token ``token(n)``."""
+    c = core()
+    assert c.next_claim() is not None
+    c.claim_delivered([reservation(n) for n, _ in tasks], dispatched_at)
+    running = [p.TaskRef(task_id(n), token(n)) for n, state in tasks if state is RUNNING]
+    if running:
+        c.settle(START, c.split(START, running).mine, [ok(START, int(r.task_id, 16)) for r in running], dispatched_at)
+    assert {tid: h.state for tid, h in c.held.items()} == {task_id(n): s for n, s in tasks}
+    return c
+
+
+def ref(kind: TransitionKind, n: int, tok: str) -> p.TaskRef | p.FinishReport:
+    if kind is FINISH:
+        return p.FinishReport(task_id(n), tok, "succeeded", "null", None, False)
+    return p.TaskRef(task_id(n), tok)
+
+
+# -- transitions: every kind x held state x token x result ------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(TransitionKind))
+@pytest.mark.parametrize("held_state", [None, RESERVED, RUNNING])
+@pytest.mark.parametrize("token_matches", [True, False])
+@pytest.mark.parametrize("result_ok", [True, False])
+def test_every_transition_kind_state_token_and_result(kind, held_state, token_matches, result_ok):
+    c = holding((1, held_state)) if held_state is not None else holding()
+    before = dict(c.held)
+    split = c.split(kind, [ref(kind, 1, token(1) if token_matches else token(1, attempt=2))])
+    assert dict(c.held) == before  # splitting changes nothing
+
+    if held_state is None or not token_matches or held_state not in ACCEPTS[kind]:
+        assert split.mine == () and split.not_held == (task_id(1),)
+        return
+    assert [r.task_id for r in split.mine] == [task_id(1)] and split.not_held == ()
+
+    result = ok(kind, 1) if result_ok else refused(1)
+    settled = c.settle(kind, split.mine, [result], now=5.0)
+    after = (AFTER_OK if result_ok else AFTER_REFUSED)[kind]
+    if after is None:
+        assert task_id(1) not in c.held
+        assert settled.dropped == (task_id(1),)
+    else:
+        expected = held_state if after == "same" else after
+        assert c.held[task_id(1)] == Held(token(1), expected, QUEUES[0], 0.0)
+        assert settled.dropped == ()
+    assert settled.started_after_s == ((5.0,) if kind is START and result_ok else ())
+    assert settled.cancels == ()
+
+
+def test_the_rule_table_is_the_one_the_tests_expect():
+    assert {kind: set(rule.accepts) for kind, rule in RULES.items()} == ACCEPTS
+    assert [kind for kind, rule in RULES.items() if rule.notices] == [RENEW]
+
+
+def test_a_start_refused_as_cancelled_drops_the_reservation():
+    c = holding((1, RESERVED))
+    split = c.split(START, [p.TaskRef(task_id(1), token(1))])
+    settled = c.settle(START, split.mine, [refused(1, Outcome.CANCELLED)], now=1.0)
+    assert not c.held and settled.dropped == (task_id(1),) and settled.started_after_s == ()
+
+
+def test_a_mixed_batch_keeps_the_order_of_its_refs():
+    c = holding((1, RESERVED), (2, RUNNING), (3, RESERVED), (4, RUNNING))
+    refs = [
+        p.TaskRef(task_id(4), token(4)),  # running: not startable
+        p.TaskRef(task_id(3), token(3)),
+        p.TaskRef(task_id(9), token(9)),  # never held
+        p.TaskRef(task_id(1), token(1)),
+        p.TaskRef(task_id(2), token(2)),
+    ]
+    split = c.split(START, refs)
+    assert [r.task_id for r in split.mine] == [task_id(3), task_id(1)]
+    assert split.not_held == (task_id(4), task_id(9), task_id(2))
+    settled = c.settle(START, split.mine, [ok(START, 3), refused(1)], now=2.0)
+    assert {tid: h.state for tid, h in c.held.items()} == {task_id(n): RUNNING for n in (2, 3, 4)}
+    assert settled.started_after_s == (2.0,) and settled.dropped == (task_id(1),)
+
+
+def test_start_latency_is_measured_from_the_dispatch():
+    c = core()
+    c.next_claim()
+    c.claim_delivered([reservation(1), reservation(2)], now=10.0)
+    split = c.split(START, [p.TaskRef(task_id(1), token(1)), p.TaskRef(task_id(2), token(2))])
+    settled = c.settle(START, split.mine, [ok(START, 1), ok(START, 2)], now=12.5)
+    assert settled.started_after_s == (2.5, 2.5)
+
+
+def test_a_start_repeated_in_one_message_after_a_refusal_does_not_fail():
+    c = holding((1, RESERVED))
+    refs = [p.TaskRef(task_id(1), token(1))] * 2
+    split = c.split(START, refs)
+    settled = c.settle(START, split.mine, [refused(1), ok(START, 1)], now=1.0)
+    assert not c.held and settled.started_after_s == ()
+
+
+def test_settle_takes_only_as_many_results_as_refs():
+    c = holding((1, RUNNING), (2, RUNNING))
+    split = c.split(FINISH, [ref(FINISH, 1, token(1)), ref(FINISH, 2, token(2))])
+    c.settle(FINISH, split.mine, [ok(FINISH, 1)], now=1.0)
+    assert list(c.held) == [task_id(2)]
+
+
+# -- cancel notices -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({}, ()),
+        ({"cancel_requested": True}, ("cancel_requested",)),
+        ({"deadline_passed": True}, ("deadline",)),
+        ({"cancel_requested": True, "deadline_passed": True}, ("cancel_requested",)),
+    ],
+)
+@pytest.mark.parametrize("state", [RESERVED, RUNNING])
+def test_an_accepted_renew_carries_the_cancel_notice(flags, expected, state):
+    c = holding((1, state))
+    split = c.split(RENEW, [p.TaskRef(task_id(1), token(1))])
+    settled = c.settle(RENEW, split.mine, [ok(RENEW, 1, **flags)], now=1.0)
+    assert settled.cancels == tuple(CancelNotice(task_id(1), reason) for reason in expected)
+    assert c.held[task_id(1)].state is state  # a cancel notice does not drop the task
+
+
+def test_a_refused_renew_drops_the_task_and_sends_no_notice():
+    c = holding((1, RUNNING))
+    split = c.split(RENEW, [p.TaskRef(task_id(1), token(1))])
+    settled = c.settle(RENEW, split.mine, [refused(1, cancel_requested=True)], now=1.0)
+    assert settled.cancels == () and not c.held
+
+
+def test_only_renew_sends_cancel_notices():
+    c = holding((1, RESERVED))
+    split = c.split(START, [p.TaskRef(task_id(1), token(1))])
+    settled = c.settle(START, split.mine, [ok(START, 1, cancel_requested=True, deadline_passed=True)], now=1.0)
+    assert settled.cancels == ()
+
+
+def test_notices_keep_the_order_of_the_refs():
+    c = holding((1, RUNNING), (2, RUNNING), (3, RUNNING))
+    refs = [p.TaskRef(task_id(n), token(n)) for n in (3, 1, 2)]
+    split = c.split(RENEW, refs)
+    settled = c.settle(RENEW, split.mine, [ok(RENEW, 3, deadline_passed=True), ok(RENEW, 1),
+                                           ok(RENEW, 2, cancel_requested=True)], now=1.0)
+    assert settled.cancels == (CancelNotice(task_id(3), "deadline"), CancelNotice(task_id(2), "cancel_requested"))
+
+
+def test_kind_of_names_each_transition_message():
+    refs = (p.TaskRef(task_id(1), token(1)),)
+    assert kind_of(p.Start(refs)) is START
+    assert kind_of(p.Renew(refs)) is RENEW
+    assert kind_of(p.Release(refs)) is RELEASE
+    assert kind_of(p.Finish((p.FinishReport(task_id(1), token(1), "succeeded", "1", None, False),))) is FINISH
+    assert [k.value for k in TransitionKind] == ["start", "renew", "finish", "release"]
+
+
+# -- claim requests ------------------------------------------------------------------------------------
+
+
+def test_no_claim_before_hello():
+    c = core(capacity=None)
+    assert c.free_capacity == 0
+    assert c.next_claim() is None and not c.outstanding
+
+
+def test_the_claim_request_after_hello():
+    c = ConnectionCore("c_9", "a" * 32, "n" * 32, claim_batch_size=BATCH, retry_after_s=SCAN_CYCLE_S)
+    c.hello_received(hello(5, resource_keys=True), node_id="node-7")
+    request = c.next_claim()
+    assert request == ClaimRequest(
+        connection_id="c_9", node_id="node-7", application_id="a" * 32, namespace_id="n" * 32, queue_ids=QUEUES,
+        capabilities=CAPS, resource_key_support=True, limit=5,
+    )
+    assert c.outstanding
+
+
+def test_one_outstanding_request_at_a_time():
+    c = core()
+    assert c.next_claim() is not None
+    assert c.next_claim() is None
+
+
+@pytest.mark.parametrize("stop", ["worker_drain", "node_drain", "start_closing"])
+def test_no_claim_while_draining_or_closing(stop):
+    c = core()
+    getattr(c, stop)()
+    assert c.next_claim() is None and not c.outstanding
+
+
+def test_no_claim_when_full():
+    c = core(capacity=2)
+    c.next_claim()
+    c.claim_delivered([reservation(1), reservation(2)], now=0.0)
+    assert c.free_capacity == 0 and not c.outstanding
+    assert c.next_claim() is None
+
+
+@pytest.mark.parametrize(
+    ("capacity", "held", "batch", "limit"),
+    [(8, 0, 16, 8), (40, 0, 16, 16), (40, 30, 16, 10), (5, 2, 16, 3), (16, 0, 16, 16), (3, 0, 1, 1)],
+)
+def test_the_limit_is_the_free_capacity_capped_by_the_batch_size(capacity, held, batch, limit):
+    c = core(capacity=capacity, batch=batch)
+    if held:
+        assert c.next_claim() is not None
+        c.claim_delivered([reservation(n) for n in range(held)], now=0.0)
+    request = c.next_claim()
+    assert request is not None and request.limit == limit
+
+
+def test_a_finished_task_frees_capacity_for_the_next_claim():
+    c = core(capacity=1)
+    c.next_claim()
+    c.claim_delivered([reservation(1)], now=0.0)
+    assert c.next_claim() is None
+    split = c.split(RELEASE, [p.TaskRef(task_id(1), token(1))])
+    c.settle(RELEASE, split.mine, [ok(RELEASE, 1)], now=1.0)
+    request = c.next_claim()
+    assert request is not None and request.limit == 1
+
+
+# -- deliveries, refusals, failures --------------------------------------------------------------------
+
+
+def test_a_delivery_holds_its_reservations_as_reserved():
+    c = core()
+    c.next_claim()
+    c.claim_delivered([reservation(1), reservation(2, queue_id=QUEUES[1], attempt=3)], now=7.0)
+    assert not c.outstanding
+    assert dict(c.held) == {
+        task_id(1): Held(token(1), RESERVED, QUEUES[0], 7.0),
+        task_id(2): Held(token(2, 3), RESERVED, QUEUES[1], 7.0),
+    }
+    assert c.free_capacity == 6
+
+
+def test_an_empty_delivery_ends_the_request():
+    c = core()
+    c.next_claim()
+    c.claim_delivered([], now=1.0)
+    assert not c.outstanding and not c.held and c.retry_claim_at is None
+    assert c.next_claim() is not None
+
+
+def test_a_refused_or_failed_request_is_retried_after_a_scan_cycle():
+    c = core()
+    c.next_claim()
+    c.claim_failed(now=100.0)
+    assert not c.outstanding and c.retry_claim_at == 100.0 + SCAN_CYCLE_S
+    assert c.claim_retry(100.5) is None and c.retry_claim_at == 101.0
+    request = c.claim_retry(101.0)
+    assert request is not None and c.outstanding and c.retry_claim_at is None
+    assert c.claim_retry(500.0) is None  # nothing left to retry
+
+
+def test_a_due_retry_is_cleared_even_when_no_claim_may_be_made():
+    c = core()
+    c.next_claim()
+    c.claim_failed(now=0.0)
+    assert c.next_claim() is not None  # another path asked again meanwhile
+    assert c.claim_retry(1.0) is None and c.retry_claim_at is None
+    c.claim_delivered([], now=1.0)
+    c.node_drain()
+    c.claim_failed(now=2.0)
+    assert c.claim_retry(3.0) is None and c.retry_claim_at is None
+
+
+def test_a_closed_pool_is_not_retried():
+    c = core()
+    c.next_claim()
+    c.claim_closed()
+    assert not c.outstanding and c.retry_claim_at is None
+    assert c.claim_retry(1e9) is None
+
+
+def test_a_worker_drain_withdraws_the_outstanding_request():
+    c = core()
+    c.next_claim()
+    c.worker_drain()
+    assert not c.outstanding and c.drained
+    assert c.next_claim() is None
+
+
+def test_a_node_drain_keeps_the_in_flight_request():
+    c = core()
+    c.next_claim()
+    c.node_drain()
+    assert c.outstanding and not c.drained
+    c.claim_delivered([reservation(1)], now=1.0)  # an in-flight claim still delivers
+    assert c.held and not c.outstanding and c.next_claim() is None
+
+
+# -- drain, clean-up -----------------------------------------------------------------------------------
+
+
+def test_drain_is_complete_when_nothing_is_held_and_nothing_outstanding():
+    c = core()
+    assert c.drained
+    c.next_claim()
+    assert not c.drained
+    c.node_drain()
+    c.claim_delivered([reservation(1), reservation(2)], now=0.0)
+    assert not c.drained
+    start = c.split(START, [p.TaskRef(task_id(1), token(1))])
+    c.settle(START, start.mine, [ok(START, 1)], now=1.0)
+    release = c.split(RELEASE, [p.TaskRef(task_id(2), token(2))])
+    c.settle(RELEASE, release.mine, [ok(RELEASE, 2)], now=1.0)
+    assert not c.drained
+    finish = c.split(FINISH, [ref(FINISH, 1, token(1))])
+    c.settle(FINISH, finish.mine, [ok(FINISH, 1)], now=2.0)
+    assert c.drained
+
+
+def test_unstarted_lists_the_reservations_to_release():
+    c = holding((1, RESERVED), (2, RUNNING), (3, RESERVED))
+    assert c.unstarted() == [(task_id(1), token(1)), (task_id(3), token(3))]
+
+
+def test_held_is_read_only():
+    c = holding((1, RESERVED))
+    with pytest.raises(TypeError):
+        c.held[task_id(2)] = Held(token(2), RESERVED, QUEUES[0], 0.0)  # type: ignore[index]
+
+
+def test_the_core_imports_no_trio():
+    code = "import sys, orbit_node.workers.core; sys.exit('trio' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# -- a random life of one connection, against a model --------------------------------------------------
+
+
+class ConnectionLife(RuleBasedStateMachine):
+    """Random claims, deliveries, failures, transitions and drains against a dict model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.capacity = 5
+        self.batch = 3
+        self.core = core(capacity=self.capacity, batch=self.batch)
+        self.now = 0.0
+        self.ids = itertools.count(1)
+        self.model: dict[str, tuple[str, TaskState]] = {}
+        self.outstanding = False
+        self.limit = 0
+        self.draining = False
+        self.ever_held: set[str] = set()
+
+    def tick(self) -> float:
+        self.now += 0.25
+        return self.now
+
+    @rule()
+    def ask(self) -> None:
+        request = self.core.next_claim()
+        free = self.capacity - len(self.model)
+        if self.outstanding or self.draining or free <= 0:
+            assert request is None
+            return
+        assert request is not None and request.limit == min(free, self.batch)
+        self.outstanding, self.limit = True, request.limit
+
+    @precondition(lambda self: self.outstanding)
+    @rule(data=st.data())
+    def deliver(self, data: st.DataObject) -> None:
+        count = data.draw(st.integers(0, self.limit))
+        reservations = [reservation(next(self.ids)) for _ in range(count)]
+        self.core.claim_delivered(reservations, self.tick())
+        for r in reservations:
+            assert r.task_id not in self.ever_held  # a task is never held twice
+            self.ever_held.add(r.task_id)
+            self.model[r.task_id] = (r.fencing_token, RESERVED)
+        self.outstanding = False
+
+    @precondition(lambda self: self.outstanding)
+    @rule(closed=st.booleans())
+    def fail(self, closed: bool) -> None:
+        if closed:
+            self.core.claim_closed()
+        else:
+            self.core.claim_failed(self.tick())
+            assert self.core.retry_claim_at == self.now + SCAN_CYCLE_S
+        self.outstanding = False
+
+    @rule()
+    def retry(self) -> None:
+        due = self.core.retry_claim_at is not None and self.tick() >= self.core.retry_claim_at
+        request = self.core.claim_retry(self.now)
+        may_ask = not self.outstanding and not self.draining and len(self.model) < self.capacity
+        if not due:
+            assert request is None
+        elif may_ask:
+            assert request is not None and self.core.retry_claim_at is None
+            self.outstanding, self.limit = True, request.limit
+        else:
+            assert request is None and self.core.retry_claim_at is None
+
+    @rule(data=st.data(), kind=st.sampled_from(list(TransitionKind)))
+    def transition(self, data: st.DataObject, kind: TransitionKind) -> None:
+        known = sorted(self.model)
+        picked = data.draw(st.lists(st.sampled_from(known), max_size=4)) if known else []
+        refs = []
+        for tid in picked:
+            stale = data.draw(st.booleans())
+            refs.append(ref(kind, int(tid, 16), token(int(tid, 16), attempt=2 if stale else 1)))
+        if data.draw(st.booleans()):
+            refs.append(ref(kind, 10_000 + next(self.ids), token(1)))  # never held
+        split = self.core.split(kind, refs)
+        expect_mine = [r for r in refs if r.task_id in self.model and self.model[r.task_id][0] == r.token
+                       and self.model[r.task_id][1] in ACCEPTS[kind]]
+        assert list(split.mine) == expect_mine
+        assert len(split.mine) + len(split.not_held) == len(refs)
+        oks = [data.draw(st.booleans()) for _ in split.mine]
+        results = [ok(kind, int(r.task_id, 16)) if good else refused(int(r.task_id, 16))
+                   for r, good in zip(split.mine, oks)]
+        self.core.settle(kind, split.mine, results, self.tick())
+        for r, good in zip(split.mine, oks):
+            if r.task_id not in self.model:
+                continue  # the same task twice in one message, dropped by the first
+            after = (AFTER_OK if good else AFTER_REFUSED)[kind]
+            if after is None:
+                del self.model[r.task_id]
+            elif isinstance(after, TaskState):
+                self.model[r.task_id] = (self.model[r.task_id][0], after)
+
+    @rule(by_worker=st.booleans())
+    def drain(self, by_worker: bool) -> None:
+        self.draining = True
+        if by_worker:
+            self.core.worker_drain()
+            self.outstanding = False
+        else:
+            self.core.node_drain()
+
+    @invariant()
+    def matches_the_model(self) -> None:
+        assert {tid: (h.token, h.state) for tid, h in self.core.held.items()} == self.model
+        assert self.core.outstanding == self.outstanding
+
+    @invariant()
+    def never_over_capacity(self) -> None:
+        assert len(self.core.held) <= self.capacity
+        assert self.core.free_capacity == self.capacity - len(self.core.held)
+
+    @invariant()
+    def drained_means_nothing_left(self) -> None:
+        assert self.core.drained == (not self.model and not self.outstanding)
+
+
+TestConnectionLife = ConnectionLife.TestCase
+TestConnectionLife.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import attrs
 
 from ..db import Database, Tx
-from ..dispatch.backoff import backoff_delay_ms
+from .backoff import backoff_delay_ms
 from ..errors import DatabaseError, FailedPrecondition, NotFound
 from ..claims import Capability, ClaimRequest
 from ..ids import is_hex32

@@ -35,6 +35,7 @@ from .backoff import backoff_delay_ms
 from ..errors import DatabaseError, FailedPrecondition, NotFound
 from ..claims import Capability, ClaimRequest
 from ..ids import is_hex32
+from ..wire import rfc3339
 
 LIVE_STATES = ("reserved", "running")
 # A claim re-reads candidates of a queue at most this often when rows it picked were
@@ -238,10 +239,6 @@ LEASE_ERROR = _reason("LEASE_EXPIRED", "the run lease expired without renewal or
 def epoch_second(moment: datetime) -> int:
     """The database-clock second of a naive UTC datetime (same as UNIX_TIMESTAMP())."""
     return calendar.timegm(moment.utctimetuple())
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat(timespec="microseconds") + "Z"
 
 
 @attrs.frozen
@@ -1089,13 +1086,13 @@ async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
         "handler_version": task["handler_version"],
         "payload_version": task["payload_version"],
         "priority": task["priority"],
-        "available_at": _iso(task["available_at"]),
-        "dispatch_at": _iso(task["dispatch_at"]),
-        "deadline": _iso(task["deadline"]),
+        "available_at": rfc3339(task["available_at"]),
+        "dispatch_at": rfc3339(task["dispatch_at"]),
+        "deadline": rfc3339(task["deadline"]),
         "attempts": task["attempts"],
         "max_attempts": task["max_attempts"],
         "resource_key": task["resource_key"],
-        "database_now": _iso(now),
+        "database_now": rfc3339(now),
         "dispatchable": False,
         "reasons": [],
         "position": None,
@@ -1108,7 +1105,7 @@ async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
             details = {
                 "owner_node_id": task["owner_node_id"],
                 "connection_id": task["connection_id"],
-                "lease_expires_at": _iso(task["lease_expires_at"]),
+                "lease_expires_at": rfc3339(task["lease_expires_at"]),
             }
         reasons.append(_because("NOT_QUEUED", f"the task is {state}, not waiting in its queue", **details))
         return explanation

@@ -26,10 +26,6 @@ NODE_STALE_S = 30
 TURNS_STALE_S = 3600
 
 
-_iso = rfc3339
-_json_text = stored_json
-
-
 @attrs.frozen(kw_only=True)
 class QueueBacklog:
     """One queue with its live tasks by state and its queued tasks by priority level."""
@@ -108,7 +104,7 @@ class OperationsStore:
                 "hostname": r["hostname"],
                 "http_addr": r["http_addr"],
                 "version": r["version"],
-                "started_at": _iso(r["started_at"]),
+                "started_at": rfc3339(r["started_at"]),
                 "heartbeat_age_s": float(r["heartbeat_age_s"]),
                 "connections": int(r["connections"]),
             }
@@ -178,8 +174,8 @@ class OperationsStore:
                 "application": r["application"],
                 "namespace": r["namespace"],
                 "scopes": json.loads(r["scopes"]),
-                "created_at": _iso(r["created_at"]),
-                "revoked_at": _iso(r["revoked_at"]),
+                "created_at": rfc3339(r["created_at"]),
+                "revoked_at": rfc3339(r["revoked_at"]),
             }
             for r in rows
         ]
@@ -244,22 +240,22 @@ class OperationsStore:
         task: dict[str, Any] = {}
         for key, value in row.items():
             if isinstance(value, datetime):
-                value = _iso(value)
+                value = rfc3339(value)
             task[key] = value
         task["cancel_requested"] = bool(row["cancel_requested"])
-        task["payload"] = _json_text(row["payload"])
-        task["result"] = _json_text(row["result"])
-        task["error"] = _json_text(row["error"])
+        task["payload"] = stored_json(row["payload"])
+        task["result"] = stored_json(row["result"])
+        task["error"] = stored_json(row["error"])
         task["attempt_history"] = [
             {
                 "attempt": a["attempt"],
                 "outcome": a["outcome"],
                 "owner_node_id": a["owner_node_id"],
                 "connection_id": a["connection_id"],
-                "reserved_at": _iso(a["reserved_at"]),
-                "started_at": _iso(a["started_at"]),
-                "finished_at": _iso(a["finished_at"]),
-                "error": _json_text(a["error"]),
+                "reserved_at": rfc3339(a["reserved_at"]),
+                "started_at": rfc3339(a["started_at"]),
+                "finished_at": rfc3339(a["finished_at"]),
+                "error": stored_json(a["error"]),
             }
             for a in attempts
         ]

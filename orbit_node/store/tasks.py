@@ -19,6 +19,7 @@ import attrs
 from ..db import Database, Tx
 from ..errors import DatabaseError, FailedPrecondition, IdempotencyConflict, NotFound
 from ..ids import is_hex32, time_ordered_id
+from ..wire import rfc3339
 
 STATES = ("queued", "reserved", "running", "succeeded", "failed", "cancelled", "expired")
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
@@ -41,10 +42,6 @@ LIST_START = "g"
 def canonical_json(value: Any) -> str:
     """One text per JSON value: sorted keys, no whitespace, UTF-8 kept as is."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def _timestamp(value: datetime | None) -> str | None:
-    return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @attrs.frozen(kw_only=True)
@@ -83,9 +80,9 @@ class NewTask:
         }
         optional = (
             ("priority", self.priority, DEFAULT_PRIORITY),
-            ("available_at", _timestamp(self.available_at), None),
+            ("available_at", rfc3339(self.available_at), None),
             ("delay_us", self.delay_us, 0),
-            ("deadline", _timestamp(self.deadline), None),
+            ("deadline", rfc3339(self.deadline), None),
             ("max_attempts", self.max_attempts, DEFAULT_MAX_ATTEMPTS),
             ("backoff_initial_ms", self.backoff_initial_ms, DEFAULT_BACKOFF_INITIAL_MS),
             ("backoff_max_ms", self.backoff_max_ms, DEFAULT_BACKOFF_MAX_MS),

@@ -18,6 +18,7 @@ from ..db import Database, Tx
 from ..errors import InvalidArgument, NotFound
 from ..ids import is_hex32
 from ..wire import rfc3339, stored_json
+from .tasks import PRIORITY_STEP_S
 
 LIVE_STATES = ("queued", "reserved", "running")
 # A node whose heartbeat (every 10 s) is older than this is not live for operators.
@@ -201,7 +202,8 @@ class OperationsStore:
                 if row["state"] == "queued":
                     counts["due"] = int(row["due"] or 0)
             levels: dict[str, dict[int, int]] = {}
-            for row in await tx.fetchall("ops_queue_priorities", {"queue_ids": ids}):
+            step_us = PRIORITY_STEP_S * 1_000_000
+            for row in await tx.fetchall("ops_queue_priorities", {"queue_ids": ids, "priority_step_us": step_us}):
                 levels.setdefault(row["queue_id"], {})[int(row["level"])] = int(row["n"])
             return [
                 QueueBacklog(

@@ -30,6 +30,10 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BACKOFF_INITIAL_MS = 1000
 DEFAULT_BACKOFF_MAX_MS = 300_000
 DEFAULT_BACKOFF_MULTIPLIER = 2.0
+# Each priority level moves a task's dispatch ordering time this much earlier: the
+# generated column of 000012, dispatch_at = available_at - priority * 30 s. Readers that
+# take the level back from the dispatch index divide by it.
+PRIORITY_STEP_S = 30
 
 # idempotency_records.kind of client acceptance keys (plans use their own kind).
 KIND_REQUEST = "request"

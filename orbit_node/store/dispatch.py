@@ -332,6 +332,17 @@ class _Row:
         )
 
 
+# Keys of the per-task objects in the ``values`` JSON of the settle statements
+# (``settle_attempts``, ``settle_terminal``, ``settle_requeue`` in db/sql/dispatch.sql,
+# which read them as ``$."<task id>".<key>``). One letter each: a batch sends an object
+# per task in one statement parameter. Result and error texts travel as hex.
+OUTCOME_KEY = "o"  # task_attempts.outcome of the closed attempt
+ERROR_KEY = "e"  # the error JSON text, hex
+STATE_KEY = "s"  # the terminal state
+RESULT_KEY = "r"  # the result JSON text, hex
+AVAILABLE_AT_KEY = "a"  # the next available_at as DATETIME(6) text; absent keeps it
+
+
 @attrs.define(eq=False)
 class _Writes:
     """The writes one transaction decided, applied as a handful of batch statements."""
@@ -358,27 +369,27 @@ class _Writes:
         """Record the outcome of the row's current attempt (the one its token names)."""
         if row.fencing_token is None:
             return
-        values = {"o": outcome}
+        values = {OUTCOME_KEY: outcome}
         if error is not None:
-            values["e"] = _hex(error)
+            values[ERROR_KEY] = _hex(error)
         self.attempts[row.task_id] = values
         self.attempt_pairs.append((row.task_id, row.fencing_token))
 
     def settle(self, row: _Row, state: str, *, result: str | None = None, error: str | None = None) -> None:
-        values = {"s": state}
+        values = {STATE_KEY: state}
         if result is not None:
-            values["r"] = _hex(result)
+            values[RESULT_KEY] = _hex(result)
         if error is not None:
-            values["e"] = _hex(error)
+            values[ERROR_KEY] = _hex(error)
         self.terminal[row.task_id] = values
         self._release_key(row)
 
     def back_to_queue(self, row: _Row, *, available_at: datetime | None = None, error: str | None = None) -> None:
         values = {}
         if available_at is not None:
-            values["a"] = available_at.isoformat(sep=" ", timespec="microseconds")
+            values[AVAILABLE_AT_KEY] = available_at.isoformat(sep=" ", timespec="microseconds")
         if error is not None:
-            values["e"] = _hex(error)
+            values[ERROR_KEY] = _hex(error)
         self.requeue[row.task_id] = values
         self._release_key(row)
 

@@ -14,7 +14,8 @@ import attrs
 import trio
 
 from ..periodic import PeriodicService
-from ..store.dispatch import DispatchStore, RecoveryStats
+from ..store.dispatch import DispatchStore
+from ..store.ownership import RecoveryStats
 
 log = logging.getLogger("orbit.recovery")
 

@@ -20,7 +20,8 @@ import trio
 
 from orbit_node.db import Database
 from orbit_node.claims import Capability, ClaimRequest
-from orbit_node.store.dispatch import DispatchStore, FinishItem, Outcome
+from orbit_node.store.dispatch import DispatchStore
+from orbit_node.store.ownership import FinishItem, Outcome
 
 from .common import HANDLER, bench_database, connection_plan, make_app, node_process, seed_tasks, submit_closed_loop
 from .common import worker_fleet

@@ -14,7 +14,6 @@ import pytest
 import trio
 
 from orbit_node.config import SchedulerLimits
-from orbit_node.db import Database
 from orbit_node.services import default_services
 from orbit_node.store.tenancy import TenancyStore
 

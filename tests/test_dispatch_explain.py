@@ -63,9 +63,9 @@ async def test_a_dispatchable_task_reports_its_position(db):
 
 
 async def test_position_count_is_capped(db, monkeypatch):
-    from orbit_node.store import dispatch
+    from orbit_node.store import explain as store_explain
 
-    monkeypatch.setattr(dispatch, "POSITION_CAP", 3)
+    monkeypatch.setattr(store_explain, "POSITION_CAP", 3)
     owner = await tenant(db)
     *_, last = await insert_tasks(db, owner, [TaskSpec(available_in_s=-10 + i) for i in range(6)])
     position = (await dispatch_store(db).explain(owner.namespace_id, last))["position"]

@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 import trio
 
 from orbit_node.db import Database
-from orbit_node.store.dispatch import FinishItem, Outcome
+from orbit_node.store.ownership import FinishItem, Outcome
 
 from .seed import add_queue, bulk_insert_tasks, claim_request, dispatch_store, tenant
 

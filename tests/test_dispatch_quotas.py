@@ -9,7 +9,8 @@ import pytest
 import trio
 
 from orbit_node.db import Database
-from orbit_node.store.dispatch import FinishItem, epoch_second, quota_budget, window_after
+from orbit_node.store.ownership import FinishItem
+from orbit_node.store.quota import epoch_second, quota_budget, window_after
 from orbit_node.store.tenancy import TenancyStore
 
 from .seed import TaskSpec, add_queue, claim_request, dispatch_store, insert_tasks, tenant

@@ -9,7 +9,7 @@ import trio
 
 from orbit_node.db import Database
 from orbit_node.dispatch.recovery import Sweeper
-from orbit_node.store.dispatch import FinishItem, LostReason, Outcome, OwnershipLost, RecoveryStats
+from orbit_node.store.ownership import FinishItem, LostReason, Outcome, OwnershipLost, RecoveryStats
 
 from .seed import (
     TaskSpec,

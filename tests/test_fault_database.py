@@ -10,7 +10,8 @@ import trio
 
 from orbit_node.db import Database, migrate
 from orbit_node.services import default_services
-from orbit_node.store.dispatch import DispatchStore, RecoveryStats
+from orbit_node.store.dispatch import DispatchStore
+from orbit_node.store.ownership import RecoveryStats
 
 from . import seed
 from .faults.checks import assert_attempt_history, rows, tenant_with_token

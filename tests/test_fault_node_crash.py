@@ -7,7 +7,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from orbit_node.store.dispatch import OwnershipLost
+from orbit_node.store.ownership import OwnershipLost
 
 from . import seed
 from .faults.checks import assert_attempt_history, rows, tenant_with_token, wait_for_state

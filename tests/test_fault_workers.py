@@ -13,7 +13,7 @@ from trio_websocket import ConnectionClosed
 
 from orbit_node.sdk.worker import Worker
 from orbit_node.services import default_services
-from orbit_node.store.dispatch import OwnershipLost
+from orbit_node.store.ownership import OwnershipLost
 
 from . import seed
 from .faults.checks import assert_attempt_history, tenant_with_token, wait_for_state

@@ -11,7 +11,7 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 from orbit_node.db import Database
 from orbit_node.sdk.worker import Worker
 from orbit_node.services import default_services
-from orbit_node.store.dispatch import OwnershipLost
+from orbit_node.store.ownership import OwnershipLost
 from orbit_node.store.tenancy import TenancyStore
 
 from . import seed

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from contextlib import asynccontextmanager
 
-import trio
 from trio_websocket import open_websocket_url
 
 from .protocol_schema import validate_message

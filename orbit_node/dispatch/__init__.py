@@ -1,4 +1,5 @@
-"""Dispatch on the node: retry backoff, the recovery sweeper, the fair claim scheduler.
+"""Dispatch on the node: the recovery sweeper, the fair claim scheduler, the claim pool
+and its empty-result cache.
 
 The ownership rules themselves (claims, leases, fencing, quotas) live in the database
 transactions of ``orbit_node.store.dispatch``. Import submodules directly; this package

@@ -20,7 +20,7 @@ import attrs
 import trio
 
 from ..claims import ClaimRequest
-from ..store.dispatch import Reservation
+from ..store.ownership import Reservation
 from .scheduler import FairScheduler, Grant
 
 log = logging.getLogger("orbit.claims")

@@ -13,7 +13,8 @@ import logging
 import attrs
 
 from ..periodic import PeriodicService
-from ..store.dispatch import DispatchStore, RecoveryStats
+from ..store.dispatch import DispatchStore
+from ..store.ownership import RecoveryStats
 
 log = logging.getLogger("orbit.recovery")
 

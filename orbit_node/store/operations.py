@@ -18,16 +18,13 @@ from ..db import Database, Tx
 from ..errors import InvalidArgument, NotFound
 from ..ids import is_hex32
 from ..wire import rfc3339, stored_json
+from .tasks import PRIORITY_STEP_S
 
 LIVE_STATES = ("queued", "reserved", "running")
 # A node whose heartbeat (every 10 s) is older than this is not live for operators.
 NODE_STALE_S = 30
 # Claim-turn rows of nodes that stopped, or whose heartbeat is older than this, are pruned.
 TURNS_STALE_S = 3600
-
-
-_iso = rfc3339
-_json_text = stored_json
 
 
 @attrs.frozen(kw_only=True)
@@ -108,7 +105,7 @@ class OperationsStore:
                 "hostname": r["hostname"],
                 "http_addr": r["http_addr"],
                 "version": r["version"],
-                "started_at": _iso(r["started_at"]),
+                "started_at": rfc3339(r["started_at"]),
                 "heartbeat_age_s": float(r["heartbeat_age_s"]),
                 "connections": int(r["connections"]),
             }
@@ -178,8 +175,8 @@ class OperationsStore:
                 "application": r["application"],
                 "namespace": r["namespace"],
                 "scopes": json.loads(r["scopes"]),
-                "created_at": _iso(r["created_at"]),
-                "revoked_at": _iso(r["revoked_at"]),
+                "created_at": rfc3339(r["created_at"]),
+                "revoked_at": rfc3339(r["revoked_at"]),
             }
             for r in rows
         ]
@@ -205,7 +202,8 @@ class OperationsStore:
                 if row["state"] == "queued":
                     counts["due"] = int(row["due"] or 0)
             levels: dict[str, dict[int, int]] = {}
-            for row in await tx.fetchall("ops_queue_priorities", {"queue_ids": ids}):
+            step_us = PRIORITY_STEP_S * 1_000_000
+            for row in await tx.fetchall("ops_queue_priorities", {"queue_ids": ids, "priority_step_us": step_us}):
                 levels.setdefault(row["queue_id"], {})[int(row["level"])] = int(row["n"])
             return [
                 QueueBacklog(
@@ -244,22 +242,22 @@ class OperationsStore:
         task: dict[str, Any] = {}
         for key, value in row.items():
             if isinstance(value, datetime):
-                value = _iso(value)
+                value = rfc3339(value)
             task[key] = value
         task["cancel_requested"] = bool(row["cancel_requested"])
-        task["payload"] = _json_text(row["payload"])
-        task["result"] = _json_text(row["result"])
-        task["error"] = _json_text(row["error"])
+        task["payload"] = stored_json(row["payload"])
+        task["result"] = stored_json(row["result"])
+        task["error"] = stored_json(row["error"])
         task["attempt_history"] = [
             {
                 "attempt": a["attempt"],
                 "outcome": a["outcome"],
                 "owner_node_id": a["owner_node_id"],
                 "connection_id": a["connection_id"],
-                "reserved_at": _iso(a["reserved_at"]),
-                "started_at": _iso(a["started_at"]),
-                "finished_at": _iso(a["finished_at"]),
-                "error": _json_text(a["error"]),
+                "reserved_at": rfc3339(a["reserved_at"]),
+                "started_at": rfc3339(a["started_at"]),
+                "finished_at": rfc3339(a["finished_at"]),
+                "error": stored_json(a["error"]),
             }
             for a in attempts
         ]

@@ -25,6 +25,7 @@ from ..errors import AlreadyExists, DatabaseError, InvalidArgument, NotFound
 from ..ids import is_hex32, random_id, time_ordered_id
 from ..plans.definition import Definition, parse_stored
 from ..plans.schedule import due_fire_times
+from ..wire import rfc3339
 from .tasks import ER_DUP_ENTRY, LIST_START, TaskPage, TaskSummary, insert_task
 
 log = logging.getLogger("orbit.plans")
@@ -35,7 +36,7 @@ KIND_PLAN = "plan"
 
 def fire_key(plan_id: str, version: int, fire_at: datetime) -> str:
     """The fire record key of one fire time of one version (ASCII, at most 72 characters)."""
-    return f"{plan_id}:{version}:{fire_at.strftime('%Y-%m-%dT%H:%M:%S.%fZ')}"
+    return f"{plan_id}:{version}:{rfc3339(fire_at)}"
 
 
 @attrs.frozen(kw_only=True)

@@ -23,6 +23,11 @@ from ..rules import NewTask
 STATES = ("queued", "reserved", "running", "succeeded", "failed", "cancelled", "expired")
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
 
+# Each priority level moves a task's dispatch ordering time this much earlier: the
+# generated column of 000012, dispatch_at = available_at - priority * 30 s. Readers that
+# take the level back from the dispatch index divide by it.
+PRIORITY_STEP_S = 30
+
 # idempotency_records.kind of client acceptance keys (plans use their own kind).
 KIND_REQUEST = "request"
 # MySQL's duplicate-key error.

@@ -12,7 +12,7 @@ import trio
 
 from ..config import NodeConfig
 from ..dispatch.pool import ClaimPool
-from ..store import dispatch as ds
+from ..store import ownership as ds
 from ..store.dispatch import DispatchStore
 from ..store.tenancy import TenancyStore
 from ..store.workers import WorkerRegistryStore

@@ -190,6 +190,8 @@ UPDATE tasks
  WHERE task_id IN %(task_ids)s
 
 -- Close the open attempt rows. %(values)s: task id -> {"o": outcome, "e": hex error}.
+-- The one-letter keys of these settle statements are named in orbit_node/store/transitions.py
+-- (OUTCOME_KEY, ERROR_KEY, STATE_KEY, RESULT_KEY, AVAILABLE_AT_KEY).
 -- name: settle_attempts
 UPDATE task_attempts
    SET outcome = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".o'))),

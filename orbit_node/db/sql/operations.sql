@@ -108,11 +108,12 @@ SELECT queue_id, state, COUNT(*) AS n, CAST(SUM(available_at <= NOW(6)) AS SIGNE
  GROUP BY queue_id, state
 
 -- Queued tasks per queue and priority level. The level is read back from the dispatch
--- index (dispatch_at = available_at - priority * 30 s, both in the index) so the count
--- never touches the rows: a big backlog costs an index range scan, not row lookups.
+-- index (dispatch_at = available_at - priority * step, both in the index; the step in
+-- microseconds is the parameter) so the count never touches the rows: a big backlog
+-- costs an index range scan, not row lookups.
 -- name: ops_queue_priorities
 SELECT queue_id,
-       CAST(ROUND(TIMESTAMPDIFF(MICROSECOND, dispatch_at, available_at) / 30000000) AS SIGNED) AS level,
+       CAST(ROUND(TIMESTAMPDIFF(MICROSECOND, dispatch_at, available_at) / %(priority_step_us)s) AS SIGNED) AS level,
        COUNT(*) AS n
   FROM tasks FORCE INDEX (ix_tasks_dispatch)
  WHERE queue_id IN %(queue_ids)s

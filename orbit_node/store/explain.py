@@ -1,0 +1,202 @@
+"""Why a task is (not) being dispatched right now: the explanation behind
+``GET /v1/tasks/{id}/explain`` and ``orbit-admin task explain``.
+
+Read-only: one consistent snapshot, no locks, no writes. It checks the same gates a
+claim applies (state, due time, pause, suspension, quotas, resource key, a connected
+Worker able to run the task) and counts the due tasks ahead of it in dispatch order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from ..db import Database, Tx
+from ..errors import NotFound
+from ..ids import is_hex32
+from ..wire import rfc3339
+from .claim import key_free
+from .ownership import LIVE_STATES
+from .quota import quota_budget
+
+# Explanations treat a registered Worker connection as gone when its node missed three
+# registry heartbeats (every 10 s) or stopped.
+WORKER_STALE_S = 30
+# Explanations count the tasks ahead of a task up to this many (an explanation of a task
+# deep in a huge backlog stays cheap; the answer then says "at least").
+POSITION_CAP = 10_000
+
+
+async def read_explanation(db: Database, namespace_id: str, task_id: str) -> dict[str, Any]:
+    """Why a task is (not) being dispatched right now, as a JSON-ready dict.
+
+    Read-only, one consistent snapshot. Raises NotFound for unknown tasks and for
+    tasks of another namespace (their existence is not revealed).
+    """
+    if not is_hex32(task_id) or not is_hex32(namespace_id):
+        raise NotFound(f"task {task_id} not found", field="task_id")
+
+    async def body(tx: Tx) -> dict[str, Any]:
+        row = await tx.fetchone("explain_task", {"task_id": task_id, "namespace_id": namespace_id})
+        if row is None:
+            raise NotFound(f"task {task_id} not found", field="task_id")
+        return await _explain(tx, row)
+
+    return await db.transaction(body, isolation="REPEATABLE READ")
+
+
+def _because(code: str, message: str, **details: Any) -> dict[str, Any]:
+    return {"code": code, "message": message, **details}
+
+
+async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
+    now: datetime = task["now"]
+    state = task["state"]
+    explanation: dict[str, Any] = {
+        "task_id": task["task_id"],
+        "queue_id": task["queue_id"],
+        "queue": task["queue_name"],
+        "state": state,
+        "handler": task["handler"],
+        "handler_version": task["handler_version"],
+        "payload_version": task["payload_version"],
+        "priority": task["priority"],
+        "available_at": rfc3339(task["available_at"]),
+        "dispatch_at": rfc3339(task["dispatch_at"]),
+        "deadline": rfc3339(task["deadline"]),
+        "attempts": task["attempts"],
+        "max_attempts": task["max_attempts"],
+        "resource_key": task["resource_key"],
+        "database_now": rfc3339(now),
+        "dispatchable": False,
+        "reasons": [],
+        "position": None,
+        "capable_connections": None,
+    }
+    reasons: list[dict[str, Any]] = explanation["reasons"]
+    if state != "queued":
+        details: dict[str, Any] = {}
+        if state in LIVE_STATES:
+            details = {
+                "owner_node_id": task["owner_node_id"],
+                "connection_id": task["connection_id"],
+                "lease_expires_at": rfc3339(task["lease_expires_at"]),
+            }
+        reasons.append(_because("NOT_QUEUED", f"the task is {state}, not waiting in its queue", **details))
+        return explanation
+
+    if task["cancel_requested"]:
+        reasons.append(_because("CANCEL_REQUESTED", "cancellation was requested; the next claim settles it"))
+    if task["deadline"] is not None and task["deadline"] <= now:
+        reasons.append(_because("DEADLINE_PASSED", "the deadline passed; it will be settled as expired"))
+    if task["attempts"] >= task["max_attempts"]:
+        reasons.append(_because("OUT_OF_ATTEMPTS", "no attempts are left; it will be settled as failed"))
+    if task["available_at"] > now:
+        due_in = (task["available_at"] - now).total_seconds()
+        reasons.append(_because("NOT_DUE", f"not due for another {due_in:.3f} s", due_in_s=due_in))
+    if task["queue_paused"]:
+        reasons.append(_because("QUEUE_PAUSED", f"queue {task['queue_name']!r} is paused"))
+    if task["app_suspended"]:
+        reasons.append(_because("APPLICATION_SUSPENDED", "the application is suspended"))
+    reasons.extend(await _quota_reasons(tx, task))
+    if task["resource_key"] is not None:
+        keys = await tx.fetchall(
+            "claim_key_state", {"namespace_id": task["namespace_id"], "keys": (task["resource_key"],)}
+        )
+        if keys and not key_free(keys[0]):
+            holder = keys[0]["holder_task_id"]
+            reasons.append(
+                _because("RESOURCE_KEY_HELD", f"resource key held by task {holder}", holder_task_id=holder)
+            )
+    capable = await _capable_connections(tx, task)
+    explanation["capable_connections"] = capable
+    if capable == 0:
+        reasons.append(
+            _because(
+                "NO_CAPABLE_WORKER",
+                "no connected Worker serves this queue with this handler, handler_version and payload_version"
+                + (" and resource-key support" if task["resource_key"] is not None else ""),
+            )
+        )
+    if task["available_at"] <= now:
+        position = await tx.fetchone(
+            "explain_position",
+            {
+                "queue_id": task["queue_id"],
+                "dispatch_at": task["dispatch_at"],
+                "available_at": task["available_at"],
+                "task_id": task["task_id"],
+                "handler": task["handler"],
+                "handler_version": task["handler_version"],
+                "payload_version": task["payload_version"],
+                "cap": POSITION_CAP,
+            },
+        )
+        explanation["position"] = {
+            "order": ["dispatch_at", "available_at", "task_id"],
+            "due_tasks_ahead": int(position["ahead"]),
+            "due_tasks_ahead_same_capability": int(position["ahead_same_capability"]),
+            # True when the count stopped at POSITION_CAP: at least that many are ahead.
+            "capped": int(position["ahead"]) >= POSITION_CAP,
+        }
+    explanation["dispatchable"] = not reasons
+    return explanation
+
+
+async def _quota_reasons(tx: Tx, task: Mapping[str, Any]) -> list[dict[str, Any]]:
+    reasons = []
+    for scope, max_concurrent, max_starts, window_s, window_count, count_query, key in (
+        ("APPLICATION", task["app_max_concurrent"], task["app_max_starts"], task["app_window_s"],
+         task["app_window_count"], "claim_count_application_live", {"application_id": task["application_id"]}),
+        ("QUEUE", task["queue_max_concurrency"], task["queue_max_starts"], task["queue_window_s"],
+         task["queue_window_count"], "claim_count_queue_live", {"queue_id": task["queue_id"]}),
+    ):
+        live = 0
+        if max_concurrent is not None:
+            live = (await tx.fetchone(count_query, key))["live"]
+            if live >= max_concurrent:
+                reasons.append(
+                    _because(
+                        f"{scope}_CONCURRENCY_FULL",
+                        f"{scope.lower()} runs {live} of at most {max_concurrent} tasks",
+                        live=live,
+                        limit=max_concurrent,
+                    )
+                )
+        if max_starts is not None:
+            budget = quota_budget(
+                max_concurrent=None, live=0, max_per_second=max_starts,
+                window_s=window_s, window_count=window_count, now_s=task["now_s"],
+            )
+            if budget.remaining == 0:
+                reasons.append(
+                    _because(
+                        f"{scope}_START_RATE_EXHAUSTED",
+                        f"{scope.lower()} used its {max_starts} starts of this second",
+                        limit=max_starts,
+                    )
+                )
+    return reasons
+
+
+async def _capable_connections(tx: Tx, task: Mapping[str, Any]) -> int:
+    """Worker connections of live nodes that could take this task (queue, capability, key support)."""
+    wanted = [task["handler"], task["handler_version"], task["payload_version"]]
+    count = 0
+    for conn in await tx.fetchall(
+        "explain_workers", {"namespace_id": task["namespace_id"], "stale_s": WORKER_STALE_S}
+    ):
+        if not conn["alive"]:
+            continue
+        if task["resource_key"] is not None and not conn["resource_key_support"]:
+            continue
+        try:
+            queues = json.loads(conn["queues"])
+            capabilities = json.loads(conn["capabilities"])
+        except (TypeError, ValueError):
+            continue
+        if task["queue_id"] in queues and any(list(c) == wanted for c in capabilities if isinstance(c, list)):
+            count += 1
+    return count

@@ -1,0 +1,482 @@
+"""The transitions of a reserved or running task: Start, renew, Finish, release, and the
+recovery sweep over expired leases and passed deadlines.
+
+Every transition is a compare-and-set on (task, fencing token, state, lease still valid
+on the database clock), decided on rows locked by primary key; losing it is a typed
+outcome (``Outcome.OWNERSHIP_LOST``), never a crash. The decisions of one transaction
+are collected in ``Writes`` and applied with a handful of batch statements.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import attrs
+
+from ..db import Database, Tx
+from .backoff import backoff_delay_ms
+from .ownership import (
+    LIVE_STATES,
+    At,
+    FinishItem,
+    LostReason,
+    Outcome,
+    RecoveryStats,
+    TransitionResult,
+)
+
+# Default rows per recovery transaction: a sweep pass stays a few milliseconds long.
+RECOVERY_BATCH = 256
+# The tasks.error column is TEXT (64 KiB). Larger error objects are cut down to their
+# code and the start of their message.
+MAX_ERROR_BYTES = 16 * 1024
+MAX_ERROR_MESSAGE_CHARS = 4096
+# Attempt outcomes written by Finish (the attempt had started). A Finish repeated with
+# the same token is answered from these and writes nothing.
+FINISH_OUTCOMES = frozenset({"succeeded", "retry", "failed", "cancelled", "expired"})
+
+
+def _hex(text: str | None) -> str | None:
+    return None if text is None else text.encode("utf-8").hex()
+
+
+def error_json(error: Mapping[str, Any]) -> str:
+    """The stored text of an error object, cut down to fit the column if needed."""
+    text = json.dumps(error, ensure_ascii=False, separators=(",", ":"), default=str)
+    if len(text.encode("utf-8")) <= MAX_ERROR_BYTES:
+        return text
+    message = str(error.get("message", ""))[:MAX_ERROR_MESSAGE_CHARS]
+    return json.dumps(
+        {"code": str(error.get("code", "ERROR"))[:128], "message": message, "truncated": True},
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+
+
+def _reason(code: str, message: str) -> str:
+    return error_json({"code": code, "message": message})
+
+
+DEADLINE_ERROR = _reason("DEADLINE_EXCEEDED", "the deadline passed before the task could start")
+ATTEMPTS_ERROR = _reason("ATTEMPTS_EXHAUSTED", "the task has no attempts left")
+CANCELLED_ERROR = _reason("CANCELLED", "cancellation was requested")
+LEASE_ERROR = _reason("LEASE_EXPIRED", "the run lease expired without renewal or finish")
+
+
+@attrs.frozen
+class TaskRow:
+    """A task row locked by a transition or by the sweeper."""
+
+    task_id: str
+    namespace_id: str
+    state: str
+    fencing_token: str | None
+    cancel_requested: bool
+    resource_key: str | None
+    attempts: int
+    max_attempts: int
+    backoff_initial_ms: int
+    backoff_max_ms: int
+    backoff_multiplier: float
+    deadline: datetime | None
+    lease_expires_at: datetime | None
+    lease_valid: bool
+    past_deadline: bool
+    now: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "TaskRow":
+        return cls(
+            task_id=row["task_id"],
+            namespace_id=row["namespace_id"],
+            state=row["state"],
+            fencing_token=row["fencing_token"],
+            cancel_requested=bool(row["cancel_requested"]),
+            resource_key=row["resource_key"],
+            attempts=row["attempts"],
+            max_attempts=row["max_attempts"],
+            backoff_initial_ms=row["backoff_initial_ms"],
+            backoff_max_ms=row["backoff_max_ms"],
+            backoff_multiplier=float(row["backoff_multiplier"]),
+            deadline=row["deadline"],
+            lease_expires_at=row["lease_expires_at"],
+            lease_valid=bool(row["lease_valid"]),
+            past_deadline=bool(row["past_deadline"]),
+            now=row["now"],
+        )
+
+
+# Keys of the per-task objects in the ``values`` JSON of the settle statements
+# (``settle_attempts``, ``settle_terminal``, ``settle_requeue`` in db/sql/dispatch.sql,
+# which read them as ``$."<task id>".<key>``). One letter each: a batch sends an object
+# per task in one statement parameter. Result and error texts travel as hex.
+OUTCOME_KEY = "o"  # task_attempts.outcome of the closed attempt
+ERROR_KEY = "e"  # the error JSON text, hex
+STATE_KEY = "s"  # the terminal state
+RESULT_KEY = "r"  # the result JSON text, hex
+AVAILABLE_AT_KEY = "a"  # the next available_at as DATETIME(6) text; absent keeps it
+
+
+@attrs.define(eq=False)
+class Writes:
+    """The writes one transaction decided, applied as a handful of batch statements."""
+
+    # reserved -> running: task id -> token, with the run lease and the lock statement's NOW(6).
+    started: dict[str, str] = attrs.field(factory=dict)
+    start_now: datetime | None = None
+    start_lease: datetime | None = None
+    renewals: dict[datetime, list[str]] = attrs.field(factory=dict)
+    attempts: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    attempt_pairs: list[tuple[str, str]] = attrs.field(factory=list)
+    terminal: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    requeue: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    keys: dict[str, tuple[str, str]] = attrs.field(factory=dict)
+
+    def start(self, row: TaskRow, token: str, lease: datetime) -> None:
+        self.started[row.task_id] = token
+        self.start_now, self.start_lease = row.now, lease
+
+    def renew(self, row: TaskRow, lease: datetime) -> None:
+        self.renewals.setdefault(lease, []).append(row.task_id)
+
+    def close_attempt(self, row: TaskRow, outcome: str, error: str | None = None) -> None:
+        """Record the outcome of the row's current attempt (the one its token names)."""
+        if row.fencing_token is None:
+            return
+        values = {OUTCOME_KEY: outcome}
+        if error is not None:
+            values[ERROR_KEY] = _hex(error)
+        self.attempts[row.task_id] = values
+        self.attempt_pairs.append((row.task_id, row.fencing_token))
+
+    def settle(self, row: TaskRow, state: str, *, result: str | None = None, error: str | None = None) -> None:
+        values = {STATE_KEY: state}
+        if result is not None:
+            values[RESULT_KEY] = _hex(result)
+        if error is not None:
+            values[ERROR_KEY] = _hex(error)
+        self.terminal[row.task_id] = values
+        self._release_key(row)
+
+    def back_to_queue(self, row: TaskRow, *, available_at: datetime | None = None, error: str | None = None) -> None:
+        values = {}
+        if available_at is not None:
+            values[AVAILABLE_AT_KEY] = available_at.isoformat(sep=" ", timespec="microseconds")
+        if error is not None:
+            values[ERROR_KEY] = _hex(error)
+        self.requeue[row.task_id] = values
+        self._release_key(row)
+
+    def _release_key(self, row: TaskRow) -> None:
+        if row.resource_key is not None:
+            self.keys[row.task_id] = (row.namespace_id, row.resource_key)
+
+    async def apply(self, tx: Tx) -> None:
+        if self.started:
+            params = {"task_ids": tuple(self.started), "now": self.start_now, "lease_expires_at": self.start_lease}
+            await tx.execute("start_tasks", params)
+            await tx.execute("start_attempts", {**params, "pairs": tuple(self.started.items())})
+        for lease, task_ids in self.renewals.items():
+            await tx.execute("renew_tasks", {"task_ids": tuple(task_ids), "lease_expires_at": lease})
+        if self.attempts:
+            await tx.execute(
+                "settle_attempts",
+                {
+                    "values": json.dumps(self.attempts),
+                    "task_ids": tuple(self.attempts),
+                    "pairs": tuple(self.attempt_pairs),
+                },
+            )
+        if self.keys:
+            await tx.execute(
+                "settle_release_keys",
+                {"keys": tuple(sorted(set(self.keys.values()))), "task_ids": tuple(self.keys)},
+            )
+        if self.terminal:
+            await tx.execute("settle_terminal", {"values": json.dumps(self.terminal), "task_ids": tuple(self.terminal)})
+        if self.requeue:
+            await tx.execute("settle_requeue", {"values": json.dumps(self.requeue), "task_ids": tuple(self.requeue)})
+
+
+def _lost(task_id: str, reason: LostReason) -> TransitionResult:
+    return TransitionResult(task_id=task_id, outcome=Outcome.OWNERSHIP_LOST, lost_reason=reason)
+
+
+def _not_owned(row: TaskRow, token: str, states: Sequence[str], *, settled_ok: bool) -> TransitionResult | None:
+    """The refusal for a token that is not current or a state the transition does not apply to.
+
+    A reservation that Start, release or the sweeper settled as cancelled/expired is
+    answered with that outcome when it is named by its own token (``ok`` is
+    ``settled_ok``: true for a release, which wanted it gone anyway)."""
+    if row.fencing_token != token:
+        return _lost(row.task_id, LostReason.TOKEN_MISMATCH)
+    if row.state in states:
+        return None
+    if row.state in ("cancelled", "expired"):
+        return TransitionResult(task_id=row.task_id, outcome=Outcome(row.state), ok=settled_ok, duplicate=True)
+    return _lost(row.task_id, LostReason.WRONG_STATE)
+
+
+# The task state each fresh outcome leaves behind.
+_STATE_AFTER = {
+    Outcome.STARTED: "running",
+    Outcome.RELEASED: "queued",
+    Outcome.RETRY: "queued",
+    Outcome.SUCCEEDED: "succeeded",
+    Outcome.FAILED: "failed",
+    Outcome.CANCELLED: "cancelled",
+    Outcome.EXPIRED: "expired",
+}
+
+
+def _with_state(result: TransitionResult, row: TaskRow) -> TransitionResult:
+    if result.duplicate or result.outcome not in _STATE_AFTER:
+        return attrs.evolve(result, state=row.state)
+    return attrs.evolve(result, state=_STATE_AFTER[result.outcome])
+
+
+def pair_key(item: tuple[str, str]) -> tuple[str, str]:
+    task_id, token = item
+    return (str(task_id), str(token))
+
+
+def finish_key(item: FinishItem) -> tuple[str, str]:
+    return (item.task_id, item.token)
+
+
+T = TypeVar("T")
+# decide(row, item, writes, context) -> result; context comes from the optional prepare step.
+Decide = Callable[[TaskRow, T, Writes, Any], TransitionResult]
+Prepare = Callable[[Tx, Mapping[str, TaskRow], Sequence[tuple[str, str]]], Awaitable[Any]]
+
+
+async def run_transition(
+    db: Database,
+    at: At,
+    point: str,
+    items: Sequence[T],
+    key: Callable[[T], tuple[str, str]],
+    decide: Decide,
+    prepare: Prepare | None = None,
+) -> list[TransitionResult]:
+    """Lock the named tasks, decide each item (a compare-and-set on token, state and
+    lease), then write all decisions with a few batch statements; one transaction."""
+    if not items:
+        return []
+    keys = [key(item) for item in items]
+
+    async def body(tx: Tx) -> list[TransitionResult]:
+        task_ids = tuple(sorted({task_id for task_id, _ in keys}))
+        rows = {r["task_id"]: TaskRow.from_row(r) for r in await tx.fetchall("transition_lock", {"task_ids": task_ids})}
+        await at(point, task_ids)
+        context = None if prepare is None else await prepare(tx, rows, keys)
+        writes = Writes()
+        first: dict[tuple[str, str], TransitionResult] = {}
+        results = []
+        for item, item_key in zip(items, keys):
+            if item_key in first:
+                # The same (task, token) twice in one batch: applied once.
+                results.append(attrs.evolve(first[item_key], duplicate=True))
+                continue
+            row = rows.get(item_key[0])
+            if row is None:
+                result = _lost(item_key[0], LostReason.NOT_FOUND)
+            else:
+                result = _with_state(decide(row, item, writes, context), row)
+            first[item_key] = result
+            results.append(result)
+        await writes.apply(tx)
+        return results
+
+    return await db.transaction(body)
+
+
+@attrs.frozen
+class TransitionRules:
+    """What each transition does to a locked row: pure decisions, written into ``Writes``.
+
+    ``decide(row, item, writes, context)`` for ``run_transition``; the leases come from
+    the node's configuration, ``rng`` jitters the retry backoff.
+    """
+
+    reservation_lease_s: float
+    run_lease_s: float
+    rng: random.Random
+
+    def start(self, row: TaskRow, item: tuple[str, str], writes: Writes, _: Any) -> TransitionResult:
+        refused = _not_owned(row, item[1], LIVE_STATES, settled_ok=False)
+        if refused is not None:
+            return refused
+        if not row.lease_valid:
+            return _lost(row.task_id, LostReason.LEASE_EXPIRED)
+        if row.state == "running":
+            # Start repeated for the attempt that is running: answered, nothing written.
+            return TransitionResult(
+                task_id=row.task_id, outcome=Outcome.STARTED, duplicate=True, lease_expires_at=row.lease_expires_at,
+                cancel_requested=row.cancel_requested, deadline_passed=row.past_deadline,
+            )
+        if row.past_deadline or row.cancel_requested:
+            # A task past its deadline is never started; a cancelled one neither.
+            state, error = ("expired", DEADLINE_ERROR) if row.past_deadline else ("cancelled", CANCELLED_ERROR)
+            writes.close_attempt(row, state, error)
+            writes.settle(row, state, error=error)
+            return TransitionResult(task_id=row.task_id, outcome=Outcome(state), ok=False)
+        lease = row.now + timedelta(seconds=self.run_lease_s)
+        writes.start(row, item[1], lease)
+        return TransitionResult(task_id=row.task_id, outcome=Outcome.STARTED, lease_expires_at=lease)
+
+    def renew(self, row: TaskRow, item: tuple[str, str], writes: Writes, _: Any) -> TransitionResult:
+        refused = _not_owned(row, item[1], LIVE_STATES, settled_ok=False)
+        if refused is not None:
+            return refused
+        if not row.lease_valid:
+            # An expired lease is lost even if the sweeper has not run yet.
+            return _lost(row.task_id, LostReason.LEASE_EXPIRED)
+        lease_s = self.run_lease_s if row.state == "running" else self.reservation_lease_s
+        lease = row.now + timedelta(seconds=lease_s)
+        writes.renew(row, lease)
+        return TransitionResult(
+            task_id=row.task_id, outcome=Outcome.RENEWED, lease_expires_at=lease,
+            cancel_requested=row.cancel_requested, deadline_passed=row.past_deadline,
+        )
+
+    def release(self, row: TaskRow, item: tuple[str, str], writes: Writes, _: Any) -> TransitionResult:
+        refused = _not_owned(row, item[1], ("reserved",), settled_ok=True)
+        if refused is not None:
+            return refused
+        return TransitionResult(task_id=row.task_id, outcome=_unstarted_back(row, writes, attempt_outcome="released"))
+
+    def finish(
+        self, row: TaskRow, item: FinishItem, writes: Writes, recorded: Mapping[tuple[str, str], Mapping[str, Any]]
+    ) -> TransitionResult:
+        task_id = row.task_id
+        if row.fencing_token != item.token or row.state != "running":
+            attempt = recorded.get((item.task_id, item.token))
+            if attempt is not None and attempt["started_at"] is not None and attempt["outcome"] in FINISH_OUTCOMES:
+                # The same attempt finished before: answer with what was recorded, write nothing.
+                return TransitionResult(task_id=task_id, outcome=Outcome(attempt["outcome"]), duplicate=True)
+            reason = LostReason.TOKEN_MISMATCH if row.fencing_token != item.token else LostReason.WRONG_STATE
+            return _lost(task_id, reason)
+        if not row.lease_valid:
+            # An expired lease is lost even if the sweeper has not run yet.
+            return _lost(task_id, LostReason.LEASE_EXPIRED)
+        if item.error is None:
+            writes.close_attempt(row, "succeeded")
+            writes.settle(row, "succeeded", result=item.result_json)
+            return TransitionResult(task_id=task_id, outcome=Outcome.SUCCEEDED)
+        error = error_json(item.error)
+        outcome, available_at = self._after_failure(row, retryable=item.retryable)
+        writes.close_attempt(row, outcome.value, error)
+        if outcome is Outcome.RETRY:
+            writes.back_to_queue(row, available_at=available_at, error=error)
+        else:
+            writes.settle(row, outcome.value, error=error)
+        return TransitionResult(task_id=task_id, outcome=outcome, available_at=available_at)
+
+    def _after_failure(self, row: TaskRow, *, retryable: bool) -> tuple[Outcome, datetime | None]:
+        """Where a failed started attempt leaves the task: retry, failed, cancelled or expired."""
+        if row.cancel_requested:
+            return Outcome.CANCELLED, None
+        if not retryable or row.attempts >= row.max_attempts:
+            return Outcome.FAILED, None
+        if row.past_deadline:
+            return Outcome.EXPIRED, None
+        delay_ms = backoff_delay_ms(
+            row.attempts,
+            initial_ms=row.backoff_initial_ms,
+            max_ms=row.backoff_max_ms,
+            multiplier=row.backoff_multiplier,
+            rng=self.rng,
+        )
+        available_at = row.now + timedelta(milliseconds=delay_ms)
+        if row.deadline is not None and available_at >= row.deadline:
+            # It could never start again before its deadline.
+            return Outcome.EXPIRED, None
+        return Outcome.RETRY, available_at
+
+    def recover_row(self, row: TaskRow, writes: Writes) -> Outcome:
+        """What the sweeper does with a row it locked: past its deadline or its lease."""
+        if row.state == "queued":
+            # Past its deadline (the only queued rows the sweeper locks).
+            writes.settle(row, "expired", error=DEADLINE_ERROR)
+            return Outcome.EXPIRED
+        if row.state == "reserved":
+            return _unstarted_back(row, writes, attempt_outcome="reservation_expired")
+        # A running attempt whose lease expired counts as a failed attempt.
+        writes.close_attempt(row, "lease_expired", LEASE_ERROR)
+        outcome, available_at = self._after_failure(row, retryable=True)
+        if outcome is Outcome.RETRY:
+            writes.back_to_queue(row, available_at=available_at, error=LEASE_ERROR)
+        else:
+            writes.settle(row, outcome.value, error=CANCELLED_ERROR if outcome is Outcome.CANCELLED else LEASE_ERROR)
+        return outcome
+
+
+async def run_recovery(db: Database, rules: TransitionRules, at: At, *, limit: int) -> RecoveryStats:
+    """One sweep pass over expired leases and queued tasks past their deadline.
+
+    Safe to run on every node at once: candidates are read without locks and then
+    locked by primary key with SKIP LOCKED and re-checked against NOW(6), so two
+    sweepers (or a sweeper and a Finish) never settle the same row twice, and a
+    lease that is still valid on the database clock is never touched.
+    """
+
+    async def body(tx: Tx) -> RecoveryStats:
+        leases = await tx.fetchall("recover_lease_candidates", {"limit": limit})
+        deadlines = await tx.fetchall("recover_deadline_candidates", {"limit": limit})
+        if not leases and not deadlines:
+            return RecoveryStats()
+        ids = tuple(sorted({r["task_id"] for r in leases + deadlines}))
+        rows = [TaskRow.from_row(r) for r in await tx.fetchall("recover_lock", {"task_ids": ids})]
+        await at("recover.locked", [r.task_id for r in rows])
+        writes = Writes()
+        counts = {o: 0 for o in Outcome}
+        for row in rows:
+            counts[rules.recover_row(row, writes)] += 1
+        await writes.apply(tx)
+        return RecoveryStats(
+            requeued=counts[Outcome.RELEASED],
+            retried=counts[Outcome.RETRY],
+            failed=counts[Outcome.FAILED],
+            cancelled=counts[Outcome.CANCELLED],
+            expired=counts[Outcome.EXPIRED],
+            saturated=len(leases) >= limit or len(deadlines) >= limit,
+        )
+
+    return await db.transaction(body)
+
+
+async def recorded_finishes(
+    tx: Tx, rows: Mapping[str, TaskRow], keys: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """Attempt rows of finishes whose token is not the running attempt's (possible duplicates)."""
+    stale = [
+        (task_id, token)
+        for task_id, token in keys
+        if (row := rows.get(task_id)) is not None and (row.fencing_token != token or row.state != "running")
+    ]
+    if not stale:
+        return {}
+    params = {"task_ids": tuple(sorted({t for t, _ in stale})), "pairs": tuple(stale)}
+    return {(a["task_id"], a["fencing_token"]): a for a in await tx.fetchall("transition_attempts", params)}
+
+
+def _unstarted_back(row: TaskRow, writes: Writes, *, attempt_outcome: str) -> Outcome:
+    """A reservation that was never started goes back to the queue (no attempt used),
+    unless it can no longer run: cancel requested or deadline passed."""
+    if row.cancel_requested:
+        writes.close_attempt(row, attempt_outcome, CANCELLED_ERROR)
+        writes.settle(row, "cancelled", error=CANCELLED_ERROR)
+        return Outcome.CANCELLED
+    if row.past_deadline:
+        writes.close_attempt(row, attempt_outcome, DEADLINE_ERROR)
+        writes.settle(row, "expired", error=DEADLINE_ERROR)
+        return Outcome.EXPIRED
+    writes.close_attempt(row, attempt_outcome)
+    writes.back_to_queue(row)
+    return Outcome.RELEASED
+

@@ -34,7 +34,9 @@ def cli(command: str, *args: str, dsn: Dsn | None = None, env: dict | None = Non
 POLL_S = 0.02
 
 
-async def wait_until(predicate: Callable[[], Any | Awaitable[Any]], *, timeout_s: float = 10) -> Any:
+async def wait_until(
+    predicate: Callable[[], Any | Awaitable[Any]], *, timeout_s: float = 10, poll_s: float = POLL_S
+) -> Any:
     """Ask ``predicate`` (a function or an async function) until its answer is truthy; returns it.
 
     For conditions no event announces: what another process or the database does, or a
@@ -50,7 +52,7 @@ async def wait_until(predicate: Callable[[], Any | Awaitable[Any]], *, timeout_s
                     answer = await answer
                 if answer:
                     return answer
-                await trio.sleep(POLL_S)
+                await trio.sleep(poll_s)
     except trio.TooSlowError:
         name = getattr(predicate, "__qualname__", repr(predicate))
         raise trio.TooSlowError(f"{name} did not hold within {timeout_s} s (last answer: {answer!r})") from None

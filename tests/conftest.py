@@ -20,6 +20,9 @@ from orbit_node.db import Database, migrate
 
 from .nodeutil import run_node
 
+# Every async test runs under a time cap (tests/timecap.py); pytester tests that cap.
+pytest_plugins = ("tests.timecap", "pytester")
+
 REPO = Path(__file__).resolve().parent.parent
 
 

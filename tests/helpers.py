@@ -1,11 +1,16 @@
-"""Small helpers shared by tests (seeding rows, running CLI commands)."""
+"""Small helpers shared by tests (running CLI commands, waiting for a condition)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
+
+import trio
 
 from orbit_node.config import Dsn
 
@@ -22,3 +27,32 @@ def cli(command: str, *args: str, dsn: Dsn | None = None, env: dict | None = Non
     return subprocess.run(
         [str(BIN / command), *args], capture_output=True, text=True, env=full_env, check=check, timeout=60
     )
+
+
+# How often wait_until asks again: often enough that a wait ends soon after its condition
+# holds, rarely enough that polling the database costs nothing worth measuring.
+POLL_S = 0.02
+
+
+async def wait_until(
+    predicate: Callable[[], Any | Awaitable[Any]], *, timeout_s: float = 10, poll_s: float = POLL_S
+) -> Any:
+    """Ask ``predicate`` (a function or an async function) until its answer is truthy; returns it.
+
+    For conditions no event announces: what another process or the database does, or a
+    counter of the node under test. Fails with ``trio.TooSlowError`` after ``timeout_s``
+    (of the trio clock: meant for tests on the real clock), with the last answer.
+    """
+    answer = None
+    try:
+        with trio.fail_after(timeout_s):
+            while True:
+                answer = predicate()
+                if inspect.isawaitable(answer):
+                    answer = await answer
+                if answer:
+                    return answer
+                await trio.sleep(poll_s)
+    except trio.TooSlowError:
+        name = getattr(predicate, "__qualname__", repr(predicate))
+        raise trio.TooSlowError(f"{name} did not hold within {timeout_s} s (last answer: {answer!r})") from None

@@ -10,6 +10,8 @@ from orbit_node.db import Database
 from orbit_node.db.queries import parse_blocks
 from orbit_node.errors import DatabaseError, Unavailable
 
+from .helpers import wait_until
+
 
 async def test_deadlock_is_replayed_and_invisible_to_the_caller(db):
     await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY, v INT) ENGINE=InnoDB"))
@@ -76,12 +78,12 @@ async def test_cancelled_transaction_leaves_no_broken_connection_in_the_pool(db)
         await db.transaction(slow)
     assert db.statistics().in_use == 0
     # The interrupted transaction was rolled back by the server when its connection closed.
-    for _ in range(50):
+
+    async def rolled_back() -> bool:
         rows = await db.run(lambda tx: tx.fetchall_raw("SELECT COUNT(*) AS n FROM t"))
-        if rows[0]["n"] == 0:
-            break
-        await trio.sleep(0.1)
-    assert rows[0]["n"] == 0
+        return rows[0]["n"] == 0
+
+    assert await wait_until(rolled_back, timeout_s=5)
 
 
 def test_named_query_blocks_parse_and_reject_duplicates():

@@ -1,5 +1,5 @@
-"""The claim statement reads the dispatch index in order and stops near the batch size,
-however many future-dated tasks wait in the queue."""
+"""The claim statement reads the dispatch index in order (no filesort), on an empty table
+as with 100,000 future-dated tasks in the queue, and then stops near the batch size."""
 
 from __future__ import annotations
 
@@ -17,6 +17,20 @@ BATCH = 16
 async def handler_reads(tx) -> int:
     rows = await tx.fetchall_raw("SHOW SESSION STATUS LIKE 'Handler_read%%'")
     return sum(int(r["Value"]) for r in rows)
+
+
+async def test_claim_candidates_uses_dispatch_index_on_an_empty_table(db):
+    """A new database (no rows, no statistics) plans the claim on the same index."""
+    params = {
+        "queue_id": "q" * 32,
+        "capabilities": (("h", "v1", "v1"), ("g", "v2", "v1")),
+        "resource_keys": 1,
+        "limit": BATCH,
+    }
+    rows = await db.run(lambda tx: tx.fetchall_raw("EXPLAIN FORMAT=JSON " + QUERIES["claim_candidates"], params))
+    text = json.dumps(json.loads(next(iter(rows[0].values()))))
+    assert '"key": "ix_tasks_dispatch"' in text
+    assert "filesort" not in text
 
 
 async def test_claim_candidates_with_100k_future_tasks(db):

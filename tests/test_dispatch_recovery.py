@@ -11,6 +11,8 @@ from orbit_node.db import Database
 from orbit_node.dispatch.recovery import Sweeper
 from orbit_node.store.ownership import FinishItem, LostReason, Outcome, OwnershipLost, RecoveryStats
 
+from .faults.clock import LaterDatabase
+from .helpers import wait_until
 from .seed import (
     TaskSpec,
     attempt_rows,
@@ -141,9 +143,11 @@ async def wait_until_a_statement_waits_for_the_row(db):
         "SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND ID <> CONNECTION_ID() "
         "AND COMMAND = 'Query' AND INFO LIKE 'SELECT task_id%%FOR UPDATE'"
     )
-    with trio.fail_after(10):
-        while not (await db.run(lambda tx: tx.fetchall_raw(query)))[0]["n"]:
-            await trio.sleep(0.01)
+
+    async def waiting() -> int:
+        return (await db.run(lambda tx: tx.fetchall_raw(query)))[0]["n"]
+
+    await wait_until(waiting)
 
 
 async def test_finish_racing_recovery_recovery_first(db):
@@ -178,10 +182,10 @@ async def test_finish_racing_recovery_recovery_first(db):
     assert [a["outcome"] for a in await attempt_rows(db, r.task_id)] == ["lease_expired"]
 
 
-async def test_finish_racing_recovery_finish_first(db):
-    """Finish locks the row while its lease is valid; the lease then runs out on the
-    database clock while Finish still holds the row. The sweeper sees the expired lease
-    but skips the locked row; Finish commits: exactly one settlement (the Finish)."""
+async def test_finish_racing_recovery_finish_first(db, dsn):
+    """Finish locks the row while its lease is valid; the sweeper, whose session runs on
+    the database clock of a later moment (``LaterDatabase``), sees the lease expired but
+    skips the locked row; Finish commits: exactly one settlement (the Finish)."""
     locked, release = trio.Event(), trio.Event()
 
     async def hook(point, task_ids):
@@ -191,26 +195,29 @@ async def test_finish_racing_recovery_finish_first(db):
 
     store = dispatch_store(db)
     _, r = await claimed(db, store, start=True)
-    await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET lease_expires_at = NOW(6) + INTERVAL 300000 MICROSECOND"))
+    later_db = LaterDatabase(dsn, size=1, ahead_s=3600)
     finisher = dispatch_store(db, hook=hook)
     finish_result = []
-    async with trio.open_nursery() as nursery:
+    try:
+        sweeper = dispatch_store(later_db)
+        async with trio.open_nursery() as nursery:
 
-        async def finish():
-            finish_result.extend(await finisher.finish_many([_success(r)]))
+            async def finish():
+                finish_result.extend(await finisher.finish_many([_success(r)]))
 
-        nursery.start_soon(finish)
-        with trio.fail_after(10):
-            await locked.wait()
-        # Wait (briefly, bounded) until the database clock is past the lease.
-        with trio.fail_after(10):
-            while not (await db.run(lambda tx: tx.fetchall_raw(
+            nursery.start_soon(finish)
+            with trio.fail_after(10):
+                await locked.wait()
+            # For the sweeper's clock the lease is over: it finds the row, and skips it.
+            lapsed = await later_db.run(lambda tx: tx.fetchall_raw(
                 "SELECT lease_expires_at < NOW(6) AS gone FROM tasks WHERE task_id = %s", (r.task_id,)
-            )))[0]["gone"]:
-                await trio.sleep(0.05)
-        with trio.fail_after(10):
-            assert await store.recover() == RecoveryStats()  # skipped the locked row, did not wait
-        release.set()
+            ))
+            assert lapsed[0]["gone"]
+            with trio.fail_after(10):
+                assert await sweeper.recover() == RecoveryStats()  # skipped the locked row, did not wait
+            release.set()
+    finally:
+        await later_db.aclose()
     assert finish_result[0].outcome is Outcome.SUCCEEDED
     assert await store.recover() == RecoveryStats()
     row = await task_row(db, r.task_id)

@@ -198,6 +198,8 @@ async def private_mariadb():
         server.remove()
 
 
+# The node start (20 s), the scenario's own bound (90 s) and the checks after it.
+@pytest.mark.time_cap(180)
 async def test_kill_9_of_mariadbd_under_load_loses_no_accepted_task(private_mariadb, tmp_path):
     """Submitters keep posting while mariadbd is killed with SIGKILL and started again.
 

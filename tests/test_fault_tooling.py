@@ -11,6 +11,7 @@ from orbit_node.errors import Unavailable
 
 from .faults.clock import LaterDatabase
 from .faults.proxy import Direction, open_fault_proxy
+from .helpers import wait_until
 
 
 async def thread_id(tx) -> int:
@@ -21,9 +22,18 @@ async def now(db: Database):
     return (await db.run(lambda tx: tx.fetchall_raw("SELECT NOW(6) AS now")))[0]["now"]
 
 
-async def test_proxy_latency_stall_blackhole_reset_and_half_close(dsn):
+async def running_statements(db: Database, text: str) -> int:
+    """Sessions of other connections to this database that are running the statement ``text``."""
+    found = await db.run(lambda tx: tx.fetchall_raw(
+        "SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST "
+        "WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO = %s", (text,)
+    ))
+    return found[0]["n"]
+
+
+async def test_proxy_latency_stall_blackhole_reset_and_half_close(dsn, db):
     async with open_fault_proxy(dsn.host, dsn.port) as proxy:
-        db = Database(proxy.dsn_for(dsn), size=1)
+        direct, db = db, Database(proxy.dsn_for(dsn), size=1)
         try:
             with trio.fail_after(10):
                 await now(db)
@@ -46,8 +56,9 @@ async def test_proxy_latency_stall_blackhole_reset_and_half_close(dsn):
                         await now(db)
                         done.set()
 
+                    held_before = proxy.holding  # (the cancelled statement's bytes are still held)
                     nursery.start_soon(query)
-                    await trio.sleep(0.2)
+                    await wait_until(lambda: proxy.holding > held_before)  # the new connection is held
                     assert not done.is_set()
                     proxy.heal()
                     await done.wait()
@@ -66,16 +77,13 @@ async def test_proxy_latency_stall_blackhole_reset_and_half_close(dsn):
                             await db.run(lambda tx: tx.execute_raw("DO SLEEP(5)"))
 
                     nursery.start_soon(sleeper)
-                    while proxy.open_links == 0:
-                        await trio.sleep(0.01)
-                    await trio.sleep(0.05)
+                    await wait_until(lambda: running_statements(direct, "DO SLEEP(5)"))
                     assert proxy.reset() == 1
                 # Half-close towards the server: it sees the client leave and ends the session;
                 # its FIN reaches the idle pooled connection, which the pool drops before reuse.
                 first = await db.run(thread_id)
                 await proxy.half_close(Direction.UP)
-                while not is_dropped(db._idle[-1]):
-                    await trio.sleep(0.01)
+                await wait_until(lambda: is_dropped(db._idle[-1]))
                 assert await db.run(thread_id) != first
                 # Refusing new connections looks like a server that is down.
                 proxy.refuse_new = True

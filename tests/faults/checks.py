@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import trio
-
 from orbit_node.db import Database
 from orbit_node.store.tenancy import TenancyStore
 
 from .. import seed
+from ..helpers import wait_until
 from ..nodeutil import ALL_SCOPES
 
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
@@ -51,9 +50,9 @@ async def assert_attempt_history(db: Database, task_id: str) -> list[dict[str, A
 
 async def wait_for_state(db: Database, task_id: str, *states: str, timeout_s: float = 10) -> dict[str, Any]:
     """Poll the task row until it is in one of ``states`` (a real process must act first)."""
-    with trio.fail_after(timeout_s):
-        while True:
-            row = await seed.task_row(db, task_id)
-            if row["state"] in states:
-                return row
-            await trio.sleep(0.02)
+
+    async def reached() -> dict[str, Any] | None:
+        row = await seed.task_row(db, task_id)
+        return row if row["state"] in states else None
+
+    return await wait_until(reached, timeout_s=timeout_s)

@@ -8,6 +8,8 @@
         proxy.reset()                   # every open connection gets a TCP RST, both sides
         await proxy.half_close(Direction.DOWN)  # the clients see EOF; the servers do not
         proxy.refuse_new = True         # new connections are reset at once
+        proxy.holding                   # how many connection directions hold stalled bytes now
+        proxy.swallowed[Direction.UP]   # every byte a black hole dropped, per direction
 
 Faults apply per direction: ``UP`` is client -> server, ``DOWN`` server -> client.
 A peer's EOF is passed on as EOF (half-close), a broken side resets the other one.
@@ -81,6 +83,12 @@ class FaultProxy:
     # New connections are accepted and reset at once (the target looks down).
     refuse_new: bool = False
     accepted: int = 0
+    # Connection directions that hold bytes back because of a stall, right now.
+    holding: int = 0
+    # What black holes dropped, per direction (a test can tell which statement was lost).
+    swallowed: dict[Direction, bytearray] = attrs.field(
+        factory=lambda: {Direction.UP: bytearray(), Direction.DOWN: bytearray()}
+    )
     _flows: dict[Direction, Flow] = attrs.field(factory=lambda: {Direction.UP: Flow.PASS, Direction.DOWN: Flow.PASS})
     _changed: trio.Event = attrs.field(factory=trio.Event)
     _links: set[_Link] = attrs.field(factory=set)
@@ -173,12 +181,20 @@ class FaultProxy:
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                         pass
                 return
-            while self._flows[direction] is Flow.STALL:
-                await self._changed.wait()
-            if self._flows[direction] is Flow.BLACKHOLE or direction in link.shut:
+            if self._flows[direction] is Flow.STALL:
+                self.holding += 1
+                try:
+                    while self._flows[direction] is Flow.STALL:
+                        await self._changed.wait()
+                finally:
+                    self.holding -= 1
+            if self._flows[direction] is Flow.BLACKHOLE:
+                self.swallowed[direction] += data
+                continue
+            if direction in link.shut:
                 continue
             if self.latency_s:
-                await trio.sleep(self.latency_s)
+                await trio.sleep(self.latency_s)  # the fault itself: added latency
             try:
                 await dst.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):

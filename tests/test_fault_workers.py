@@ -19,6 +19,7 @@ from . import seed
 from .faults.checks import assert_attempt_history, tenant_with_token, wait_for_state
 from .faults.proxy import open_fault_proxy
 from .faults.worker_proc import ProcessSocket, open_worker_process
+from .helpers import wait_until
 from .nodeutil import run_node
 from .wsclient import RawWorker, raw_worker
 
@@ -47,8 +48,7 @@ async def test_reset_mid_run_then_a_frozen_worker_past_its_lease_is_refused(node
                     with pytest.raises(ConnectionClosed):
                         await w1.recv()
             hub = node.node.state.services.hub
-            while hub.connections:
-                await trio.sleep(0.01)
+            await wait_until(lambda: not hub.connections)
             row = await seed.task_row(db, task_id)
             assert (row["state"], row["fencing_token"], row["attempts"]) == ("running", first["token"], 1)
             async with raw_worker(node.base_url, token) as again:
@@ -123,9 +123,20 @@ async def test_a_poison_task_that_kills_its_worker_every_attempt_fails_at_max_at
                 row = await wait_for_state(db, task_id, "queued", "failed")
                 assert row["state"] == ("failed" if attempt == 3 else "queued")
             # A healthy Worker afterwards gets nothing: the task is settled for good.
+            pool = node.node.state.services["claims"]
+            claims: list[str] = []  # outcomes of the claims the node runs from here on
+            observe = pool.observe
+
+            def watch(grant, outcome, seconds):
+                claims.append(outcome)
+                if observe is not None:
+                    observe(grant, outcome, seconds)
+
+            pool.observe = watch
             async with raw_worker(node.base_url, token) as w:
                 await w.hello([owner.queue_id])
-                await trio.sleep(node_config.scheduler.scan_cycle_s * 1.5)
+                await wait_until(lambda: claims)  # its claim ran
+                assert set(claims) == {"empty"}, claims
                 assert not [m for m in w.inbox if m["type"] == "dispatch"]
     row = await seed.task_row(db, task_id)
     assert (row["state"], row["attempts"]) == ("failed", 3)
@@ -155,11 +166,10 @@ async def test_the_sdk_worker_notices_a_silent_node_and_reconnects(node_config, 
                 await nursery.start(worker.run)
                 proxy.refuse_new = True  # the node is unreachable: new connections fail too
                 proxy.blackhole()
-                while proxy.accepted < 2:  # the Worker gave up on the silent connection and dialled again
-                    await trio.sleep(0.05)
+                # The Worker gives up on the silent connection and dials again.
+                await wait_until(lambda: proxy.accepted >= 2)
                 proxy.heal()
-                while worker.connections < 2:
-                    await trio.sleep(0.05)
+                await wait_until(lambda: worker.connections >= 2)
                 task_id = await seed.insert_task(db, owner)
                 await worker.wait_completed(1)
                 assert ran == [task_id]

@@ -123,7 +123,7 @@ async def test_a_poison_task_that_kills_its_worker_every_attempt_fails_at_max_at
                 row = await wait_for_state(db, task_id, "queued", "failed")
                 assert row["state"] == ("failed" if attempt == 3 else "queued")
             # A healthy Worker afterwards gets nothing: the task is settled for good.
-            pool = node.node.state.services["claims"]
+            pool = node.node.state.services.pool
             claims: list[str] = []  # outcomes of the claims the node runs from here on
             observe = pool.observe
 

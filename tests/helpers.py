@@ -56,3 +56,12 @@ async def wait_until(
     except trio.TooSlowError:
         name = getattr(predicate, "__qualname__", repr(predicate))
         raise trio.TooSlowError(f"{name} did not hold within {timeout_s} s (last answer: {answer!r})") from None
+
+
+async def running_statements(db, text: str) -> int:
+    """Sessions of other connections to ``db``'s database running the statement ``text`` now."""
+    found = await db.run(lambda tx: tx.fetchall_raw(
+        "SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST "
+        "WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO = %s", (text,)
+    ))
+    return found[0]["n"]

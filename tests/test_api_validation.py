@@ -4,6 +4,7 @@ code and the field it names, and nothing is stored (tasks, idempotency records, 
 from __future__ import annotations
 
 import json
+import re
 import urllib.parse
 
 import pytest
@@ -223,12 +224,13 @@ async def raw_exchange(base_url: str, head: bytes, body_parts, *, until_response
     """Send ``head`` and then body parts over a plain TCP stream, reading the answer meanwhile.
 
     Stops sending as soon as the response has arrived (a server that answers early
-    must not need the rest of the body); returns the raw response bytes.
+    must not need the rest of the body); returns the raw response bytes, once all of
+    the response is there.
     """
     url = urllib.parse.urlsplit(base_url)
     stream = await trio.open_tcp_stream(url.hostname, url.port)
     received = bytearray()
-    answered = trio.Event()
+    answered, complete = trio.Event(), trio.Event()
     async with stream:
         async with trio.open_nursery() as nursery:
 
@@ -243,7 +245,10 @@ async def raw_exchange(base_url: str, head: bytes, body_parts, *, until_response
                     received.extend(chunk)
                     if b"\r\n\r\n" in received:
                         answered.set()
+                    if response_complete(received):
+                        complete.set()
                 answered.set()
+                complete.set()
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(reader)
@@ -257,10 +262,21 @@ async def raw_exchange(base_url: str, head: bytes, body_parts, *, until_response
                     break
             # Never finish the body: the answer must come without it.
             with trio.fail_after(10):
-                await answered.wait()
-            await trio.sleep(0.05)  # let the rest of a small response arrive
+                await complete.wait()
             nursery.cancel_scope.cancel()
     return bytes(received)
+
+
+def response_complete(raw: bytes) -> bool:
+    """``raw`` holds a whole response: its head and the body its framing announces."""
+    head, separator, body = bytes(raw).partition(b"\r\n\r\n")
+    if not separator:
+        return False
+    head = head.lower()
+    if b"transfer-encoding: chunked" in head:
+        return body.endswith(b"0\r\n\r\n")
+    length = re.search(rb"\r\ncontent-length: *(\d+)", head)
+    return length is not None and len(body) >= int(length.group(1))  # (no length: until the close)
 
 
 def parse_raw_response(raw: bytes) -> tuple[int, dict]:

@@ -10,7 +10,7 @@ from orbit_node.db import Database
 from orbit_node.db.queries import parse_blocks
 from orbit_node.errors import DatabaseError, Unavailable
 
-from .helpers import wait_until
+from .helpers import running_statements, wait_until
 
 
 async def test_deadlock_is_replayed_and_invisible_to_the_caller(db):
@@ -74,8 +74,10 @@ async def test_cancelled_transaction_leaves_no_broken_connection_in_the_pool(db)
         await tx.execute_raw("INSERT INTO t VALUES (1)")
         await tx.fetchall_raw("SELECT SLEEP(5)")
 
-    with trio.move_on_after(0.2):
-        await db.transaction(slow)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(db.transaction, slow)
+        await wait_until(lambda: running_statements(db, "SELECT SLEEP(5)"))
+        nursery.cancel_scope.cancel()  # while the statement runs
     assert db.statistics().in_use == 0
     # The interrupted transaction was rolled back by the server when its connection closed.
 
@@ -99,12 +101,14 @@ async def test_a_discarded_connection_is_closed_at_once_so_its_locks_go(db):
     await db.run(lambda tx: tx.execute_raw("INSERT INTO t VALUES (1, 0)"))
     held = []
 
-    async def lock_then_hang(tx):
-        await tx.execute_raw("UPDATE t SET v = 1 WHERE id = 1")
-        held.append(tx._conn._sock)  # e.g. a traceback frame keeping the socket stream alive
-        await trio.sleep_forever()
+    with trio.CancelScope() as dropped:
 
-    with trio.move_on_after(0.3):
+        async def lock_then_hang(tx):
+            await tx.execute_raw("UPDATE t SET v = 1 WHERE id = 1")
+            held.append(tx._conn._sock)  # e.g. a traceback frame keeping the socket stream alive
+            dropped.cancel()  # with the row locked
+            await trio.sleep_forever()
+
         await db.transaction(lock_then_hang)
     assert held  # the socket stream object is still referenced here
 

@@ -3,6 +3,8 @@ network, a ``kill -9`` of mariadbd, recovery racing Finish (real MariaDB, real W
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import httpx
 import pytest
@@ -17,8 +19,9 @@ from . import seed
 from .faults.checks import assert_attempt_history, rows, tenant_with_token
 from .faults.clock import LaterDatabase
 from .faults.mariadb import PrivateMariaDB
-from .faults.nodeproc import NodeProcess
+from .faults.nodeproc import NodeProcess, free_port
 from .faults.proxy import open_fault_proxy
+from .helpers import wait_until
 from .nodeutil import make_tenant, run_node
 from .wsclient import heartbeat_roundtrip, raw_worker
 
@@ -174,9 +177,8 @@ async def test_a_black_holed_database_connection_does_not_wedge_the_node(node_co
                 ack = await w.request("finish", [{**ref, "outcome": "succeeded", "result": 1}], "f")
                 assert ack["results"][0]["state"] == "succeeded"
             # The sweeper and the API still work.
-            before = sweeper_passes.passes
-            while sweeper_passes.passes < before + 2:
-                await trio.sleep(0.05)
+            for _ in range(2):
+                await sweeper_passes.wait_for_pass()
             async with node.client(token) as http:
                 response = await http.get(f"/v1/tasks/{task_id}")
                 assert response.status_code == 200 and response.json()["data"]["state"] == "succeeded"
@@ -221,6 +223,7 @@ async def test_kill_9_of_mariadbd_under_load_loses_no_accepted_task(private_mari
     statuses: dict[str, list[int]] = {"before": [], "outage": [], "after": [], "after quiet restart": []}
     gate = {"open": trio.Event()}  # submitters pause while it is not set
     gate["open"].set()
+    in_flight = {"requests": 0}  # submissions sent and not answered yet
 
     def body(key: str) -> dict:
         return {"queue_id": tenant.queue_id, "handler": "h", "handler_version": "v1", "payload_version": "v1",
@@ -230,21 +233,26 @@ async def test_kill_9_of_mariadbd_under_load_loses_no_accepted_task(private_mari
         sequence = 0
         while not stop.is_set():
             await gate["open"].wait()
+            if not gate["open"].is_set():  # closed again before this submitter ran
+                continue
             key = f"s{number}-{sequence}"
             sequence += 1
             current = phase["name"]
+            in_flight["requests"] += 1
             try:
                 response = await http.post("/v1/tasks", json=body(key), headers={"Idempotency-Key": key})
             except httpx.TransportError:
                 refused.append(key)
                 continue
+            finally:
+                in_flight["requests"] -= 1
             statuses[current].append(response.status_code)
             if response.status_code in (200, 201):
                 accepted[key] = response.json()["data"]["task_id"]
             else:
                 assert response.status_code == 503 and response.json()["error"]["code"] == "UNAVAILABLE", response.text
                 refused.append(key)
-                await trio.sleep(0.02)
+                await trio.sleep(0.02)  # a client's pause before it tries again
 
     async def ready(http: httpx.AsyncClient) -> int:
         return (await http.get("/readyz")).status_code
@@ -259,24 +267,24 @@ async def test_kill_9_of_mariadbd_under_load_loses_no_accepted_task(private_mari
                     stop = trio.Event()
                     for number in range(4):
                         nursery.start_soon(submitter, number, http, stop)
-                    while len(statuses["before"]) < 40:
-                        await trio.sleep(0.01)
+                    await wait_until(lambda: len(statuses["before"]) >= 40, timeout_s=30)
                     await private_mariadb.kill9()
                     phase["name"] = "outage"
                     assert await ready(http) == 503
-                    while len(statuses["outage"]) < 20:
-                        await trio.sleep(0.01)
+                    await wait_until(lambda: len(statuses["outage"]) >= 20, timeout_s=30)
                     assert await ready(http) == 503
                     await private_mariadb.start()
-                    while await ready(http) != 200:
-                        await trio.sleep(0.05)
+
+                    async def is_ready() -> bool:
+                        return await ready(http) == 200
+
+                    await wait_until(is_ready, timeout_s=30)
                     phase["name"] = "after"
-                    while len(statuses["after"]) < 40:
-                        await trio.sleep(0.01)
+                    await wait_until(lambda: len(statuses["after"]) >= 40, timeout_s=30)
                     # A restart nobody noticed: the node's pooled connections all died with
                     # the old server, and no request failed on them in between.
                     gate["open"] = trio.Event()
-                    await trio.sleep(0.2)  # (the submitters' requests in flight finish)
+                    await wait_until(lambda: in_flight["requests"] == 0)  # (the requests in flight finish)
                     await private_mariadb.kill9()
                     await private_mariadb.start()
                     # The server answers again: so does the node, on the first try (a dead
@@ -284,8 +292,7 @@ async def test_kill_9_of_mariadbd_under_load_loses_no_accepted_task(private_mari
                     assert await ready(http) == 200
                     phase["name"] = "after quiet restart"
                     gate["open"].set()
-                    while len(statuses["after quiet restart"]) < 40:
-                        await trio.sleep(0.01)
+                    await wait_until(lambda: len(statuses["after quiet restart"]) >= 40, timeout_s=30)
                     stop.set()
         assert node.running and (await httpx.AsyncClient().get(node.base_url + "/healthz")).json()["data"]["node_id"] == node_id
     finally:
@@ -364,8 +371,7 @@ async def test_recovery_racing_a_workers_finish_settles_the_attempt_once(node_co
                             nursery.start_soon(sweep)
                             await paused.wait()
                             await w.send(finish)
-                            while not await waiting_for_a_row_lock(db):
-                                await trio.sleep(0.01)
+                            await wait_until(lambda: waiting_for_a_row_lock(db))
                             resume.set()
                             ack = await w.recv_type("ack")
                             assert ack["results"][0] == {
@@ -410,9 +416,18 @@ async def test_sigterm_while_the_database_is_black_holed_still_exits_within_the_
     grace period plus a bounded clean-up, instead of waiting on the database forever."""
     owner, token = await tenant_with_token(db)
     task_id = await seed.insert_task(db, owner)
+    metrics_addr = f"127.0.0.1:{free_port()}"
     async with open_fault_proxy(dsn.host, dsn.port) as proxy:
-        node = NodeProcess(proxy.dsn_for(dsn), tmp_path / "node.log", env={"ORBIT_SHUTDOWN_GRACE_S": "2"})
+        node = NodeProcess(proxy.dsn_for(dsn), tmp_path / "node.log", env={
+            "ORBIT_SHUTDOWN_GRACE_S": "2", "ORBIT_METRICS": "open", "ORBIT_METRICS_ADDR": metrics_addr,
+        })
         await node.start()
+
+        async def claims_in_flight() -> float:
+            async with httpx.AsyncClient(timeout=5) as http:
+                text = (await http.get(f"http://{metrics_addr}/metrics")).text
+            return float(re.search(r"^orbit_claim_requests_in_flight (\S+)$", text, re.MULTILINE).group(1))
+
         try:
             with trio.fail_after(40):
                 async with raw_worker(node.base_url, token) as busy, raw_worker(node.base_url, token) as idle:
@@ -424,7 +439,7 @@ async def test_sigterm_while_the_database_is_black_holed_still_exits_within_the_
                     proxy.blackhole()
                     await busy.send({"type": "renew", "id": "r", "tasks": [ref]})
                     await seed.insert_task(db, owner)  # a claim of the idle Worker will hang on the database
-                    await trio.sleep(1.5)  # (the idle Worker's next claim is on its way to the black hole)
+                    await wait_until(claims_in_flight)  # (the idle Worker's claim is in the black hole)
                     started = trio.current_time()
                     code = await node.terminate(timeout_s=30)
                     assert code == 0, node.log_text()[-2000:]

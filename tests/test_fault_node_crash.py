@@ -13,6 +13,7 @@ from . import seed
 from .faults.checks import assert_attempt_history, rows, tenant_with_token, wait_for_state
 from .faults.nodeproc import NodeProcess
 from .faults.proxy import Direction, open_fault_proxy
+from .helpers import wait_until
 from .nodeutil import make_tenant
 from .wsclient import raw_worker
 
@@ -112,8 +113,9 @@ async def test_a_retry_after_a_crash_between_commit_and_response_returns_the_sam
                                 outcome.append(exc)
 
                         nursery.start_soon(submit)
-                        while not await rows(db, "SELECT task_id FROM idempotency_records WHERE idempotency_key = %s", key):
-                            await trio.sleep(0.01)
+                        await wait_until(
+                            lambda: rows(db, "SELECT task_id FROM idempotency_records WHERE idempotency_key = %s", key)
+                        )
                         await node.kill()
                         # The dead process's connection is gone; its answer never came through.
                         http_proxy.reset()

@@ -11,7 +11,7 @@ from orbit_node.errors import Unavailable
 
 from .faults.clock import LaterDatabase
 from .faults.proxy import Direction, open_fault_proxy
-from .helpers import wait_until
+from .helpers import running_statements, wait_until
 
 
 async def thread_id(tx) -> int:
@@ -20,15 +20,6 @@ async def thread_id(tx) -> int:
 
 async def now(db: Database):
     return (await db.run(lambda tx: tx.fetchall_raw("SELECT NOW(6) AS now")))[0]["now"]
-
-
-async def running_statements(db: Database, text: str) -> int:
-    """Sessions of other connections to this database that are running the statement ``text``."""
-    found = await db.run(lambda tx: tx.fetchall_raw(
-        "SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST "
-        "WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO = %s", (text,)
-    ))
-    return found[0]["n"]
 
 
 async def test_proxy_latency_stall_blackhole_reset_and_half_close(dsn, db):

@@ -30,7 +30,7 @@ def wait_http(url: str, timeout_s: float = 20) -> httpx.Response:
         except httpx.TransportError:
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.1)
+            time.sleep(0.1)  # bounded poll (in a thread): the process tells nothing else when it is up
 
 
 async def test_node_serves_health_and_readiness_and_exits_zero_on_sigterm(dsn):

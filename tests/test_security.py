@@ -246,10 +246,10 @@ async def test_idle_and_half_open_connections_are_closed_while_healthy_clients_k
                         assert ack["results"][0]["state"] == "succeeded"
                         await heartbeat_roundtrip(healthy)
                         n += 1
-                        await trio.sleep(0.2)
-                    while hub.admitted > 1:
+                        await trio.sleep(0.2)  # healthy clients' pace while the node's real-time timeouts run
+                    while hub.admitted > 1:  # (bounded by too_slow)
                         await heartbeat_roundtrip(healthy)
-                        await trio.sleep(0.2)
+                        await trio.sleep(0.2)  # a healthy Worker's heartbeat pace, well inside its 1 s timeout
                     assert len(hub.connections) == 1  # only the healthy Worker is left
                     await heartbeat_roundtrip(healthy)
                 vanished.cancel_scope.cancel()

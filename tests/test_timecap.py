@@ -45,12 +45,12 @@ async def test_virtual_time_beyond_the_cap_while_waiting_on_real_work(autojump_c
 
 @pytest.mark.time_cap(5)
 async def test_finishes_inside_a_raised_cap():
-    await trio.sleep(0.6)
+    await trio.sleep(0.6)  # real time longer than the hanging tests' cap, inside the one its marker names
 
 
 @pytest.mark.time_cap(0.3)
 def test_sync_tests_are_not_capped():
-    time.sleep(0.5)
+    time.sleep(0.5)  # longer than the cap its marker names
 """
 
 

@@ -15,6 +15,8 @@ from orbit_node.store.ownership import OwnershipLost
 from orbit_node.store.tenancy import TenancyStore
 
 from . import seed
+from .faults.checks import wait_for_state
+from .helpers import wait_until
 from .nodeutil import ALL_SCOPES, run_node
 from .wsclient import heartbeat_roundtrip, raw_worker, ws_url
 
@@ -63,9 +65,7 @@ async def test_the_129th_connection_is_refused_and_the_others_keep_working(full_
             assert json.loads(await ws.get_message()) == {"type": "heartbeat"}
             release.set()
     # Slots are given back when connections end.
-    with trio.fail_after(10):
-        while hub.admitted:
-            await trio.sleep(0.01)
+    await wait_until(lambda: not hub.admitted)
 
 
 async def test_worker_disconnecting_mid_task_task_comes_back_after_lease_expiry_old_finish_refused(full_node, db):
@@ -111,8 +111,7 @@ async def test_reservations_of_a_closed_connection_are_released_at_once(full_nod
         async with raw_worker(full_node.base_url, token) as w:
             await w.hello([owner.queue_id])
             await w.recv_type("dispatch")
-        while (await seed.task_row(db, task_id))["state"] != "queued":
-            await trio.sleep(0.01)
+        await wait_for_state(db, task_id, "queued")
     row = await seed.task_row(db, task_id)
     assert row["state"] == "queued" and row["attempts"] == 0 and row["owner_node_id"] is None
     assert [a["outcome"] for a in await seed.attempt_rows(db, task_id)] == ["released"]
@@ -150,8 +149,7 @@ async def test_heartbeats_are_answered_while_every_sql_slot_is_stalled(full_node
                     workers = [w0, w1, w2, w3]
                     for w, owner in zip(workers, owners):
                         await w.hello([owner.queue_id])
-                    while pool.statistics().in_flight < 4:
-                        await trio.sleep(0.01)
+                    await wait_until(lambda: pool.statistics().in_flight >= 4)
                     # All four claim slots wait on the database; the control loops do not.
                     for _ in range(3):
                         for w in workers:
@@ -169,7 +167,14 @@ async def test_a_flooding_application_does_not_delay_another_beyond_one_rotation
     pool = full_node.node.state.services.pool
     granted: list[str] = []
     requested_at: list[int] = []  # len(granted) when each of the small application's requests entered
-    pool.on_grant = lambda grant: granted.append(grant.request.application_id)
+    flooding = trio.Event()  # the big application has had 20 turns
+
+    def on_grant(grant):
+        granted.append(grant.request.application_id)
+        if not flooding.is_set() and granted.count(big.application_id) >= 20:
+            flooding.set()
+
+    pool.on_grant = on_grant
     big = await seed.tenant(db, application="big", queue="q0")
     queues = [big] + [await seed.add_queue(db, big, f"q{i}") for i in range(1, 10)]
     for q in queues:
@@ -191,8 +196,7 @@ async def test_a_flooding_application_does_not_delay_another_beyond_one_rotation
             for q in queues:
                 for _ in range(4):
                     await nursery.start(flood, q.queue_id)
-            while granted.count(big.application_id) < 20:
-                await trio.sleep(0.01)
+            await flooding.wait()
             pool.on_request = lambda t: requested_at.append(len(granted)) if t.application_id == small.application_id else None
             await seed.insert_task(db, small)
             async with raw_worker(full_node.base_url, small_token) as w:
@@ -214,13 +218,14 @@ async def test_node_shutdown_with_work_in_flight_loses_no_task(node_config, db):
     owner = await seed.tenant(db)
     token = await token_for(db, owner)
     ids = await seed.insert_tasks(db, owner, [seed.TaskSpec() for _ in range(20)])
-    started = trio.Event()
+    busy = trio.Event()  # all five of the Worker's slots run a task
     finish = trio.Event()
     ran = []
 
     async def handler(task):
         ran.append(task.task_id)
-        started.set()
+        if len(ran) == 5:
+            busy.set()
         await finish.wait()
         return {"done": task.task_id}
 
@@ -230,12 +235,11 @@ async def test_node_shutdown_with_work_in_flight_loses_no_task(node_config, db):
                 worker = Worker(url=running.base_url, token=token, queues=[owner.queue_id], capacity=5)
                 worker.register("h", "v1", "v1", handler)
                 await outer.start(worker.run)
-                await started.wait()
-                while len(ran) < 5:
-                    await trio.sleep(0.01)
+                await busy.wait()
                 running.node.request_shutdown()
                 # The node asks the Worker to drain; running handlers may still finish.
-                await trio.sleep(0.2)
+                hub = running.node.state.services.hub
+                await wait_until(lambda: all(conn.node_draining for conn in hub.connections.values()))
                 finish.set()
             # The node has exited here.
             await worker.drain()
@@ -265,8 +269,7 @@ async def test_idle_connections_close_promptly_on_shutdown(node_config, db):
             async with raw_worker(running.base_url, token) as w:
                 await w.hello([owner.queue_id])
                 pool = running.node.state.services.pool
-                while pool.statistics().claims_empty < 1:
-                    await trio.sleep(0.01)
+                await wait_until(lambda: pool.statistics().claims_empty >= 1)
                 running.node.request_shutdown()
                 await w.recv_type("drain")
                 with pytest.raises(ConnectionClosed) as info:

@@ -95,7 +95,7 @@ class PrivateMariaDB:
                         await admin.run(lambda tx: tx.execute_raw("CREATE DATABASE IF NOT EXISTS orbit"))
                         return
                     except OrbitError:
-                        await trio.sleep(0.05)
+                        await trio.sleep(0.05)  # bounded poll: the server tells nothing else when it is up
         finally:
             await admin.aclose()
 

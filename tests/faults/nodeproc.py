@@ -82,7 +82,7 @@ class NodeProcess:
                             return
                     except httpx.TransportError:
                         pass
-                    await trio.sleep(0.05)
+                    await trio.sleep(0.05)  # bounded poll: the process tells nothing else when it is up
 
     async def kill(self) -> None:
         """SIGKILL: the process gets no chance to drain, release or deregister anything."""

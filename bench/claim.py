@@ -25,8 +25,8 @@ from typing import Any
 import attrs
 import trio
 
-from orbit_node.db import Database, migrate
 from orbit_node.claims import Capability, ClaimRequest
+from orbit_node.db import Database, migrate
 from orbit_node.store.dispatch import DispatchStore
 from orbit_node.store.ownership import FinishItem, Outcome
 from orbit_node.store.tenancy import TenancyStore

@@ -13,8 +13,15 @@ import time
 from typing import Any
 
 from .common import (
-    bench_database, connection_plan, make_app, measured_phase, node_process, submit_closed_loop, task_times,
-    wait_until, worker_fleet,
+    bench_database,
+    connection_plan,
+    make_app,
+    measured_phase,
+    node_process,
+    submit_closed_loop,
+    task_times,
+    wait_until,
+    worker_fleet,
 )
 from .report import format_table, ms, ratio, summarize
 from .s0 import measure_floor

@@ -73,7 +73,7 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[st
                         progress.append((time.perf_counter() - start, (await cur.fetchone())[0]))
                         try:
                             await asyncio.wait_for(stop.wait(), SAMPLE_S)
-                        except asyncio.TimeoutError:
+                        except TimeoutError:
                             pass
 
             cpu0 = _cpu()
@@ -86,7 +86,7 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[st
                                          queues=["bench"], delete_jobs="never"),
                     timeout_s,
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 timed_out = True
             seconds = time.perf_counter() - start
             cpu = _cpu() - cpu0

@@ -13,7 +13,7 @@ import platform
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -132,12 +132,12 @@ class Target:
     note: str = ""
 
     @classmethod
-    def at_least(cls, name: str, value: float, bound: float, *, unit: str = "", note: str = "") -> "Target":
+    def at_least(cls, name: str, value: float, bound: float, *, unit: str = "", note: str = "") -> Target:
         met = None if value != value else value >= bound
         return cls(name=name, target=f">= {fmt_number(bound)}{unit}", value=value, unit=unit, met=met, note=note)
 
     @classmethod
-    def at_most(cls, name: str, value: float, bound: float, *, unit: str = "", note: str = "") -> "Target":
+    def at_most(cls, name: str, value: float, bound: float, *, unit: str = "", note: str = "") -> Target:
         met = None if value != value else value <= bound
         return cls(name=name, target=f"<= {fmt_number(bound)}{unit}", value=value, unit=unit, met=met, note=note)
 
@@ -253,7 +253,7 @@ def write_result(report: Mapping[str, Any], directory: Path, scenario: str, *, s
     NaN and infinities become null, so the file is strict JSON.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    stamp = stamp or datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = stamp or datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     text = json.dumps(_jsonable(dict(report)), indent=2, sort_keys=False) + "\n"
     latest = directory / f"{scenario}.json"
     latest.write_text(text)

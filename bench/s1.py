@@ -19,8 +19,18 @@ from typing import Any
 import trio
 
 from .common import (
-    REPO, admin_sql, bench_database, connection_plan, count_tasks, make_app, measured_phase, node_process, seed_tasks,
-    submit_closed_loop, wait_until, worker_fleet,
+    REPO,
+    admin_sql,
+    bench_database,
+    connection_plan,
+    count_tasks,
+    make_app,
+    measured_phase,
+    node_process,
+    seed_tasks,
+    submit_closed_loop,
+    wait_until,
+    worker_fleet,
 )
 from .report import Target, format_table, ratio, summarize
 from .s0 import measure_floor

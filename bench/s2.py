@@ -17,9 +17,18 @@ from typing import Any
 import trio
 from hdrh.histogram import HdrHistogram
 
-from .common import bench_database, connection_plan, count_tasks, make_app, measured_phase, node_process, submit_open_loop
-from .common import task_times
-from .common import wait_until, worker_fleet
+from .common import (
+    bench_database,
+    connection_plan,
+    count_tasks,
+    make_app,
+    measured_phase,
+    node_process,
+    submit_open_loop,
+    task_times,
+    wait_until,
+    worker_fleet,
+)
 from .report import Target, format_table
 from .s1 import LIFTED_PACE, orbit_burndown
 

@@ -22,8 +22,17 @@ from typing import Any
 
 import trio
 
-from .common import App, bench_database, connection_plan, make_app, node_process, seed_tasks, submit_open_loop
-from .common import task_times, worker_fleet
+from .common import (
+    App,
+    bench_database,
+    connection_plan,
+    make_app,
+    node_process,
+    seed_tasks,
+    submit_open_loop,
+    task_times,
+    worker_fleet,
+)
 from .report import Target, fairness, format_table, ms, ratio, summarize
 from .s1 import LIFTED_PACE
 

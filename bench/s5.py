@@ -18,13 +18,21 @@ from typing import Any
 
 import trio
 
-from orbit_node.db import Database
 from orbit_node.claims import Capability, ClaimRequest
+from orbit_node.db import Database
 from orbit_node.store.dispatch import DispatchStore
 from orbit_node.store.ownership import FinishItem, Outcome
 
-from .common import HANDLER, bench_database, connection_plan, make_app, node_process, seed_tasks, submit_closed_loop
-from .common import worker_fleet
+from .common import (
+    HANDLER,
+    bench_database,
+    connection_plan,
+    make_app,
+    node_process,
+    seed_tasks,
+    submit_closed_loop,
+    worker_fleet,
+)
 from .report import Target, format_table, ms, ratio, summarize
 
 # Issue 8 target: claim p99 with 1M future tasks <= 1.5 x the 1k case.

@@ -30,7 +30,7 @@ class Dsn:
     unix_socket: str | None = None
 
     @classmethod
-    def parse(cls, url: str) -> "Dsn":
+    def parse(cls, url: str) -> Dsn:
         try:
             parts = urllib.parse.urlsplit(url)
             port = parts.port
@@ -61,7 +61,7 @@ class Dsn:
             unix_socket=unix_socket,
         )
 
-    def with_database(self, database: str) -> "Dsn":
+    def with_database(self, database: str) -> Dsn:
         return attrs.evolve(self, database=database)
 
     def url(self) -> str:
@@ -188,7 +188,7 @@ class NodeConfig:
         return f"{scheme}://{self.http_host}:{self.http_port}"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "NodeConfig":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> NodeConfig:
         env = os.environ if env is None else env
         known = {
             "ORBIT_MYSQL_DSN", "ORBIT_HTTP_ADDR", "ORBIT_TLS_CERT", "ORBIT_TLS_KEY", "ORBIT_LOG_LEVEL",

@@ -18,6 +18,7 @@ business: ``orbit_node.api.metrics``.
 from __future__ import annotations
 
 from collections.abc import Iterator
+
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric

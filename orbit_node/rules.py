@@ -16,7 +16,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import attrs
@@ -230,7 +230,7 @@ def timestamp(value: Any, field: str) -> datetime:
     micro = int((fraction or "").ljust(6, "0")[:6])
     try:
         if offset in ("Z", "z"):
-            tz = timezone.utc
+            tz = UTC
         else:
             sign = -1 if offset[0] == "-" else 1
             off_h, off_m = int(offset[1:3]), int(offset[4:6])
@@ -238,7 +238,7 @@ def timestamp(value: Any, field: str) -> datetime:
                 raise ValueError("offset out of range")
             tz = timezone(sign * timedelta(hours=off_h, minutes=off_m))
         local = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=tz)
-        utc = local.astimezone(timezone.utc).replace(tzinfo=None)
+        utc = local.astimezone(UTC).replace(tzinfo=None)
     except (ValueError, OverflowError):
         raise InvalidArgument(f"{field}: must be {rule}, got {show(value)}", field=field) from None
     if not EARLIEST <= utc <= LATEST:

@@ -13,12 +13,12 @@ import trio
 
 from .config import NodeConfig
 from .db import Database
+from .dispatch.plan_trigger import PlanTrigger
 from .dispatch.pool import ClaimPool
 from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import FairScheduler
 from .dispatch.turns import TurnRecorder
 from .metrics import NodeMetrics
-from .dispatch.plan_trigger import PlanTrigger
 from .store.dispatch import DispatchStore
 from .store.operations import OperationsStore
 from .store.plans import PlanStore

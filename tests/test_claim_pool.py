@@ -10,9 +10,9 @@ import pytest
 import trio
 import trio.testing
 
-from orbit_node.config import NodeConfig, SchedulerLimits, Dsn
-from orbit_node.dispatch.pool import ClaimPool, PoolClosed
 from orbit_node.claims import ClaimRequest
+from orbit_node.config import Dsn, NodeConfig, SchedulerLimits
+from orbit_node.dispatch.pool import ClaimPool, PoolClosed
 from orbit_node.dispatch.scheduler import FairScheduler, cache_key
 from orbit_node.store.tenancy import Principal
 from orbit_node.workers import protocol as p

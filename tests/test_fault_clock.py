@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -60,7 +60,7 @@ def first_log_time(node: NodeProcess) -> datetime:
         except ValueError:
             continue
         if "ts" in entry:
-            return datetime.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+            return datetime.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
     raise AssertionError(f"no log line with a time: {node.log_text()[-1000:]}")
 
 
@@ -86,7 +86,7 @@ async def test_a_node_with_a_skewed_clock_neither_recovers_early_nor_extends_a_l
     await node.start()
     try:
         # The process really lives at the skewed time.
-        observed = (first_log_time(node) - datetime.now(timezone.utc)).total_seconds()
+        observed = (first_log_time(node) - datetime.now(UTC)).total_seconds()
         assert abs(observed - skew_s) < 60, observed
         with trio.fail_after(30):
             # The skewed node's sweeper requeues the probe; that same pass left the others alone.

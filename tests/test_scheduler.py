@@ -6,9 +6,9 @@ import random
 
 import pytest
 
+from orbit_node.claims import ClaimRequest
 from orbit_node.config import SchedulerLimits
 from orbit_node.dispatch.cache import CacheKey, EmptyResultCache
-from orbit_node.claims import ClaimRequest
 from orbit_node.dispatch.scheduler import AlreadyOutstanding, FairScheduler, SchedulerFull
 
 CAPS = frozenset({("h", "v1", "v1")})

@@ -175,7 +175,6 @@ async def test_message_before_hello_and_malformed_messages(full_node, db):
 
 async def test_oversized_message_closes_1009_and_spares_other_connections(node_config, db):
     import attrs
-
     from trio_websocket import ConnectionClosed
 
     config = attrs.evolve(node_config, max_ws_message_bytes=4096)

@@ -49,7 +49,7 @@ async def scenario() -> tuple[list[int], int, set[int], bool]:
     url = os.environ.get("ORBIT_URL") or credentials.url
     async with OrbitClient.from_credentials(credentials, url=url) as client:
         queue = await client.create_queue(f"priority-example-{run}")
-        deadline = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=TASK_DEADLINE_S)
+        deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=TASK_DEADLINE_S)
         payloads, task_ids = {}, []
         for index, priority in enumerate(SUBMITTED):
             payload = {"object_ref": "objects/example", "operation_ref": f"prepare-{index:03d}", "exact": BIG + index}

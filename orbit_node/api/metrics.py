@@ -24,8 +24,8 @@ from .. import logs
 from ..errors import NotFound
 from ..metrics import NodeMetrics
 from .auth import bearer_token, node_state
-from .state import NodeState
 from .envelope import current_request_id
+from .state import NodeState
 
 access_log = logging.getLogger("orbit.access")
 

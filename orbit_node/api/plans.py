@@ -12,11 +12,11 @@ from typing import Any
 
 from quart import Blueprint
 
+from .. import rules
 from ..errors import InvalidArgument
 from ..plans.definition import parse_definition
 from ..store.plans import Plan, PlanStore, PlanTask, PlanVersion
 from ..store.tenancy import Principal
-from .. import rules
 from . import envelope, validation
 from .auth import node_state, require_any
 from .tasks import check_queue_filter, summary_json

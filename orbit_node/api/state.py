@@ -15,7 +15,6 @@ from ..services import DispatchServices, ServiceSet
 from ..store.tasks import TaskStore
 from ..store.tenancy import TenancyStore
 
-
 # The node-wide scope a credential needs to read GET /metrics in "credential" mode.
 METRICS_SCOPE = "metrics:read"
 # A verified metrics credential is trusted this long before the database is asked again

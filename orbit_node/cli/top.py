@@ -41,7 +41,7 @@ class TopSnapshot:
             totals[application_id] = totals.get(application_id, 0) + turns
         return totals
 
-    def turn_rates(self, previous: "TopSnapshot | None") -> dict[str, float] | None:
+    def turn_rates(self, previous: TopSnapshot | None) -> dict[str, float] | None:
         """Turns per second per application since ``previous`` (None for the first frame).
 
         Only counters present in both frames count: a node that started or stopped in
@@ -56,7 +56,7 @@ class TopSnapshot:
                 rates[key[1]] = rates.get(key[1], 0.0) + max(turns - before, 0) / elapsed
         return rates
 
-    def as_json(self, previous: "TopSnapshot | None" = None) -> dict[str, Any]:
+    def as_json(self, previous: TopSnapshot | None = None) -> dict[str, Any]:
         totals = self.turns_by_application()
         rates = self.turn_rates(previous) or {}
         return {

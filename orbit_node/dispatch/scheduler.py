@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, OrderedDict
+
 import attrs
 
 from ..claims import ClaimRequest

@@ -20,12 +20,11 @@ policy for fire times that were missed (more than ``grace_s`` late).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import attrs
-from croniter import croniter
-from croniter import CroniterError
+from croniter import CroniterError, croniter
 
 CATCH_UP_SKIP = "skip"
 CATCH_UP_FIRE_ONCE = "fire_once"
@@ -38,7 +37,7 @@ EPOCH = datetime(1970, 1, 1)
 # The last instant a DATETIME(6) column holds; no fire time lies beyond it.
 LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999)
 ONE_US = timedelta(microseconds=1)
-UTC = timezone.utc
+UTC = UTC
 
 
 def _micros(value: datetime) -> int:

@@ -17,7 +17,7 @@ import json
 import os
 import urllib.parse
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -140,7 +140,7 @@ ERRORS_BY_CODE: dict[str, type[ApiError]] = {
 def _rfc3339(value: datetime) -> str:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError("timestamps must be timezone-aware datetimes")
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _aware(instance: Any, attribute: attrs.Attribute, value: datetime | None) -> None:
@@ -369,7 +369,7 @@ class Page(Generic[T]):
     next_cursor: str | None
 
     @classmethod
-    def from_document(cls, item_type: Any, document: Mapping[str, Any]) -> "Page[Any]":
+    def from_document(cls, item_type: Any, document: Mapping[str, Any]) -> Page[Any]:
         """A list envelope: ``data`` items of ``item_type`` and the ``next_cursor``."""
         return cls([item_type.from_json(item) for item in document["data"]], document.get("next_cursor"))
 
@@ -394,7 +394,7 @@ class Credentials:
     queues: Mapping[str, str]
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "Credentials":
+    def load(cls, path: str | os.PathLike[str]) -> Credentials:
         where = f"credentials file {os.fspath(path)}"
         try:
             document = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -446,11 +446,11 @@ class OrbitClient:
         )
 
     @classmethod
-    def from_credentials(cls, credentials: Credentials, *, url: str | None = None, **kwargs: Any) -> "OrbitClient":
+    def from_credentials(cls, credentials: Credentials, *, url: str | None = None, **kwargs: Any) -> OrbitClient:
         return cls(url or credentials.url, credentials.token, **kwargs)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> "OrbitClient":
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> OrbitClient:
         """ORBIT_CREDENTIALS_FILE (required) and ORBIT_URL (overrides the file's url)."""
         env = os.environ if env is None else env
         path = env.get("ORBIT_CREDENTIALS_FILE")
@@ -458,7 +458,7 @@ class OrbitClient:
             raise ConfigError("ORBIT_CREDENTIALS_FILE is not set", field="ORBIT_CREDENTIALS_FILE")
         return cls.from_credentials(Credentials.load(path), url=env.get("ORBIT_URL") or None, **kwargs)
 
-    async def __aenter__(self) -> "OrbitClient":
+    async def __aenter__(self) -> OrbitClient:
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:

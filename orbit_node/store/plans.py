@@ -54,7 +54,7 @@ class Plan:
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "Plan":
+    def from_row(cls, row: Mapping[str, Any]) -> Plan:
         return cls(**{f.name: row[f.name] for f in attrs.fields(cls)})
 
 
@@ -71,7 +71,7 @@ class PlanVersion:
         return json.loads(self.definition_json)
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "PlanVersion":
+    def from_row(cls, row: Mapping[str, Any]) -> PlanVersion:
         return cls(
             plan_id=row["plan_id"], version=row["version"], definition_json=row["definition"], created_at=row["created_at"]
         )

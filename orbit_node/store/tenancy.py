@@ -110,7 +110,7 @@ class Queue:
     created_at: Any
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "Queue":
+    def from_row(cls, row: Mapping[str, Any]) -> Queue:
         return cls(
             queue_id=row["queue_id"],
             namespace_id=row["namespace_id"],

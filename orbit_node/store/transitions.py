@@ -89,7 +89,7 @@ class TaskRow:
     now: datetime
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "TaskRow":
+    def from_row(cls, row: Mapping[str, Any]) -> TaskRow:
         return cls(
             task_id=row["task_id"],
             namespace_id=row["namespace_id"],

@@ -97,7 +97,7 @@ class ProcessSocket:
     _buffer: bytes = b""
 
     @classmethod
-    async def spawn(cls, base_url: str, token: str) -> "ProcessSocket":
+    async def spawn(cls, base_url: str, token: str) -> ProcessSocket:
         process = await open_worker_process("script", base_url, token, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         sock = cls(process)
         with trio.fail_after(SPAWN_TIMEOUT_S):

@@ -117,7 +117,7 @@ async def drain(store: DispatchStore, owner: dict[str, str], *, tasks: int, work
             started = await store.start_many(tokens)
             finished = await store.finish_many(
                 FinishItem(r.task_id, r.fencing_token, "null")
-                for r, s in zip(reservations, started)
+                for r, s in zip(reservations, started, strict=True)
                 if s.outcome is Outcome.STARTED
             )
             transactions += 2

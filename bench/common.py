@@ -174,7 +174,7 @@ async def seed_tasks(
         if finished:
             params.append(state)
         params.append(size)
-        await db.run(lambda tx: tx.execute_raw(sql, params))
+        await db.run(lambda tx: tx.execute_raw(sql, params))  # noqa: B023 - awaited within the iteration
 
 
 async def count_tasks(db: Database, where: str = "1", params: Sequence[Any] = ()) -> int:

@@ -26,7 +26,7 @@ def bar(path: Path, labels: Sequence[str], values: Sequence[float], *, title: st
         log: bool = False) -> Path:
     fig, ax = plt.subplots(figsize=SIZE)
     bars = ax.bar(labels, values, color="#4477aa")
-    for b, v in zip(bars, values):
+    for b, v in zip(bars, values, strict=False):
         ax.annotate(f"{v:,.0f}" if v >= 10 else f"{v:.2f}", (b.get_x() + b.get_width() / 2, b.get_height()),
                     ha="center", va="bottom", fontsize=8)
     ax.set_title(title)
@@ -42,7 +42,7 @@ def lines(path: Path, series: Mapping[str, Sequence[tuple[float, float]]], *, ti
     fig, ax = plt.subplots(figsize=SIZE)
     for name, points in series.items():
         if points:
-            xs, ys = zip(*points)
+            xs, ys = zip(*points, strict=False)
             ax.plot(xs, ys, label=name, linewidth=1.3)
     for name, x in (vlines or {}).items():
         ax.axvline(x, color="grey", linestyle=":", linewidth=1)

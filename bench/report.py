@@ -189,7 +189,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, align
         align = "l" + "r" * (len(headers) - 1)
     lines = []
     for index, row in enumerate(cells):
-        parts = [cell.ljust(w) if a == "l" else cell.rjust(w) for cell, w, a in zip(row, widths, align)]
+        parts = [cell.ljust(w) if a == "l" else cell.rjust(w) for cell, w, a in zip(row, widths, align, strict=False)]
         lines.append("  ".join(parts).rstrip())
         if index == 0:
             lines.append("  ".join("-" * w for w in widths))

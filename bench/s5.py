@@ -65,7 +65,7 @@ async def _round(store: DispatchStore, request: ClaimRequest) -> float | None:
         return None
     results = await store.start_many([(r.task_id, r.fencing_token) for r in reservations])
     await store.finish_many(FinishItem(r.task_id, r.fencing_token, "null")
-                            for r, s in zip(reservations, results) if s.outcome is Outcome.STARTED)
+                            for r, s in zip(reservations, results, strict=True) if s.outcome is Outcome.STARTED)
     return seconds
 
 

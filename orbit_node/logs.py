@@ -20,6 +20,7 @@ import logging
 import re
 import sys
 import time
+import types
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -39,7 +40,9 @@ TOKEN_PATTERN = re.compile(r"orb_[0-9A-Za-z]{8,}")
 BEARER_PATTERN = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{16,}")
 REDACTED_TOKEN = "orb_[redacted]"
 
-_context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar("orbit_log_context", default={})
+_context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "orbit_log_context", default=types.MappingProxyType({})
+)
 
 
 def redact(text: str) -> str:

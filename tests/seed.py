@@ -86,7 +86,7 @@ async def insert_tasks(db: Database, owner: Tenant, specs: Sequence[TaskSpec]) -
     """Insert task rows in one statement; returns their ids in the order given."""
     ids = [s.task_id or time_ordered_id() for s in specs]
     rows_sql, params = [], []
-    for task_id, s in zip(ids, specs):
+    for task_id, s in zip(ids, specs, strict=True):
         deadline_sql = "NULL" if s.deadline_in_s is None else "NOW(6) + INTERVAL %s MICROSECOND"
         rows_sql.append(
             "(%s, %s, %s, %s, %s, %s, %s, %s, NOW(6) + INTERVAL %s MICROSECOND, "

@@ -494,9 +494,9 @@ class ConnectionLife(RuleBasedStateMachine):
         assert len(split.mine) + len(split.not_held) == len(refs)
         oks = [data.draw(st.booleans()) for _ in split.mine]
         results = [ok(kind, int(r.task_id, 16)) if good else refused(int(r.task_id, 16))
-                   for r, good in zip(split.mine, oks)]
+                   for r, good in zip(split.mine, oks, strict=True)]
         self.core.settle(kind, split.mine, results, self.tick())
-        for r, good in zip(split.mine, oks):
+        for r, good in zip(split.mine, oks, strict=True):
             if r.task_id not in self.model:
                 continue  # the same task twice in one message, dropped by the first
             after = (AFTER_OK if good else AFTER_REFUSED)[kind]

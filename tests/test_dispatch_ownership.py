@@ -11,6 +11,7 @@ none was finished twice; and no deadlock or lock wait ever reached a caller.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter, defaultdict
 
@@ -65,7 +66,7 @@ async def test_exactly_one_owner_none_lost_none_finished_twice(db, dsn):
             if given_back:
                 outcomes.update(x.outcome for x in await store.release_many([(r.task_id, r.fencing_token) for r in given_back]))
             started = await store.start_many([(r.task_id, r.fencing_token) for r in to_run])
-            running = [r for r, s in zip(to_run, started) if s.outcome is Outcome.STARTED]
+            running = [r for r, s in zip(to_run, started, strict=True) if s.outcome is Outcome.STARTED]
             if running and rng.random() < 0.01:
                 await run_out([(r.task_id, r.fencing_token) for r in running])  # a stalled Worker
             items = [
@@ -138,6 +139,6 @@ async def test_exactly_one_owner_none_lost_none_finished_twice(db, dsn):
         # each reservation begins after the previous one was settled.
         assert all(a["outcome"] is not None and a["finished_at"] is not None for a in history), history
         assert [a["outcome"] for a in history].count("succeeded") == 1, history
-        for before, after in zip(history, history[1:]):
+        for before, after in itertools.pairwise(history):
             assert after["reserved_at"] >= before["finished_at"], (task_id, before, after)
     print(f"attempts={len(attempts)} outcomes={dict(seen)} replays={replays}")

@@ -90,7 +90,7 @@ async def test_queue_concurrency_cap_holds_and_other_queues_are_unaffected(db, p
     await insert_tasks(db, owner, [TaskSpec(available_in_s=-1) for _ in range(40)])
     await insert_tasks(db, free, [TaskSpec(available_in_s=-1) for _ in range(40)])
     live = []
-    for round_ in range(4):
+    for _round in range(4):
         got = await claim_all_at_once(pools, lambda i: claim_request(owner, limit=4, connection_id=f"c{i}"))
         live += got
         assert len(live) == 3

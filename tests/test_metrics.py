@@ -104,7 +104,7 @@ async def test_a_scripted_workload_shows_exactly_its_counts(node_config, db):
                     ack = await worker.request("start", refs, "s")
                     assert all(r["ok"] for r in ack["results"])
                     finishes = []
-                    for ref, outcome in zip(refs, outcomes):
+                    for ref, outcome in zip(refs, outcomes, strict=True):
                         if outcome == "succeeded":
                             finishes.append({**ref, "outcome": "succeeded", "result": {"ok": True}})
                         else:

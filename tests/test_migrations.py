@@ -96,7 +96,7 @@ async def test_p3_upgrade_path_keeps_every_task_and_orders_them_by_available_at(
             )
         )
         assert len(rows) == len(tasks)
-        for row, original in zip(rows, tasks):
+        for row, original in zip(rows, tasks, strict=True):
             assert row["task_id"] == original[0]
             assert row["payload"] == big
             assert row["state"] == original[2]
@@ -107,7 +107,7 @@ async def test_p3_upgrade_path_keeps_every_task_and_orders_them_by_available_at(
         assert attempts[0]["n"] == len(tasks)
         for bad in (10, -1):
             with pytest.raises(DatabaseError) as info:
-                await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET priority = %s WHERE task_id = %s", (bad, tasks[0][0])))
+                await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET priority = %s WHERE task_id = %s", (bad, tasks[0][0])))  # noqa: B023 - awaited within the iteration
             assert info.value.errno in (4025, 3819)  # MariaDB / MySQL CHECK constraint violation
         await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET priority = 9 WHERE task_id = %s", (tasks[0][0],)))
         row = (await db.run(lambda tx: tx.fetchall_raw(

@@ -261,8 +261,8 @@ async def test_a_bad_definition_is_400_naming_the_field_and_creates_nothing(runn
 async def test_priority_9_0_is_refused_as_written_on_the_wire(running_node, db):
     tenant = await make_tenant(db)
     raw = (
-        '{"name":"p","queue_id":"%s","definition":{"task":{"handler":"h","handler_version":"v1",'
-        '"payload_version":"v1","payload":null,"priority":9.0},"schedule":{"interval_s":60}}}' % tenant.queue_id
+        '{"name":"p","queue_id":"' + tenant.queue_id + '","definition":{"task":{"handler":"h","handler_version":"v1",'
+        '"payload_version":"v1","payload":null,"priority":9.0},"schedule":{"interval_s":60}}}'
     ).encode()
     async with running_node.client(tenant.token) as client:
         response = await client.post("/v1/plans", content=raw, headers={"Content-Type": "application/json"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta
 
 import pytest
@@ -94,7 +95,7 @@ def test_cron_across_daylight_saving_changes():
     # Fire times always increase, whatever the zone does.
     quarterly = Schedule(cron="*/15 * * * *", time_zone="Europe/Berlin")
     times = fire_times(quarterly, at("2030-10-26 22:00"), 20)
-    assert all(b - a == s(900) for a, b in zip(times, times[1:]))
+    assert all(b - a == s(900) for a, b in itertools.pairwise(times))
 
 
 def test_interval_and_cron_together_are_the_union_and_a_shared_time_fires_once():

@@ -143,7 +143,7 @@ async def test_three_nodes_triggering_one_plan_concurrently_create_exactly_50_ta
     assert {r["priority"] for r in rows} == {3}
     # One fire record per task, keyed by plan, version and fire time.
     assert sorted(records, key=lambda r: r["idempotency_key"]) == sorted(
-        ({"idempotency_key": fire_key(plan.plan_id, 1, f), "task_id": r["task_id"]} for f, r in zip(fire_times, rows)),
+        ({"idempotency_key": fire_key(plan.plan_id, 1, f), "task_id": r["task_id"]} for f, r in zip(fire_times, rows, strict=True)),
         key=lambda r: r["idempotency_key"],
     )
     assert sum(s.tasks_created for s in passes) == 50

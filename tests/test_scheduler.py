@@ -240,7 +240,7 @@ def test_task_arrival_wakes_the_queue_at_once():
 def test_cache_bound_and_expiry():
     cache = EmptyResultCache(ttl_s=1.0, max_entries=128)
     keys = [CacheKey("ns", f"q{i}", CAPS, False) for i in range(200)]
-    for i, key in enumerate(keys):
+    for key in keys:
         cache.store_empty(key, 0.0)
         assert len(cache) <= 128
     assert len(cache) == 128 and cache.evictions == 72

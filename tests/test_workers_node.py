@@ -148,7 +148,7 @@ async def test_heartbeats_are_answered_while_every_sql_slot_is_stalled(full_node
                         raw_worker(full_node.base_url, tokens[2]) as w2, \
                         raw_worker(full_node.base_url, tokens[3]) as w3:
                     workers = [w0, w1, w2, w3]
-                    for w, owner in zip(workers, owners):
+                    for w, owner in zip(workers, owners, strict=True):
                         await w.hello([owner.queue_id])
                     while pool.statistics().in_flight < 4:
                         await trio.sleep(0.01)

@@ -277,7 +277,7 @@ async def run_transition(
         writes = Writes()
         first: dict[tuple[str, str], TransitionResult] = {}
         results = []
-        for item, item_key in zip(items, keys):
+        for item, item_key in zip(items, keys, strict=True):
             if item_key in first:
                 # The same (task, token) twice in one batch: applied once.
                 results.append(attrs.evolve(first[item_key], duplicate=True))

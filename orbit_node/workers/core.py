@@ -298,7 +298,7 @@ class ConnectionCore:
         started: list[float] = []
         cancels: list[CancelNotice] = []
         dropped: list[str] = []
-        for ref, result in zip(refs, results):
+        for ref, result in zip(refs, results, strict=True):
             effect = rule.on_ok if result.ok else rule.on_refused
             if effect is Effect.DROP:
                 if self._held.pop(ref.task_id, None) is not None:

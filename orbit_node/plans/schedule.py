@@ -68,7 +68,7 @@ class Schedule:
     grace_s: int = DEFAULT_GRACE_S
     _zone: ZoneInfo = attrs.field(init=False, repr=False, eq=False)
 
-    def __attrs_post_init__(self):
+    def __attrs_post_init__(self) -> None:
         if self.interval_s is None and self.cron is None:
             raise ValueError("a schedule needs interval_s and/or cron")
         if self.catch_up not in CATCH_UP_POLICIES:
@@ -82,7 +82,7 @@ class Schedule:
         lower = max(when, self.start_at) if self.start_at is not None else when
         candidates = []
         if self.interval_s is not None:
-            candidates.append(self._interval_at_or_after(lower))
+            candidates.append(self._interval_at_or_after(lower, self.interval_s))
         if self.cron is not None:
             candidates.append(self._cron_at_or_after(lower))
         found = [c for c in candidates if c is not None]
@@ -104,7 +104,7 @@ class Schedule:
         upper = min(when, self.end_at) if self.end_at is not None else when
         candidates = []
         if self.interval_s is not None:
-            candidates.append(self._interval_at_or_before(upper))
+            candidates.append(self._interval_at_or_before(upper, self.interval_s))
         if self.cron is not None:
             candidates.append(self._cron_at_or_before(upper))
         found = [c for c in candidates if c is not None]
@@ -118,15 +118,15 @@ class Schedule:
     def _anchor(self) -> int:
         return _micros(self.start_at) if self.start_at is not None else 0
 
-    def _interval_at_or_after(self, when: datetime) -> datetime | None:
-        step = self.interval_s * 1_000_000
+    def _interval_at_or_after(self, when: datetime, interval_s: int) -> datetime | None:
+        step = interval_s * 1_000_000
         anchor = self._anchor()
         offset = max(0, _micros(when) - anchor)
         k = -(-offset // step)  # ceiling division
         return _from_micros(anchor + k * step)
 
-    def _interval_at_or_before(self, when: datetime) -> datetime | None:
-        step = self.interval_s * 1_000_000
+    def _interval_at_or_before(self, when: datetime, interval_s: int) -> datetime | None:
+        step = interval_s * 1_000_000
         anchor = self._anchor()
         offset = _micros(when) - anchor
         if offset < 0:
@@ -139,7 +139,7 @@ class Schedule:
     def _cron_at_or_after(self, when: datetime) -> datetime | None:
         # croniter's get_next is strictly after its start; start one microsecond earlier.
         try:
-            found = self._cron(when - ONE_US).get_next(datetime)
+            found: datetime = self._cron(when - ONE_US).get_next(datetime)
         except (CroniterError, OverflowError, ValueError):
             return None
         return found.astimezone(UTC).replace(tzinfo=None)
@@ -148,7 +148,7 @@ class Schedule:
         if when >= LATEST:
             when = LATEST - ONE_US
         try:
-            found = self._cron(when + ONE_US).get_prev(datetime)
+            found: datetime = self._cron(when + ONE_US).get_prev(datetime)
         except (CroniterError, OverflowError, ValueError):
             return None
         result = found.astimezone(UTC).replace(tzinfo=None)

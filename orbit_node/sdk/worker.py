@@ -374,7 +374,7 @@ class Worker:
                 return
             results = await session.starts.submit(refs)
             async with trio.open_nursery() as nursery:
-                for t, result in zip(tasks, results, strict=True):
+                for t, result in zip(tasks, results, strict=False):
                     if result is not None and result.get("ok"):
                         nursery.start_soon(self._run_one, session, t)
         finally:

@@ -33,7 +33,7 @@ from ..config import NodeConfig
 from ..dispatch.pool import ClaimPool, PoolClosed
 from ..dispatch.scheduler import SchedulerRefused
 from ..errors import NotFound, OrbitError
-from ..store.dispatch import FinishItem, Reservation, TransitionResult
+from ..store.ownership import FinishItem, Reservation, TransitionResult
 from ..store.tenancy import Principal
 from . import protocol as p
 from .core import ConnectionCore, TaskHandle, TransitionKind, TransitionMessage, kind_of
@@ -357,7 +357,7 @@ class WorkerConnection:
             outcomes = await run([(r.task_id, r.token) for r in mine]) if mine else []
         settled = self.core.settle(kind, mine, outcomes, trio.current_time())
         results = [p.refused(task_id, "NOT_HELD") for task_id in not_held]
-        results += [self.hub.result_json(outcome) for _, outcome in zip(mine, outcomes, strict=True)]
+        results += [self.hub.result_json(outcome) for _, outcome in zip(mine, outcomes, strict=False)]
         for seconds in settled.started_after_s:
             self.hub.observe_started(seconds)
         if kind is TransitionKind.FINISH:

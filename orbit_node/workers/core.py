@@ -35,7 +35,7 @@ from ..claims import ClaimRequest
 from . import protocol as p
 
 if TYPE_CHECKING:
-    from ..store.dispatch import Reservation, TransitionResult
+    from ..store.ownership import Reservation, TransitionResult
 
 
 class TaskState(enum.Enum):
@@ -298,7 +298,7 @@ class ConnectionCore:
         started: list[float] = []
         cancels: list[CancelNotice] = []
         dropped: list[str] = []
-        for ref, result in zip(refs, results, strict=True):
+        for ref, result in zip(refs, results, strict=False):  # fewer results than refs: the rest stay held
             effect = rule.on_ok if result.ok else rule.on_refused
             if effect is Effect.DROP:
                 if self._held.pop(ref.task_id, None) is not None:

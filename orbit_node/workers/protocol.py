@@ -27,7 +27,7 @@ from ..rules import HANDLER, QUEUE_ID, VERSION
 from ..wire import rfc3339
 
 if TYPE_CHECKING:
-    from ..store.dispatch import Reservation
+    from ..store.ownership import Reservation
 
 # WebSocket close codes the node uses (documented in docs/worker-protocol.md).
 CLOSE_NORMAL = 1000

@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import attrs
 import httpx
@@ -143,7 +143,7 @@ def _rfc3339(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _aware(instance: Any, attribute: attrs.Attribute, value: datetime | None) -> None:
+def _aware(instance: Any, attribute: attrs.Attribute[datetime | None], value: datetime | None) -> None:
     if value is not None and (value.tzinfo is None or value.utcoffset() is None):
         raise ValueError(f"{attribute.name} must be a timezone-aware datetime")
 
@@ -273,11 +273,18 @@ def _required_time(value: str | datetime) -> datetime:
     return value if isinstance(value, datetime) else datetime.fromisoformat(value)
 
 
+def _backoff(value: Backoff | Mapping[str, Any]) -> Backoff:
+    return value if isinstance(value, Backoff) else Backoff(**value)
+
+
 class _FromJson:
     """``from_json``: every attrs field from the key of its name; absent keys take the default."""
 
+    # Set by attrs on every subclass (all are attrs classes).
+    __attrs_attrs__: ClassVar[tuple[attrs.Attribute[Any], ...]]
+
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Any:
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
         try:
             return cls(
                 **{f.name: data[f.name] for f in attrs.fields(cls) if f.name in data or f.default is attrs.NOTHING}
@@ -309,7 +316,7 @@ class TaskSummary(_FromJson):
 @attrs.frozen(kw_only=True)
 class Task(TaskSummary):
     payload: Any
-    backoff: Backoff = attrs.field(converter=lambda value: value if isinstance(value, Backoff) else Backoff(**value))
+    backoff: Backoff = attrs.field(converter=_backoff)
     reserved_at: datetime | None = _time_field(optional=True)
     started_at: datetime | None = _time_field(optional=True)
     updated_at: datetime = _time_field()
@@ -433,7 +440,7 @@ class OrbitClient:
         token: str,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
-        event_hooks: Mapping[str, list] | None = None,
+        event_hooks: Mapping[str, list[Callable[..., Any]]] | None = None,
     ):
         self.url = url.rstrip("/")
         self._http = httpx.AsyncClient(

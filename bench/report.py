@@ -302,8 +302,16 @@ def parse_collapsed(text: str) -> tuple[Counter, Counter, int]:
 
 
 # Frames every sample of a node passes through: they explain nothing.
-_ENTRY_FRAMES = ("<module> ", "_run_module_as_main ", "_run_code ", "main (bench/", "run (_core/_run.py)",
-                 "unrolled_run (_core/_run.py)", "serve (bench/", "run (orbit_node/node.py)")
+_ENTRY_FRAMES = (
+    "<module> ",
+    "_run_module_as_main ",
+    "_run_code ",
+    "main (bench/",
+    "run (_core/_run.py)",
+    "unrolled_run (_core/_run.py)",
+    "serve (bench/",
+    "run (orbit_node/node.py)",
+)
 # Self-time frames grouped by where the code lives (first path component that names a package).
 _COMPONENTS = (
     ("trio_mysql", "MySQL driver (trio_mysql)"),
@@ -328,7 +336,7 @@ _COMPONENTS = (
 
 def component(frame: str) -> str:
     """The part of the stack a self-time frame belongs to (see ``_COMPONENTS``)."""
-    where = frame[frame.rfind("(") + 1:] if "(" in frame else frame
+    where = frame[frame.rfind("(") + 1 :] if "(" in frame else frame
     for needle, name in _COMPONENTS:
         if needle in where:
             return name
@@ -340,7 +348,9 @@ def profile_summary(text: str, *, top: int = 12) -> dict[str, Any]:
     own, inclusive, total = parse_collapsed(text)
 
     def rows(counter: Counter) -> list[dict[str, Any]]:
-        return [{"frame": f, "percent": round(100 * n / total, 1)} for f, n in counter.most_common(top)] if total else []
+        return (
+            [{"frame": f, "percent": round(100 * n / total, 1)} for f, n in counter.most_common(top)] if total else []
+        )
 
     useful = Counter({f: n for f, n in inclusive.items() if not f.startswith(_ENTRY_FRAMES) and n < 0.95 * total})
     by_component: Counter = Counter()

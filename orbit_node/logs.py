@@ -27,7 +27,14 @@ from typing import Any
 
 # Fields that identify what a line is about; printed first (JSON) or in brackets (text).
 CONTEXT_FIELDS = (
-    "request_id", "application", "application_id", "namespace_id", "queue_id", "task_id", "plan_id", "connection_id",
+    "request_id",
+    "application",
+    "application_id",
+    "namespace_id",
+    "queue_id",
+    "task_id",
+    "plan_id",
+    "connection_id",
     "node_id",
 )
 # Attributes every LogRecord has; anything else on a record came from ``extra=`` or the context.

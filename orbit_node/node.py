@@ -99,7 +99,9 @@ class Node:
             try:
                 # Returns once the shutdown trigger fired and hypercorn's graceful
                 # drain (graceful_timeout) is over.
-                await serve(app, self._hypercorn_config(), shutdown_trigger=self._shutdown.wait, task_status=task_status)
+                await serve(
+                    app, self._hypercorn_config(), shutdown_trigger=self._shutdown.wait, task_status=task_status
+                )
             finally:
                 served.set()
 

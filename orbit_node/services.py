@@ -69,13 +69,21 @@ class DispatchServices:
         pool = hub = turns = sweeper = plans = None
         if run.workers:
             pool = ClaimPool(
-                FairScheduler(config.scheduler), claim=store.claim, release=store.release_many,
+                FairScheduler(config.scheduler),
+                claim=store.claim,
+                release=store.release_many,
                 observe=metrics.observe_claim,
             )
             hub = WorkerHub(
-                config=config, node_id=node_id, store=store, pool=pool, tenancy=tenancy,
-                registry=WorkerRegistryStore(db), shutdown_requested=shutdown_requested,
-                on_start=metrics.observe_start, on_application=metrics.note_application,
+                config=config,
+                node_id=node_id,
+                store=store,
+                pool=pool,
+                tenancy=tenancy,
+                registry=WorkerRegistryStore(db),
+                shutdown_requested=shutdown_requested,
+                on_start=metrics.observe_start,
+                on_application=metrics.note_application,
             )
             # Claim turns go to the database too: operators see every node's rotation in one place.
             scheduler = pool.scheduler

@@ -24,10 +24,13 @@ async def now(db: Database):
 
 async def running_statements(db: Database, text: str) -> int:
     """Sessions of other connections to this database that are running the statement ``text``."""
-    found = await db.run(lambda tx: tx.fetchall_raw(
-        "SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST "
-        "WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO = %s", (text,)
-    ))
+    found = await db.run(
+        lambda tx: tx.fetchall_raw(
+            "SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST "
+            "WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO = %s",
+            (text,),
+        )
+    )
     return found[0]["n"]
 
 

@@ -45,7 +45,9 @@ async def test_the_sdk_manages_a_plan_whose_tasks_a_running_node_creates(node_co
                     end_at=(t0 + seconds(9)).replace(tzinfo=UTC),
                     grace_s=3600,
                 )
-                plan = await client.create_plan("reports", tenant.queue_id, PlanDefinition(task=template(7), schedule=schedule))
+                plan = await client.create_plan(
+                    "reports", tenant.queue_id, PlanDefinition(task=template(7), schedule=schedule)
+                )
                 assert (plan.active_version, plan.next_fire_at, plan.paused) == (1, None, False)
                 await set_next_fire(db, plan.plan_id, t0)
                 trigger = running.node.state.services.plans

@@ -46,14 +46,21 @@ def test_rotation_applications_then_queues_then_connections():
     s = FairScheduler(SchedulerLimits(sql_slots=1))
     # Application A: queues qa1 (connections a1, a2) and qa2 (a3); B: qb1 (b1, b2); C: qc1 (c1).
     for t in [
-        ticket("a1", "A", "qa1"), ticket("a2", "A", "qa1"), ticket("a3", "A", "qa2"),
-        ticket("b1", "B", "qb1"), ticket("b2", "B", "qb1"), ticket("c1", "C", "qc1"),
+        ticket("a1", "A", "qa1"),
+        ticket("a2", "A", "qa1"),
+        ticket("a3", "A", "qa2"),
+        ticket("b1", "B", "qb1"),
+        ticket("b2", "B", "qb1"),
+        ticket("c1", "C", "qc1"),
     ]:
         s.submit(t)
     order = drain_one_at_a_time(s)
     assert order == [
-        ("A", "qa1", "a1"), ("B", "qb1", "b1"), ("C", "qc1", "c1"),
-        ("A", "qa2", "a3"), ("B", "qb1", "b2"),
+        ("A", "qa1", "a1"),
+        ("B", "qb1", "b1"),
+        ("C", "qc1", "c1"),
+        ("A", "qa2", "a3"),
+        ("B", "qb1", "b2"),
         ("A", "qa1", "a2"),
     ]
 

@@ -56,16 +56,22 @@ async def scenario() -> tuple[list[int], int, set[int], bool]:
             accepted = await client.submit_task(
                 f"priority-example-{run}-{index}",
                 SubmitTaskRequest(
-                    queue_id=queue.queue_id, handler=handler, handler_version="v1", payload_version="v1",
-                    payload=payload, priority=priority, deadline=deadline,
+                    queue_id=queue.queue_id,
+                    handler=handler,
+                    handler_version="v1",
+                    payload_version="v1",
+                    payload=payload,
+                    priority=priority,
+                    deadline=deadline,
                 ),
             )
             payloads[accepted.task.task_id] = payload
             task_ids.append(accepted.task.task_id)
 
         executed: list[int] = []
-        worker = Worker(url=url, token=credentials.token, queues=[queue.queue_id], capacity=1,
-                        client_name="priority-example")
+        worker = Worker(
+            url=url, token=credentials.token, queues=[queue.queue_id], capacity=1, client_name="priority-example"
+        )
 
         async def prepare(task: WorkerTask):
             executed.append(task.priority)

@@ -147,4 +147,3 @@ def _cron(value: Any, field: str, time_zone: str) -> str:
         reason = str(exc).strip() or type(exc).__name__
         raise InvalidArgument(f"{field}: not a valid cron expression {show(value)} ({reason})", field=field) from None
     return expression
-

@@ -513,7 +513,9 @@ class OrbitClient:
                 request_id=document.get("request_id"),
             )
         if not 200 <= response.status_code < 300 or "data" not in document:
-            raise ProtocolError(f"{method} {path}: HTTP {response.status_code} without data", status=response.status_code)
+            raise ProtocolError(
+                f"{method} {path}: HTTP {response.status_code} without data", status=response.status_code
+            )
         return response.status_code, document
 
     # -- tasks

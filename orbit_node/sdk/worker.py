@@ -250,9 +250,9 @@ class Worker:
     def _ws_url(self) -> str:
         base = self.url.rstrip("/")
         if base.startswith("https://"):
-            base = "wss://" + base[len("https://"):]
+            base = "wss://" + base[len("https://") :]
         elif base.startswith("http://"):
-            base = "ws://" + base[len("http://"):]
+            base = "ws://" + base[len("http://") :]
         return base + "/v1/workers/connect"
 
     async def wait_completed(self, count: int) -> None:
@@ -307,19 +307,27 @@ class Worker:
         headers = [(b"authorization", f"Bearer {self.token}".encode())]
         try:
             async with open_websocket_url(
-                self._ws_url(), self.ssl_context, extra_headers=headers,
-                connect_timeout=self.connect_timeout_s, disconnect_timeout=DISCONNECT_TIMEOUT_S,
+                self._ws_url(),
+                self.ssl_context,
+                extra_headers=headers,
+                connect_timeout=self.connect_timeout_s,
+                disconnect_timeout=DISCONNECT_TIMEOUT_S,
             ) as ws:
-                await ws.send_message(json.dumps({
-                    "type": "hello",
-                    "queues": self.queues,
-                    "capabilities": [
-                        {"handler": h, "handler_version": hv, "payload_version": pv} for h, hv, pv in self._handlers
-                    ],
-                    "resource_keys": self.resource_keys,
-                    "capacity": self.capacity,
-                    "client": {"name": self.client_name, "version": __version__},
-                }))
+                await ws.send_message(
+                    json.dumps(
+                        {
+                            "type": "hello",
+                            "queues": self.queues,
+                            "capabilities": [
+                                {"handler": h, "handler_version": hv, "payload_version": pv}
+                                for h, hv, pv in self._handlers
+                            ],
+                            "resource_keys": self.resource_keys,
+                            "capacity": self.capacity,
+                            "client": {"name": self.client_name, "version": __version__},
+                        }
+                    )
+                )
                 welcome = json.loads(await ws.get_message())
                 if welcome.get("type") != "welcome":
                     raise WorkerRejected(0, json.dumps(welcome).encode())
@@ -383,10 +391,17 @@ class Worker:
 
     async def _run_one(self, session: _Session, raw: dict[str, Any]) -> None:
         task = WorkerTask(
-            task_id=raw["task_id"], queue_id=raw["queue_id"], handler=raw["handler"],
-            handler_version=raw["handler_version"], payload_version=raw["payload_version"], payload=raw["payload"],
-            attempt=raw["attempt"], max_attempts=raw["max_attempts"], priority=raw.get("priority", 0),
-            deadline=raw.get("deadline"), resource_key=raw.get("resource_key"),
+            task_id=raw["task_id"],
+            queue_id=raw["queue_id"],
+            handler=raw["handler"],
+            handler_version=raw["handler_version"],
+            payload_version=raw["payload_version"],
+            payload=raw["payload"],
+            attempt=raw["attempt"],
+            max_attempts=raw["max_attempts"],
+            priority=raw.get("priority", 0),
+            deadline=raw.get("deadline"),
+            resource_key=raw.get("resource_key"),
         )
         fn = self._handlers[(task.handler, task.handler_version, task.payload_version)]
         report: dict[str, Any] = {"task_id": task.task_id, "token": raw["token"]}
@@ -397,11 +412,19 @@ class Worker:
                 json.dumps(result)  # must be JSON: a failure here is the handler's
                 report.update(outcome="succeeded", result=result)
             except PermanentError as exc:
-                report.update(outcome="failed", retryable=False, error={"message": str(exc), **({"code": exc.code} if exc.code else {})})
+                report.update(
+                    outcome="failed",
+                    retryable=False,
+                    error={"message": str(exc), **({"code": exc.code} if exc.code else {})},
+                )
             except Exception as exc:
-                report.update(outcome="failed", retryable=True, error={"message": f"{type(exc).__name__}: {exc}"[:4096]})
+                report.update(
+                    outcome="failed", retryable=True, error={"message": f"{type(exc).__name__}: {exc}"[:4096]}
+                )
         if scope.cancelled_caught:
-            report.update(outcome="failed", retryable=False, error={"message": "cancelled by the node", "code": "CANCELLED"})
+            report.update(
+                outcome="failed", retryable=False, error={"message": "cancelled by the node", "code": "CANCELLED"}
+            )
         try:
             (result,) = await session.finishes.submit([report])
         finally:

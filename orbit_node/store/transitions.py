@@ -316,8 +316,12 @@ class TransitionRules:
         if row.state == "running":
             # Start repeated for the attempt that is running: answered, nothing written.
             return TransitionResult(
-                task_id=row.task_id, outcome=Outcome.STARTED, duplicate=True, lease_expires_at=row.lease_expires_at,
-                cancel_requested=row.cancel_requested, deadline_passed=row.past_deadline,
+                task_id=row.task_id,
+                outcome=Outcome.STARTED,
+                duplicate=True,
+                lease_expires_at=row.lease_expires_at,
+                cancel_requested=row.cancel_requested,
+                deadline_passed=row.past_deadline,
             )
         if row.past_deadline or row.cancel_requested:
             # A task past its deadline is never started; a cancelled one neither.
@@ -340,8 +344,11 @@ class TransitionRules:
         lease = row.now + timedelta(seconds=lease_s)
         writes.renew(row, lease)
         return TransitionResult(
-            task_id=row.task_id, outcome=Outcome.RENEWED, lease_expires_at=lease,
-            cancel_requested=row.cancel_requested, deadline_passed=row.past_deadline,
+            task_id=row.task_id,
+            outcome=Outcome.RENEWED,
+            lease_expires_at=lease,
+            cancel_requested=row.cancel_requested,
+            deadline_passed=row.past_deadline,
         )
 
     def release(self, row: TaskRow, item: tuple[str, str], writes: Writes, _: Any) -> TransitionResult:
@@ -479,4 +486,3 @@ def _unstarted_back(row: TaskRow, writes: Writes, *, attempt_outcome: str) -> Ou
     writes.close_attempt(row, attempt_outcome)
     writes.back_to_queue(row)
     return Outcome.RELEASED
-

@@ -81,30 +81,36 @@ class TransitionRule:
     notices: bool = False
 
 
-RULES: Mapping[TransitionKind, TransitionRule] = MappingProxyType({
-    TransitionKind.START: TransitionRule(
-        accepts=frozenset({TaskState.RESERVED}), on_ok=Effect.RUN, on_refused=Effect.DROP
-    ),
-    TransitionKind.RENEW: TransitionRule(
-        accepts=frozenset({TaskState.RESERVED, TaskState.RUNNING}), on_ok=Effect.KEEP, on_refused=Effect.DROP,
-        notices=True,
-    ),
-    TransitionKind.FINISH: TransitionRule(
-        accepts=frozenset({TaskState.RUNNING}), on_ok=Effect.DROP, on_refused=Effect.DROP
-    ),
-    TransitionKind.RELEASE: TransitionRule(
-        accepts=frozenset({TaskState.RESERVED}), on_ok=Effect.DROP, on_refused=Effect.DROP
-    ),
-})
+RULES: Mapping[TransitionKind, TransitionRule] = MappingProxyType(
+    {
+        TransitionKind.START: TransitionRule(
+            accepts=frozenset({TaskState.RESERVED}), on_ok=Effect.RUN, on_refused=Effect.DROP
+        ),
+        TransitionKind.RENEW: TransitionRule(
+            accepts=frozenset({TaskState.RESERVED, TaskState.RUNNING}),
+            on_ok=Effect.KEEP,
+            on_refused=Effect.DROP,
+            notices=True,
+        ),
+        TransitionKind.FINISH: TransitionRule(
+            accepts=frozenset({TaskState.RUNNING}), on_ok=Effect.DROP, on_refused=Effect.DROP
+        ),
+        TransitionKind.RELEASE: TransitionRule(
+            accepts=frozenset({TaskState.RESERVED}), on_ok=Effect.DROP, on_refused=Effect.DROP
+        ),
+    }
+)
 
 TransitionMessage = p.Start | p.Renew | p.Finish | p.Release
 
-_KIND_OF_MESSAGE: Mapping[type[TransitionMessage], TransitionKind] = MappingProxyType({
-    p.Start: TransitionKind.START,
-    p.Renew: TransitionKind.RENEW,
-    p.Finish: TransitionKind.FINISH,
-    p.Release: TransitionKind.RELEASE,
-})
+_KIND_OF_MESSAGE: Mapping[type[TransitionMessage], TransitionKind] = MappingProxyType(
+    {
+        p.Start: TransitionKind.START,
+        p.Renew: TransitionKind.RENEW,
+        p.Finish: TransitionKind.FINISH,
+        p.Release: TransitionKind.RELEASE,
+    }
+)
 
 
 def kind_of(message: TransitionMessage) -> TransitionKind:
@@ -247,8 +253,14 @@ class ConnectionCore:
         for the free capacity, at most ``claim_batch_size``.
         """
         free = self.free_capacity
-        if (self._claim is None or self.outstanding or self.worker_draining or self.node_draining
-                or self.closing or free <= 0):
+        if (
+            self._claim is None
+            or self.outstanding
+            or self.worker_draining
+            or self.node_draining
+            or self.closing
+            or free <= 0
+        ):
             return None
         self.outstanding = True
         return attrs.evolve(self._claim, limit=min(free, self.claim_batch_size))

@@ -85,7 +85,9 @@ def spawn_env(token: str) -> dict[str, str]:
 async def open_worker_process(mode: str, base_url: str, token: str, *args: str, **kwargs) -> trio.Process:
     return await trio.lowlevel.open_process(
         [sys.executable, "-m", "tests.faults.worker_proc", mode, base_url, *args],
-        env=spawn_env(token), cwd=str(REPO), **kwargs,
+        env=spawn_env(token),
+        cwd=str(REPO),
+        **kwargs,
     )
 
 

@@ -8,7 +8,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 CREDENTIALS ?= $(CURDIR)/var/dev.credentials.json
 export ORBIT_HTTP_ADDR ?= 127.0.0.1:8080
 
-.PHONY: install db run test bench clean
+.PHONY: install db run lint test bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,14 @@ run: install db
 	echo "credentials: $(CREDENTIALS)" && \
 	ORBIT_MYSQL_DSN="$$DSN" exec $(BIN)/orbit
 
+# Lint, format check and type check (configuration in pyproject.toml); `make test` runs it first.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
 # Tests create and drop their own databases on the server of ORBIT_TEST_MYSQL_DSN.
-test: install db
+test: install db lint
 	@DSN="$${ORBIT_MYSQL_DSN:-$$(scripts/devdb.sh dsn)}"; \
 	ORBIT_TEST_MYSQL_DSN="$$DSN" $(BIN)/pytest $(PYTEST_ARGS)
 

@@ -53,10 +53,15 @@ def code_version() -> str:
         return os.environ["ORBIT_BENCH_COMMIT"]
     repo = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "orbit_node"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--", "orbit_node"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
@@ -64,17 +69,24 @@ def code_version() -> str:
 
 def print_report(report: dict[str, Any]) -> None:
     print(f"== {report['scenario'].upper()}: {report.get('title', '')}")
-    print(f"machine: {report['machine']['cpus']} cpus ({report['machine']['cpu']}), {report['machine']['memory']}, "
-          f"Python {report['machine']['python']}; MariaDB {report.get('server', '?')}; "
-          f"orbit_node {report.get('commit', '?')}; {report.get('seconds', 0):.0f} s")
+    print(
+        f"machine: {report['machine']['cpus']} cpus ({report['machine']['cpu']}), {report['machine']['memory']}, "
+        f"Python {report['machine']['python']}; MariaDB {report.get('server', '?')}; "
+        f"orbit_node {report.get('commit', '?')}; {report.get('seconds', 0):.0f} s"
+    )
     load = report.get("load_average")
     if load:
         cpus = report["machine"]["cpus"] or 1
         busy = load["before"][0]
-        print(f"load average (1 min) before {load['before'][0]:.1f}, after {load['after'][0]:.1f}"
-              + (f"  -- WARNING: the machine was shared (more runnable tasks than its {cpus} cpus); "
-                 "figures of other systems in this run are affected alike, absolute numbers are not comparable"
-                 if busy > 1.5 * cpus else ""))
+        print(
+            f"load average (1 min) before {load['before'][0]:.1f}, after {load['after'][0]:.1f}"
+            + (
+                f"  -- WARNING: the machine was shared (more runnable tasks than its {cpus} cpus); "
+                "figures of other systems in this run are affected alike, absolute numbers are not comparable"
+                if busy > 1.5 * cpus
+                else ""
+            )
+        )
     for table in report.get("tables", []):
         print()
         print(table)
@@ -99,8 +111,10 @@ async def run_one(name: str, args: argparse.Namespace, context: dict[str, Any]) 
     report.setdefault("title", (module.__doc__ or "").splitlines()[0])
     report["seconds"] = time.perf_counter() - started
     report["machine"] = machine_info()
-    report["load_average"] = {"before": [round(x, 2) for x in load_before],
-                              "after": [round(x, 2) for x in os.getloadavg()]}
+    report["load_average"] = {
+        "before": [round(x, 2) for x in load_before],
+        "after": [round(x, 2) for x in os.getloadavg()],
+    }
     report["commit"] = code_version()
     report["orbit_node_path"] = str(Path(orbit_node.__file__).parent)
     context[name] = report

@@ -25,8 +25,8 @@ from typing import Any
 import attrs
 import trio
 
-from orbit_node.db import Database, migrate
 from orbit_node.claims import Capability, ClaimRequest
+from orbit_node.db import Database, migrate
 from orbit_node.store.dispatch import DispatchStore
 from orbit_node.store.ownership import FinishItem, Outcome
 from orbit_node.store.tenancy import TenancyStore
@@ -79,7 +79,7 @@ async def seed_tasks(db: Database, owner: dict[str, str], count: int) -> None:
         f"SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) d{i}"
         for i in range(digits)
     )
-    number = " + ".join(f"d{i}.d * {10 ** i}" for i in range(digits))
+    number = " + ".join(f"d{i}.d * {10**i}" for i in range(digits))
     prefix = secrets.token_hex(4)
     await db.run(
         lambda tx: tx.execute_raw(
@@ -117,7 +117,7 @@ async def drain(store: DispatchStore, owner: dict[str, str], *, tasks: int, work
             started = await store.start_many(tokens)
             finished = await store.finish_many(
                 FinishItem(r.task_id, r.fencing_token, "null")
-                for r, s in zip(reservations, started)
+                for r, s in zip(reservations, started, strict=True)
                 if s.outcome is Outcome.STARTED
             )
             transactions += 2
@@ -141,13 +141,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         await migrate.up(db)
         await db.run(
-            lambda tx: tx.execute_raw("CREATE TABLE bench_commit (id BIGINT AUTO_INCREMENT PRIMARY KEY, v INT) ENGINE=InnoDB")
+            lambda tx: tx.execute_raw(
+                "CREATE TABLE bench_commit (id BIGINT AUTO_INCREMENT PRIMARY KEY, v INT) ENGINE=InnoDB"
+            )
         )
         tenancy = TenancyStore(db)
         app = await tenancy.ensure_application("bench")
         ns = await tenancy.ensure_namespace(app["application_id"], "bench", "test")
         queue, _ = await tenancy.create_queue(ns["namespace_id"], app["application_id"], "bench")
-        owner = {"application_id": app["application_id"], "namespace_id": ns["namespace_id"], "queue_id": queue.queue_id}
+        owner = {
+            "application_id": app["application_id"],
+            "namespace_id": ns["namespace_id"],
+            "queue_id": queue.queue_id,
+        }
         version = (await db.run(lambda tx: tx.fetchall_raw("SELECT VERSION() AS v")))[0]["v"]
 
         commits_before = await commit_rate(db, connections=args.workers, seconds=args.commit_seconds)
@@ -193,7 +199,9 @@ def print_report(report: dict[str, Any]) -> None:
         f"(before {commits['before']:,}, after {commits['after']:,})"
     )
     print()
-    print(f"{'batch':>5}  {'tasks':>7}  {'tasks/s':>9}  {'txn/s':>8}  {'tasks/commit':>12}  {'txn/commit':>10}  {'replays':>7}")
+    print(
+        f"{'batch':>5}  {'tasks':>7}  {'tasks/s':>9}  {'txn/s':>8}  {'tasks/commit':>12}  {'txn/commit':>10}  {'replays':>7}"
+    )
     for r in report["runs"]:
         print(
             f"{r['batch']:>5}  {r['tasks']:>7}  {r['tasks_per_s']:>9,}  {r['transactions_per_s']:>8,}  "
@@ -208,10 +216,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench claim", description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=10_000, help="tasks drained per batch size (default 10000)")
     parser.add_argument(
-        "--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16],
+        "--batches",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 16],
         help="comma-separated claim batch sizes (default 1,16)",
     )
-    parser.add_argument("--workers", type=int, default=4, help="concurrent loops = connections (default 4, the claim slots)")
+    parser.add_argument(
+        "--workers", type=int, default=4, help="concurrent loops = connections (default 4, the claim slots)"
+    )
     parser.add_argument("--commit-seconds", type=float, default=3.0, help="length of each raw commit-rate measurement")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)

@@ -132,7 +132,7 @@ def _digits_table(count: int) -> tuple[str, str]:
         f"SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) d{i}"
         for i in range(digits)
     )
-    number = " + ".join(f"d{i}.d * {10 ** i}" for i in range(digits))
+    number = " + ".join(f"d{i}.d * {10**i}" for i in range(digits))
     return number, tables
 
 
@@ -161,7 +161,8 @@ async def seed_tasks(
         extra_cols = ", state, attempts, reserved_at, started_at, finished_at, result" if finished else ""
         extra_vals = (
             ", %s, 1, NOW(6) - INTERVAL 1 HOUR, NOW(6) - INTERVAL 1 HOUR, NOW(6) - INTERVAL 1 HOUR, 'null'"
-            if finished else ""
+            if finished
+            else ""
         )
         sql = (
             "INSERT INTO tasks (task_id, application_id, namespace_id, queue_id, handler, handler_version, "
@@ -174,7 +175,7 @@ async def seed_tasks(
         if finished:
             params.append(state)
         params.append(size)
-        await db.run(lambda tx: tx.execute_raw(sql, params))
+        await db.run(lambda tx: tx.execute_raw(sql, params))  # noqa: B023 - awaited within the iteration
 
 
 async def count_tasks(db: Database, where: str = "1", params: Sequence[Any] = ()) -> int:
@@ -193,8 +194,13 @@ async def task_times(db: Database, where: str = "state = 'succeeded'", params: S
         f"FROM tasks WHERE {where} ORDER BY reserved_at, dispatch_at, available_at, task_id"
     )
     rows = await db.run(lambda tx: tx.fetchall_raw(sql, params))
-    return [{k: (float(v) if k not in ("application_id", "queue_id", "priority") and v is not None else v)
-             for k, v in r.items()} for r in rows]
+    return [
+        {
+            k: (float(v) if k not in ("application_id", "queue_id", "priority") and v is not None else v)
+            for k, v in r.items()
+        }
+        for r in rows
+    ]
 
 
 # -- processes ---------------------------------------------------------------------------
@@ -244,7 +250,9 @@ class CpuMeter:
         now.update({name: cpu_seconds(pid) for name, pid in self.pids.items()})
         used = {f"{name}_cpu_s": round(now[name] - self._start[name], 2) for name in now}
         used["wall_s"] = round(wall, 3)
-        used["machine_utilisation"] = round(used["machine_cpu_s"] / (wall * (os.cpu_count() or 1)), 3) if wall else math.nan
+        used["machine_utilisation"] = (
+            round(used["machine_cpu_s"] / (wall * (os.cpu_count() or 1)), 3) if wall else math.nan
+        )
         return used
 
 
@@ -259,17 +267,35 @@ class Profiler:
 
     @staticmethod
     def available() -> bool:
-        return shutil.which("py-spy", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])) is not None
+        return (
+            shutil.which("py-spy", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+            is not None
+        )
 
     def start(self) -> None:
-        exe = shutil.which("py-spy", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+        exe = shutil.which(
+            "py-spy", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        )
         if exe is None:
             return
         self._out = Path(tempfile.mkstemp(prefix="orbit-pyspy-", suffix=".txt")[1])
         self._proc = subprocess.Popen(
-            [exe, "record", "--pid", str(self.pid), "--rate", str(self.rate), "--nonblocking", "--nolineno",
-             "--format", "raw", "--output", str(self._out)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [
+                exe,
+                "record",
+                "--pid",
+                str(self.pid),
+                "--rate",
+                str(self.rate),
+                "--nonblocking",
+                "--nolineno",
+                "--format",
+                "raw",
+                "--output",
+                str(self._out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
 
     def stop(self) -> dict[str, Any]:
@@ -379,14 +405,25 @@ async def node_process(dsn: Dsn, *, claims_per_connection_per_cycle: int | None 
 
 def submit_request(queue_id: str, *, priority: int = 0, delay_s: float | None = None) -> SubmitTaskRequest:
     return SubmitTaskRequest(
-        queue_id=queue_id, handler=HANDLER[0], handler_version=HANDLER[1], payload_version=HANDLER[2],
-        payload={}, priority=priority, delay_s=delay_s,
+        queue_id=queue_id,
+        handler=HANDLER[0],
+        handler_version=HANDLER[1],
+        payload_version=HANDLER[2],
+        payload={},
+        priority=priority,
+        delay_s=delay_s,
     )
 
 
 async def submit_closed_loop(
-    url: str, token: str, queue_id: str, count: int, *, concurrency: int = 16,
-    priority: Callable[[int], int] = lambda i: 0, stop: Callable[[], bool] = lambda: False,
+    url: str,
+    token: str,
+    queue_id: str,
+    count: int,
+    *,
+    concurrency: int = 16,
+    priority: Callable[[int], int] = lambda i: 0,
+    stop: Callable[[], bool] = lambda: False,
 ) -> list[float]:
     """Submit ``count`` tasks with ``concurrency`` clients back to back; per-request seconds."""
     latencies: list[float] = []
@@ -413,8 +450,15 @@ async def submit_closed_loop(
 
 
 async def submit_open_loop(
-    url: str, token: str, queue_id: str, *, rate: float, duration_s: float, max_in_flight: int = 64,
-    delay_s: Callable[[int], float | None] = lambda i: None, seed: int = 1,
+    url: str,
+    token: str,
+    queue_id: str,
+    *,
+    rate: float,
+    duration_s: float,
+    max_in_flight: int = 64,
+    delay_s: Callable[[int], float | None] = lambda i: None,
+    seed: int = 1,
 ) -> dict[str, Any]:
     """Poisson arrivals at ``rate``/s for ``duration_s``: each arrival is submitted when due,
     whatever earlier submissions are doing (up to ``max_in_flight`` at once; beyond that an
@@ -435,7 +479,8 @@ async def submit_open_loop(
             late.append(started - due)
             try:
                 await clients[i % len(clients)].submit_task(
-                    f"o-{secrets.token_hex(8)}-{i}", submit_request(queue_id, delay_s=delay_s(i)))
+                    f"o-{secrets.token_hex(8)}-{i}", submit_request(queue_id, delay_s=delay_s(i))
+                )
                 submitted += 1
             except Exception:
                 errors += 1
@@ -462,8 +507,13 @@ async def submit_open_loop(
         with trio.CancelScope(shield=True):
             for client in clients:
                 await client.aclose()
-    return {"submitted": submitted, "dropped": dropped, "errors": errors, "submit_latencies": latencies,
-            "start_lateness": late}
+    return {
+        "submitted": submitted,
+        "dropped": dropped,
+        "errors": errors,
+        "submit_latencies": latencies,
+        "start_lateness": late,
+    }
 
 
 @attrs.define(eq=False)
@@ -480,7 +530,11 @@ class Fleet:
 
 @asynccontextmanager
 async def worker_fleet(
-    url: str, plan: Sequence[tuple[str, Sequence[str]]], *, capacity: int, record_times: bool = False,
+    url: str,
+    plan: Sequence[tuple[str, Sequence[str]]],
+    *,
+    capacity: int,
+    record_times: bool = False,
 ) -> AsyncIterator[Fleet]:
     """One SDK Worker per ``(token, queues)`` of ``plan``, each of ``capacity``; drained on exit."""
     done_times: list[float] = []

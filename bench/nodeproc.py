@@ -34,8 +34,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--ready", type=Path, required=True)
     parser.add_argument("--stats", type=Path)
     parser.add_argument("--stats-interval-s", type=float, default=0.25)
-    parser.add_argument("--claims-per-connection-per-cycle", type=int, default=None,
-                        help="override the P3 pacing (default: the node's baseline, 4)")
+    parser.add_argument(
+        "--claims-per-connection-per-cycle",
+        type=int,
+        default=None,
+        help="override the P3 pacing (default: the node's baseline, 4)",
+    )
     parser.add_argument("--log-level", default="warning")
     return parser.parse_args(argv)
 
@@ -47,19 +51,24 @@ async def _stats_loop(node: Node, path: Path, interval_s: float) -> None:
             hub = node.state.services.get("workers")
             if claims is not None and hub is not None:
                 s = claims.statistics()
-                out.write(json.dumps({
-                    "t": time.time(),
-                    "turns_by_application": s.turns_by_application,
-                    "claims_with_tasks": s.claims_with_tasks,
-                    "claims_empty": s.claims_empty,
-                    "claims_failed": s.claims_failed,
-                    "tasks_reserved": s.tasks_reserved,
-                    "cached_empty_skips": s.cached_empty_skips,
-                    "pending": s.pending,
-                    "in_flight": s.in_flight,
-                    "dispatched": hub.dispatched,
-                    "connections": len(hub.connections),
-                }) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "t": time.time(),
+                            "turns_by_application": s.turns_by_application,
+                            "claims_with_tasks": s.claims_with_tasks,
+                            "claims_empty": s.claims_empty,
+                            "claims_failed": s.claims_failed,
+                            "tasks_reserved": s.tasks_reserved,
+                            "cached_empty_skips": s.cached_empty_skips,
+                            "pending": s.pending,
+                            "in_flight": s.in_flight,
+                            "dispatched": hub.dispatched,
+                            "connections": len(hub.connections),
+                        }
+                    )
+                    + "\n"
+                )
             await trio.sleep(interval_s)
 
 
@@ -68,8 +77,12 @@ async def serve(args: argparse.Namespace) -> None:
     if args.claims_per_connection_per_cycle is not None:
         limits = attrs.evolve(limits, claims_per_connection_per_cycle=args.claims_per_connection_per_cycle)
     config = NodeConfig(
-        dsn=Dsn.parse(args.dsn), http_host="127.0.0.1", http_port=0, shutdown_grace_s=2.0,
-        log_level=args.log_level, scheduler=limits,
+        dsn=Dsn.parse(args.dsn),
+        http_host="127.0.0.1",
+        http_port=0,
+        shutdown_grace_s=2.0,
+        log_level=args.log_level,
+        scheduler=limits,
     )
     node = Node(config, services=default_services())
 
@@ -96,8 +109,11 @@ def main(argv: list[str]) -> int:
     import logging
 
     args = parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
-                        format="node %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        stream=sys.stderr,
+        format="node %(levelname)s %(name)s: %(message)s",
+    )
     trio.run(serve, args)
     return 0
 

@@ -50,8 +50,9 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[st
     conninfo = f"{base} dbname={name} options='-c synchronous_commit=off'"
 
     async def main() -> dict[str, Any]:
-        app = procrastinate.App(connector=procrastinate.PsycopgConnector(
-            conninfo=conninfo, min_size=PG_POOL, max_size=PG_POOL))
+        app = procrastinate.App(
+            connector=procrastinate.PsycopgConnector(conninfo=conninfo, min_size=PG_POOL, max_size=PG_POOL)
+        )
 
         @app.task(name="noop", queue="bench")
         async def noop() -> None:
@@ -73,7 +74,7 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[st
                         progress.append((time.perf_counter() - start, (await cur.fetchone())[0]))
                         try:
                             await asyncio.wait_for(stop.wait(), SAMPLE_S)
-                        except asyncio.TimeoutError:
+                        except TimeoutError:
                             pass
 
             cpu0 = _cpu()
@@ -82,11 +83,16 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[st
             timed_out = False
             try:
                 await asyncio.wait_for(
-                    app.run_worker_async(concurrency=concurrency, wait=False, install_signal_handlers=False,
-                                         queues=["bench"], delete_jobs="never"),
+                    app.run_worker_async(
+                        concurrency=concurrency,
+                        wait=False,
+                        install_signal_handlers=False,
+                        queues=["bench"],
+                        delete_jobs="never",
+                    ),
                     timeout_s,
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 timed_out = True
             seconds = time.perf_counter() - start
             cpu = _cpu() - cpu0
@@ -95,10 +101,17 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[st
             async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                 cur = await conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
                 done = (await cur.fetchone())[0]
-        return {"tasks": done, "seconds": seconds, "enqueue_s": enqueue_s, "cpu_s": cpu, "timed_out": timed_out,
-                "progress": progress + [(seconds, done)], "version": _dist_version("procrastinate"),
-                "setup": f"PostgreSQL, 1 asyncio worker process, concurrency {concurrency}, pool {PG_POOL}, "
-                         "synchronous_commit=off"}
+        return {
+            "tasks": done,
+            "seconds": seconds,
+            "enqueue_s": enqueue_s,
+            "cpu_s": cpu,
+            "timed_out": timed_out,
+            "progress": progress + [(seconds, done)],
+            "version": _dist_version("procrastinate"),
+            "setup": f"PostgreSQL, 1 asyncio worker process, concurrency {concurrency}, pool {PG_POOL}, "
+            "synchronous_commit=off",
+        }
 
     try:
         return asyncio.run(main())
@@ -118,9 +131,12 @@ def run_huey(tasks: int, concurrency: int, timeout_s: float, mysql_url: str) -> 
 
     logging.getLogger("huey").setLevel(logging.WARNING)
     url = urllib.parse.urlsplit(mysql_url)
-    conn_args = {"host": url.hostname or "127.0.0.1", "port": url.port or 3306,
-                 "user": urllib.parse.unquote(url.username or "root"),
-                 "password": urllib.parse.unquote(url.password or "")}
+    conn_args = {
+        "host": url.hostname or "127.0.0.1",
+        "port": url.port or 3306,
+        "user": urllib.parse.unquote(url.username or "root"),
+        "password": urllib.parse.unquote(url.password or ""),
+    }
     name = "orbit_bench_huey_" + secrets.token_hex(4)
     admin = pymysql.connect(**conn_args, autocommit=True)
     admin.cursor().execute(f"CREATE DATABASE `{name}`")
@@ -147,8 +163,9 @@ def run_huey(tasks: int, concurrency: int, timeout_s: float, mysql_url: str) -> 
     for _ in range(tasks):
         noop()
     enqueue_s = time.perf_counter() - begin
-    consumer = huey.create_consumer(workers=concurrency, worker_type="thread", periodic=False,
-                                    check_worker_health=False, shutdown_timeout=5)
+    consumer = huey.create_consumer(
+        workers=concurrency, worker_type="thread", periodic=False, check_worker_health=False, shutdown_timeout=5
+    )
     progress: list[tuple[float, int]] = []
     cpu0 = _cpu()
     start = time.perf_counter()
@@ -161,11 +178,18 @@ def run_huey(tasks: int, concurrency: int, timeout_s: float, mysql_url: str) -> 
     finished = done
     consumer.stop(graceful=True)
     # The database is dropped by the caller once this process (and its connections) is gone.
-    return {"tasks": finished, "seconds": seconds, "enqueue_s": enqueue_s, "cpu_s": cpu,
-            "timed_out": finished < tasks, "database": name,
-            "progress": progress + [(seconds, finished)], "version": _dist_version("huey"),
-            "setup": f"Huey SqlStorage (peewee {peewee.__version__} + PyMySQL) on the same MariaDB, "
-                     f"1 consumer process, {concurrency} threads"}
+    return {
+        "tasks": finished,
+        "seconds": seconds,
+        "enqueue_s": enqueue_s,
+        "cpu_s": cpu,
+        "timed_out": finished < tasks,
+        "database": name,
+        "progress": progress + [(seconds, finished)],
+        "version": _dist_version("huey"),
+        "setup": f"Huey SqlStorage (peewee {peewee.__version__} + PyMySQL) on the same MariaDB, "
+        f"1 consumer process, {concurrency} threads",
+    }
 
 
 def _dist_version(name: str) -> str:

@@ -22,13 +22,19 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def bar(path: Path, labels: Sequence[str], values: Sequence[float], *, title: str, ylabel: str,
-        log: bool = False) -> Path:
+def bar(
+    path: Path, labels: Sequence[str], values: Sequence[float], *, title: str, ylabel: str, log: bool = False
+) -> Path:
     fig, ax = plt.subplots(figsize=SIZE)
     bars = ax.bar(labels, values, color="#4477aa")
-    for b, v in zip(bars, values):
-        ax.annotate(f"{v:,.0f}" if v >= 10 else f"{v:.2f}", (b.get_x() + b.get_width() / 2, b.get_height()),
-                    ha="center", va="bottom", fontsize=8)
+    for b, v in zip(bars, values, strict=False):
+        ax.annotate(
+            f"{v:,.0f}" if v >= 10 else f"{v:.2f}",
+            (b.get_x() + b.get_width() / 2, b.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     if log:
@@ -37,12 +43,20 @@ def bar(path: Path, labels: Sequence[str], values: Sequence[float], *, title: st
     return _save(fig, path)
 
 
-def lines(path: Path, series: Mapping[str, Sequence[tuple[float, float]]], *, title: str, xlabel: str,
-          ylabel: str, log_y: bool = False, vlines: Mapping[str, float] | None = None) -> Path:
+def lines(
+    path: Path,
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    log_y: bool = False,
+    vlines: Mapping[str, float] | None = None,
+) -> Path:
     fig, ax = plt.subplots(figsize=SIZE)
     for name, points in series.items():
         if points:
-            xs, ys = zip(*points)
+            xs, ys = zip(*points, strict=False)
             ax.plot(xs, ys, label=name, linewidth=1.3)
     for name, x in (vlines or {}).items():
         ax.axvline(x, color="grey", linestyle=":", linewidth=1)
@@ -75,8 +89,15 @@ def cdf(path: Path, samples: Mapping[str, Sequence[float]], *, title: str, xlabe
     return _save(fig, path)
 
 
-def boxes(path: Path, groups: Mapping[str, Sequence[float]], *, title: str, xlabel: str, ylabel: str,
-          hline: float | None = None) -> Path:
+def boxes(
+    path: Path,
+    groups: Mapping[str, Sequence[float]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    hline: float | None = None,
+) -> Path:
     fig, ax = plt.subplots(figsize=SIZE)
     names = list(groups)
     ax.boxplot([list(groups[n]) or [0.0] for n in names], tick_labels=names, showfliers=False, whis=(1, 99))

@@ -13,7 +13,7 @@ import platform
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -132,12 +132,12 @@ class Target:
     note: str = ""
 
     @classmethod
-    def at_least(cls, name: str, value: float, bound: float, *, unit: str = "", note: str = "") -> "Target":
+    def at_least(cls, name: str, value: float, bound: float, *, unit: str = "", note: str = "") -> Target:
         met = None if value != value else value >= bound
         return cls(name=name, target=f">= {fmt_number(bound)}{unit}", value=value, unit=unit, met=met, note=note)
 
     @classmethod
-    def at_most(cls, name: str, value: float, bound: float, *, unit: str = "", note: str = "") -> "Target":
+    def at_most(cls, name: str, value: float, bound: float, *, unit: str = "", note: str = "") -> Target:
         met = None if value != value else value <= bound
         return cls(name=name, target=f"<= {fmt_number(bound)}{unit}", value=value, unit=unit, met=met, note=note)
 
@@ -189,7 +189,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, align
         align = "l" + "r" * (len(headers) - 1)
     lines = []
     for index, row in enumerate(cells):
-        parts = [cell.ljust(w) if a == "l" else cell.rjust(w) for cell, w, a in zip(row, widths, align)]
+        parts = [cell.ljust(w) if a == "l" else cell.rjust(w) for cell, w, a in zip(row, widths, align, strict=False)]
         lines.append("  ".join(parts).rstrip())
         if index == 0:
             lines.append("  ".join("-" * w for w in widths))
@@ -253,7 +253,7 @@ def write_result(report: Mapping[str, Any], directory: Path, scenario: str, *, s
     NaN and infinities become null, so the file is strict JSON.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    stamp = stamp or datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = stamp or datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     text = json.dumps(_jsonable(dict(report)), indent=2, sort_keys=False) + "\n"
     latest = directory / f"{scenario}.json"
     latest.write_text(text)
@@ -302,8 +302,16 @@ def parse_collapsed(text: str) -> tuple[Counter, Counter, int]:
 
 
 # Frames every sample of a node passes through: they explain nothing.
-_ENTRY_FRAMES = ("<module> ", "_run_module_as_main ", "_run_code ", "main (bench/", "run (_core/_run.py)",
-                 "unrolled_run (_core/_run.py)", "serve (bench/", "run (orbit_node/node.py)")
+_ENTRY_FRAMES = (
+    "<module> ",
+    "_run_module_as_main ",
+    "_run_code ",
+    "main (bench/",
+    "run (_core/_run.py)",
+    "unrolled_run (_core/_run.py)",
+    "serve (bench/",
+    "run (orbit_node/node.py)",
+)
 # Self-time frames grouped by where the code lives (first path component that names a package).
 _COMPONENTS = (
     ("trio_mysql", "MySQL driver (trio_mysql)"),
@@ -328,7 +336,7 @@ _COMPONENTS = (
 
 def component(frame: str) -> str:
     """The part of the stack a self-time frame belongs to (see ``_COMPONENTS``)."""
-    where = frame[frame.rfind("(") + 1:] if "(" in frame else frame
+    where = frame[frame.rfind("(") + 1 :] if "(" in frame else frame
     for needle, name in _COMPONENTS:
         if needle in where:
             return name
@@ -340,7 +348,9 @@ def profile_summary(text: str, *, top: int = 12) -> dict[str, Any]:
     own, inclusive, total = parse_collapsed(text)
 
     def rows(counter: Counter) -> list[dict[str, Any]]:
-        return [{"frame": f, "percent": round(100 * n / total, 1)} for f, n in counter.most_common(top)] if total else []
+        return (
+            [{"frame": f, "percent": round(100 * n / total, 1)} for f, n in counter.most_common(top)] if total else []
+        )
 
     useful = Counter({f: n for f, n in inclusive.items() if not f.startswith(_ENTRY_FRAMES) and n < 0.95 * total})
     by_component: Counter = Counter()

@@ -27,7 +27,9 @@ FLOOR_LOOPS = 4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--floor-tasks", type=int, default=10_000, help="tasks drained by the SQL floor (default 10000)")
+    parser.add_argument(
+        "--floor-tasks", type=int, default=10_000, help="tasks drained by the SQL floor (default 10000)"
+    )
     parser.add_argument("--commit-seconds", type=float, default=3.0, help="length of each raw commit-rate measurement")
     parser.add_argument("--connections", default="1,4,16", help="raw commit rate connection counts (default 1,4,16)")
 
@@ -35,8 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def raw_commit_rates(bdb: BenchDb, connections: list[int], seconds: float) -> dict[int, float]:
     db = Database(bdb.dsn, size=max(connections))
     try:
-        await db.run(lambda tx: tx.execute_raw(
-            "CREATE TABLE IF NOT EXISTS bench_commit (id BIGINT AUTO_INCREMENT PRIMARY KEY, v INT) ENGINE=InnoDB"))
+        await db.run(
+            lambda tx: tx.execute_raw(
+                "CREATE TABLE IF NOT EXISTS bench_commit (id BIGINT AUTO_INCREMENT PRIMARY KEY, v INT) ENGINE=InnoDB"
+            )
+        )
         return {n: await claim.commit_rate(db, connections=n, seconds=seconds) for n in connections}
     finally:
         await db.aclose()
@@ -54,9 +59,13 @@ async def measure_floor(bdb: BenchDb, tasks: int, *, app: App | None = None) -> 
     finally:
         await db.aclose()
     return {
-        "tasks": run.tasks, "seconds": round(run.seconds, 3), "tasks_per_s": run.tasks_per_s,
-        "transactions_per_s": run.transactions_per_s, "replays": run.replays,
-        "batch": FLOOR_BATCH, "loops": FLOOR_LOOPS,
+        "tasks": run.tasks,
+        "seconds": round(run.seconds, 3),
+        "tasks_per_s": run.tasks_per_s,
+        "transactions_per_s": run.transactions_per_s,
+        "replays": run.replays,
+        "batch": FLOOR_BATCH,
+        "loops": FLOOR_LOOPS,
     }
 
 
@@ -65,12 +74,26 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     async with bench_database() as bdb:
         commits = await raw_commit_rates(bdb, connections, args.commit_seconds)
         floor = await measure_floor(bdb, args.floor_tasks)
-    rows = [[f"raw commit rate, {n} connection{'s' if n > 1 else ''}", rate, "commits/s", rate / commits[connections[0]]]
-            for n, rate in commits.items()]
-    rows.append(["SQL floor: claim->start->finish, batch 16, 4 loops", floor["tasks_per_s"], "tasks/s",
-                 floor["tasks_per_s"] / commits[connections[0]]])
-    rows.append(["SQL floor transactions", floor["transactions_per_s"], "txn/s",
-                 floor["transactions_per_s"] / commits[connections[0]]])
+    rows = [
+        [f"raw commit rate, {n} connection{'s' if n > 1 else ''}", rate, "commits/s", rate / commits[connections[0]]]
+        for n, rate in commits.items()
+    ]
+    rows.append(
+        [
+            "SQL floor: claim->start->finish, batch 16, 4 loops",
+            floor["tasks_per_s"],
+            "tasks/s",
+            floor["tasks_per_s"] / commits[connections[0]],
+        ]
+    )
+    rows.append(
+        [
+            "SQL floor transactions",
+            floor["transactions_per_s"],
+            "txn/s",
+            floor["transactions_per_s"] / commits[connections[0]],
+        ]
+    )
     table = format_table(["figure", "value", "unit", f"x raw commits @{connections[0]}"], rows, align="lrlr")
     return {
         "scenario": "s0",
@@ -90,5 +113,12 @@ def plot(report: dict[str, Any], outdir, plots) -> list:
     figures = report["figures"]
     labels = [f"commit x{n}" for n in figures["raw_commits_per_s"]] + ["SQL floor (tasks)"]
     values = list(figures["raw_commits_per_s"].values()) + [figures["floor"]["tasks_per_s"]]
-    return [plots.bar(outdir / "s0-calibration.png", labels, values, title="S0: raw commits/s vs SQL floor tasks/s",
-                      ylabel="per second")]
+    return [
+        plots.bar(
+            outdir / "s0-calibration.png",
+            labels,
+            values,
+            title="S0: raw commits/s vs SQL floor tasks/s",
+            ylabel="per second",
+        )
+    ]

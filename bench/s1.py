@@ -19,8 +19,18 @@ from typing import Any
 import trio
 
 from .common import (
-    REPO, admin_sql, bench_database, connection_plan, count_tasks, make_app, measured_phase, node_process, seed_tasks,
-    submit_closed_loop, wait_until, worker_fleet,
+    REPO,
+    admin_sql,
+    bench_database,
+    connection_plan,
+    count_tasks,
+    make_app,
+    measured_phase,
+    node_process,
+    seed_tasks,
+    submit_closed_loop,
+    wait_until,
+    worker_fleet,
 )
 from .report import Target, format_table, ratio, summarize
 from .s0 import measure_floor
@@ -40,16 +50,28 @@ LIFTED_PACE = 1000
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", type=int, default=20_000, help="S1: tasks burned down per system (default 20000)")
-    parser.add_argument("--concurrency", type=int, default=128,
-                        help="S1: total Worker concurrency of every system (default 128)")
-    parser.add_argument("--capacity", type=int, default=16,
-                        help="S1/S2/e2e: capacity of one Orbit Worker connection (default 16 = the claim batch)")
+    parser.add_argument(
+        "--concurrency", type=int, default=128, help="S1: total Worker concurrency of every system (default 128)"
+    )
+    parser.add_argument(
+        "--capacity",
+        type=int,
+        default=16,
+        help="S1/S2/e2e: capacity of one Orbit Worker connection (default 16 = the claim batch)",
+    )
     parser.add_argument("--peers", default="procrastinate,huey", help="S1: peers to run (comma-separated, or none)")
-    parser.add_argument("--peer-timeout-s", type=float, default=60.0,
-                        help="S1: a peer drains at most this long; its rate is then done / elapsed (default 60)")
+    parser.add_argument(
+        "--peer-timeout-s",
+        type=float,
+        default=60.0,
+        help="S1: a peer drains at most this long; its rate is then done / elapsed (default 60)",
+    )
     parser.add_argument("--submit-concurrency", type=int, default=16, help="HTTP submitters at once (default 16)")
-    parser.add_argument("--no-diagnose", action="store_true",
-                        help="S1/S2: skip the diagnostic Orbit run with the per-connection pacing lifted")
+    parser.add_argument(
+        "--no-diagnose",
+        action="store_true",
+        help="S1/S2: skip the diagnostic Orbit run with the per-connection pacing lifted",
+    )
 
 
 def pacing_bound(connections: int, capacity: int) -> float:
@@ -57,9 +79,18 @@ def pacing_bound(connections: int, capacity: int) -> float:
     return connections * PACE_CLAIMS_PER_S * min(capacity, CLAIM_BATCH)
 
 
-async def orbit_burndown(bdb, *, tasks: int, connections: int, capacity: int, submit_concurrency: int,
-                         profile: bool, app_name: str = "s1", pace: int | None = None,
-                         seed_sql: bool = False) -> dict[str, Any]:
+async def orbit_burndown(
+    bdb,
+    *,
+    tasks: int,
+    connections: int,
+    capacity: int,
+    submit_concurrency: int,
+    profile: bool,
+    app_name: str = "s1",
+    pace: int | None = None,
+    seed_sql: bool = False,
+) -> dict[str, Any]:
     """Pre-submit ``tasks`` over HTTP (or, with ``seed_sql``, write them with SQL), then drain
     them with SDK Workers; tasks/s of the drain.
 
@@ -72,13 +103,15 @@ async def orbit_burndown(bdb, *, tasks: int, connections: int, capacity: int, su
             await seed_tasks(bdb.db, app, tasks)
             submit_lat: list[float] = []
         else:
-            submit_lat = await submit_closed_loop(node.url, app.token, app.queue_id, tasks,
-                                                  concurrency=submit_concurrency)
+            submit_lat = await submit_closed_loop(
+                node.url, app.token, app.queue_id, tasks, concurrency=submit_concurrency
+            )
         submit_s = time.perf_counter() - submit_started
         progress: list[tuple[float, int]] = []
         with measured_phase(node.pid, profile=profile) as phase:
             start = time.perf_counter()
             async with worker_fleet(node.url, connection_plan(app, connections), capacity=capacity) as fleet:
+
                 async def sample():
                     while True:
                         progress.append((time.perf_counter() - start, fleet.completed))
@@ -94,11 +127,23 @@ async def orbit_burndown(bdb, *, tasks: int, connections: int, capacity: int, su
     succeeded = await count_tasks(bdb.db, "application_id = %s AND state = 'succeeded'", (app.application_id,))
     progress.append((seconds, done))
     return {
-        "tasks": done, "succeeded_in_db": succeeded, "seconds": seconds, "tasks_per_s": done / seconds,
-        "complete": finished, "connections": connections, "capacity": capacity,
+        "tasks": done,
+        "succeeded_in_db": succeeded,
+        "seconds": seconds,
+        "tasks_per_s": done / seconds,
+        "complete": finished,
+        "connections": connections,
+        "capacity": capacity,
         "pacing_bound_tasks_per_s": pacing_bound(connections, capacity),
-        "submit": {"tasks_per_s": tasks / submit_s, "latency_s": summarize(submit_lat), "concurrency": submit_concurrency},
-        "cpu": phase.cpu, "progress": progress, "node_stats": stats, "profile": phase.profile,
+        "submit": {
+            "tasks_per_s": tasks / submit_s,
+            "latency_s": summarize(submit_lat),
+            "concurrency": submit_concurrency,
+        },
+        "cpu": phase.cpu,
+        "progress": progress,
+        "node_stats": stats,
+        "profile": phase.profile,
         "mean_claim_batch": ratio(stats.get("tasks_reserved", 0), stats.get("claims_with_tasks", 0)),
         "setup": f"node process + {connections} SDK Worker connections x capacity {capacity} (one harness process)",
     }
@@ -106,8 +151,20 @@ async def orbit_burndown(bdb, *, tasks: int, connections: int, capacity: int, su
 
 async def run_peer(name: str, tasks: int, concurrency: int, server, timeout_s: float) -> dict[str, Any]:
     """Run one peer in its own process, bounded by ``timeout_s`` of draining (plus set-up)."""
-    cmd = [sys.executable, "-m", "bench.peers", name, "--tasks", str(tasks), "--concurrency", str(concurrency),
-           "--timeout-s", str(timeout_s), "--mysql-url", server.with_database("mysql").url()]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.peers",
+        name,
+        "--tasks",
+        str(tasks),
+        "--concurrency",
+        str(concurrency),
+        "--timeout-s",
+        str(timeout_s),
+        "--mysql-url",
+        server.with_database("mysql").url(),
+    ]
     done = None
     with trio.move_on_after(timeout_s + PEER_SETUP_S):
         try:
@@ -132,11 +189,15 @@ def orbit_targets(orbit: dict[str, Any], floor: dict[str, Any], peers: dict[str,
     targets = []
     for name, peer in peers.items():
         value = ratio(orbit["tasks_per_s"], peer.get("tasks_per_s", math.nan))
-        targets.append(Target.at_least(f"S1 Orbit / {name}", value, TARGET_VS_PEER, unit="x",
-                                       note=peer.get("error", "")[:80]))
+        targets.append(
+            Target.at_least(f"S1 Orbit / {name}", value, TARGET_VS_PEER, unit="x", note=peer.get("error", "")[:80])
+        )
     note = f"pacing bound {orbit['pacing_bound_tasks_per_s']:,.0f} tasks/s"
-    targets.append(Target.at_least("S1 Orbit / SQL floor", ratio(orbit["tasks_per_s"], floor["tasks_per_s"]),
-                                   TARGET_VS_FLOOR, note=note))
+    targets.append(
+        Target.at_least(
+            "S1 Orbit / SQL floor", ratio(orbit["tasks_per_s"], floor["tasks_per_s"]), TARGET_VS_FLOOR, note=note
+        )
+    )
     return targets
 
 
@@ -145,33 +206,84 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     peers_wanted = [p for p in args.peers.split(",") if p and p != "none"]
     async with bench_database() as bdb:
         floor = await measure_floor(bdb, args.floor_tasks)
-        orbit = await orbit_burndown(bdb, tasks=args.tasks, connections=connections, capacity=args.capacity,
-                                     submit_concurrency=args.submit_concurrency, profile=not args.no_profile)
+        orbit = await orbit_burndown(
+            bdb,
+            tasks=args.tasks,
+            connections=connections,
+            capacity=args.capacity,
+            submit_concurrency=args.submit_concurrency,
+            profile=not args.no_profile,
+        )
         lifted = None
         if not args.no_diagnose:
-            lifted = await orbit_burndown(bdb, tasks=args.tasks, connections=connections, capacity=args.capacity,
-                                          submit_concurrency=args.submit_concurrency, profile=False,
-                                          app_name="s1-lifted", pace=LIFTED_PACE, seed_sql=True)
-        peers = {name: await run_peer(name, args.tasks, connections * args.capacity, bdb.dsn, args.peer_timeout_s)
-                 for name in peers_wanted}
-    rows = [["Orbit", orbit["tasks_per_s"], 1.0, orbit["seconds"], orbit["cpu"]["node_cpu_s"] + orbit["cpu"]["harness_cpu_s"],
-             orbit["setup"]]]
+            lifted = await orbit_burndown(
+                bdb,
+                tasks=args.tasks,
+                connections=connections,
+                capacity=args.capacity,
+                submit_concurrency=args.submit_concurrency,
+                profile=False,
+                app_name="s1-lifted",
+                pace=LIFTED_PACE,
+                seed_sql=True,
+            )
+        peers = {
+            name: await run_peer(name, args.tasks, connections * args.capacity, bdb.dsn, args.peer_timeout_s)
+            for name in peers_wanted
+        }
+    rows = [
+        [
+            "Orbit",
+            orbit["tasks_per_s"],
+            1.0,
+            orbit["seconds"],
+            orbit["cpu"]["node_cpu_s"] + orbit["cpu"]["harness_cpu_s"],
+            orbit["setup"],
+        ]
+    ]
     for name, peer in peers.items():
         if "error" in peer:
             rows.append([name, math.nan, math.nan, math.nan, math.nan, f"DID NOT RUN: {peer['error'][:120]}"])
         else:
-            partial = f" [stopped after {peer['seconds']:.0f} s: {peer['tasks']:,} of {args.tasks:,} done]" if peer.get(
-                "timed_out") else ""
-            rows.append([name, peer["tasks_per_s"], ratio(orbit["tasks_per_s"], peer["tasks_per_s"]), peer["seconds"],
-                         peer["cpu_s"], f"{name} {peer['version']}: {peer['setup']}{partial}"])
+            partial = (
+                f" [stopped after {peer['seconds']:.0f} s: {peer['tasks']:,} of {args.tasks:,} done]"
+                if peer.get("timed_out")
+                else ""
+            )
+            rows.append(
+                [
+                    name,
+                    peer["tasks_per_s"],
+                    ratio(orbit["tasks_per_s"], peer["tasks_per_s"]),
+                    peer["seconds"],
+                    peer["cpu_s"],
+                    f"{name} {peer['version']}: {peer['setup']}{partial}",
+                ]
+            )
     if lifted is not None:
-        rows.append(["Orbit, pacing lifted", lifted["tasks_per_s"], ratio(orbit["tasks_per_s"], lifted["tasks_per_s"]),
-                     lifted["seconds"], lifted["cpu"]["node_cpu_s"] + lifted["cpu"]["harness_cpu_s"],
-                     f"diagnostic only: {LIFTED_PACE} claims per connection per cycle instead of 4"])
-    rows.append(["SQL floor (S0)", floor["tasks_per_s"], ratio(orbit["tasks_per_s"], floor["tasks_per_s"]),
-                 floor["seconds"], math.nan, "claim->start->finish SQL, batch 16, 4 loops, no HTTP/WS"])
-    table = format_table(["system", "tasks/s", "Orbit / this", "seconds", "python cpu s", "setup"], rows,
-                         align="lrrrrl")
+        rows.append(
+            [
+                "Orbit, pacing lifted",
+                lifted["tasks_per_s"],
+                ratio(orbit["tasks_per_s"], lifted["tasks_per_s"]),
+                lifted["seconds"],
+                lifted["cpu"]["node_cpu_s"] + lifted["cpu"]["harness_cpu_s"],
+                f"diagnostic only: {LIFTED_PACE} claims per connection per cycle instead of 4",
+            ]
+        )
+    rows.append(
+        [
+            "SQL floor (S0)",
+            floor["tasks_per_s"],
+            ratio(orbit["tasks_per_s"], floor["tasks_per_s"]),
+            floor["seconds"],
+            math.nan,
+            "claim->start->finish SQL, batch 16, 4 loops, no HTTP/WS",
+        ]
+    )
+    table = format_table(
+        ["system", "tasks/s", "Orbit / this", "seconds", "python cpu s", "setup"], rows, align="lrrrrl"
+    )
     notes = [
         f"{args.tasks:,} no-op tasks, total Worker concurrency {connections * args.capacity} in every system.",
         f"Orbit pre-submit over HTTP: {orbit['submit']['tasks_per_s']:,.0f} tasks/s "
@@ -182,9 +294,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"{orbit['cpu']['node_cpu_s'] / orbit['seconds']:.0%} of one core during the burn-down.",
     ]
     report = {
-        "scenario": "s1", "server": bdb.server_version,
+        "scenario": "s1",
+        "server": bdb.server_version,
         "figures": {"orbit": orbit, "orbit_pacing_lifted": lifted, "peers": peers, "floor": floor},
-        "tables": [table], "targets": orbit_targets(orbit, floor, peers), "notes": notes,
+        "tables": [table],
+        "targets": orbit_targets(orbit, floor, peers),
+        "notes": notes,
         "profiles": {"the node during the Orbit burn-down": orbit["profile"]} if orbit.get("profile") else {},
     }
     return report
@@ -197,11 +312,20 @@ def plot(report: dict[str, Any], outdir, plots) -> list:
         if "progress" in peer:
             series[name] = peer["progress"]
     names = ["Orbit", *[n for n, p in f["peers"].items() if "tasks_per_s" in p], "SQL floor"]
-    values = [f["orbit"]["tasks_per_s"], *[p["tasks_per_s"] for p in f["peers"].values() if "tasks_per_s" in p],
-              f["floor"]["tasks_per_s"]]
+    values = [
+        f["orbit"]["tasks_per_s"],
+        *[p["tasks_per_s"] for p in f["peers"].values() if "tasks_per_s" in p],
+        f["floor"]["tasks_per_s"],
+    ]
     return [
-        plots.lines(outdir / "s1-burndown.png", series, title="S1: tasks finished over time",
-                    xlabel="seconds since the Workers started", ylabel="tasks finished"),
-        plots.bar(outdir / "s1-throughput.png", names, values, title="S1: burn-down tasks/s (same run)",
-                  ylabel="tasks/s"),
+        plots.lines(
+            outdir / "s1-burndown.png",
+            series,
+            title="S1: tasks finished over time",
+            xlabel="seconds since the Workers started",
+            ylabel="tasks finished",
+        ),
+        plots.bar(
+            outdir / "s1-throughput.png", names, values, title="S1: burn-down tasks/s (same run)", ylabel="tasks/s"
+        ),
     ]

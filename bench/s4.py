@@ -22,8 +22,17 @@ from typing import Any
 
 import trio
 
-from .common import App, bench_database, connection_plan, make_app, node_process, seed_tasks, submit_open_loop
-from .common import task_times, worker_fleet
+from .common import (
+    App,
+    bench_database,
+    connection_plan,
+    make_app,
+    node_process,
+    seed_tasks,
+    submit_open_loop,
+    task_times,
+    worker_fleet,
+)
 from .report import Target, fairness, format_table, ms, ratio, summarize
 from .s1 import LIFTED_PACE
 
@@ -41,8 +50,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--s4-rate", type=float, default=20.0, help="S4: B's and C's arrivals/s each (default 20)")
 
 
-async def _phase(bdb, name: str, *, seconds: float, rate: float, backlog: int, flood: bool, busy: bool,
-                 pace: int | None, capacity: int) -> dict[str, Any]:
+async def _phase(
+    bdb,
+    name: str,
+    *,
+    seconds: float,
+    rate: float,
+    backlog: int,
+    flood: bool,
+    busy: bool,
+    pace: int | None,
+    capacity: int,
+) -> dict[str, Any]:
     a = await make_app(bdb.db, f"A-{name}", queues=A_QUEUES) if flood else None
     b = await make_app(bdb.db, f"B-{name}")
     c = await make_app(bdb.db, f"C-{name}")
@@ -64,15 +83,21 @@ async def _phase(bdb, name: str, *, seconds: float, rate: float, backlog: int, f
             else:
                 async with trio.open_nursery() as nursery:
                     for index, small in enumerate((b, c)):
-                        nursery.start_soon(lambda s=small, i=index: submit_open_loop(
-                            node.url, s.token, s.queue_id, rate=rate, duration_s=seconds, seed=11 + i))
+                        nursery.start_soon(
+                            lambda s=small, i=index: submit_open_loop(
+                                node.url, s.token, s.queue_id, rate=rate, duration_s=seconds, seed=11 + i
+                            )
+                        )
             t1 = time.time()
             await trio.sleep(0.5)
             after = node.last_stats()
             stats = node.stats()
     names = {app.application_id: key for key, app in apps.items()}
-    turns = {key: after.get("turns_by_application", {}).get(app.application_id, 0)
-             - before.get("turns_by_application", {}).get(app.application_id, 0) for key, app in apps.items()}
+    turns = {
+        key: after.get("turns_by_application", {}).get(app.application_id, 0)
+        - before.get("turns_by_application", {}).get(app.application_id, 0)
+        for key, app in apps.items()
+    }
     series = _turn_series(stats, names, t0, t1)
     finished, waits = {}, {}
     for key, app in apps.items():
@@ -80,9 +105,17 @@ async def _phase(bdb, name: str, *, seconds: float, rate: float, backlog: int, f
         finished[key] = sum(1 for r in rows if r["finished"] is not None and t0 <= r["finished"] <= t1)
         if not busy and key in ("B", "C"):
             waits[key] = summarize(r["to_start"] for r in rows)
-    return {"name": name, "window_s": t1 - t0, "turns": turns, "turn_fairness": fairness(turns),
-            "throughput": {k: v / (t1 - t0) for k, v in finished.items()}, "throughput_fairness": fairness(finished),
-            "waits_s": waits, "series": series, "pace": pace}
+    return {
+        "name": name,
+        "window_s": t1 - t0,
+        "turns": turns,
+        "turn_fairness": fairness(turns),
+        "throughput": {k: v / (t1 - t0) for k, v in finished.items()},
+        "throughput_fairness": fairness(finished),
+        "waits_s": waits,
+        "series": series,
+        "pace": pace,
+    }
 
 
 def _turn_series(stats: list[dict[str, Any]], names: dict[str, str], t0: float, t1: float) -> dict[str, list]:
@@ -118,39 +151,91 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for p in phases:
         tf, hf = p["turn_fairness"], p["throughput_fairness"]
-        rows.append([p["name"], *(f"{p['turns'].get(k, 0):,} ({tf['shares'].get(k, 0):.0%})" for k in "ABC"),
-                     tf["jain"], tf["min_over_max"],
-                     *(f"{p['throughput'].get(k, 0):,.0f} ({hf['shares'].get(k, 0):.0%})" for k in "ABC"), hf["jain"]])
-    table = format_table(["phase", "turns A", "turns B", "turns C", "turns Jain", "min/max", "tasks/s A", "tasks/s B",
-                          "tasks/s C", "tput Jain"], rows, align="lrrrrrrrrr")
+        rows.append(
+            [
+                p["name"],
+                *(f"{p['turns'].get(k, 0):,} ({tf['shares'].get(k, 0):.0%})" for k in "ABC"),
+                tf["jain"],
+                tf["min_over_max"],
+                *(f"{p['throughput'].get(k, 0):,.0f} ({hf['shares'].get(k, 0):.0%})" for k in "ABC"),
+                hf["jain"],
+            ]
+        )
+    table = format_table(
+        [
+            "phase",
+            "turns A",
+            "turns B",
+            "turns C",
+            "turns Jain",
+            "min/max",
+            "tasks/s A",
+            "tasks/s B",
+            "tasks/s C",
+            "tput Jain",
+        ],
+        rows,
+        align="lrrrrrrrrr",
+    )
     wait_rows = []
     for key in ("B", "C"):
         alone, flood = by["alone"]["waits_s"].get(key, {}), by["flood"]["waits_s"].get(key, {})
-        wait_rows.append([key, ms(alone.get("p50", float("nan"))), ms(alone.get("p99", float("nan"))),
-                          ms(flood.get("p50", float("nan"))), ms(flood.get("p99", float("nan"))),
-                          ratio(flood.get("p99"), alone.get("p99"))])
-    wait_table = format_table(["app", "alone p50 ms", "alone p99 ms", "with A flooding p50 ms", "p99 ms",
-                               "p99 flood/alone"], wait_rows)
-    targets = [Target.at_least("S4 Jain on claim turns, busy apps", by["busy"]["turn_fairness"]["jain"], TARGET_JAIN,
-                               note="A: 40 connections; B, C: 1 connection each, P3 pacing on")]
+        wait_rows.append(
+            [
+                key,
+                ms(alone.get("p50", float("nan"))),
+                ms(alone.get("p99", float("nan"))),
+                ms(flood.get("p50", float("nan"))),
+                ms(flood.get("p99", float("nan"))),
+                ratio(flood.get("p99"), alone.get("p99")),
+            ]
+        )
+    wait_table = format_table(
+        ["app", "alone p50 ms", "alone p99 ms", "with A flooding p50 ms", "p99 ms", "p99 flood/alone"], wait_rows
+    )
+    targets = [
+        Target.at_least(
+            "S4 Jain on claim turns, busy apps",
+            by["busy"]["turn_fairness"]["jain"],
+            TARGET_JAIN,
+            note="A: 40 connections; B, C: 1 connection each, P3 pacing on",
+        )
+    ]
     if "busy-lifted" in by:
-        targets.append(Target.at_least("S4 Jain, busy apps, pacing lifted", by["busy-lifted"]["turn_fairness"]["jain"],
-                                       TARGET_JAIN, note="diagnostic: the rotation alone"))
+        targets.append(
+            Target.at_least(
+                "S4 Jain, busy apps, pacing lifted",
+                by["busy-lifted"]["turn_fairness"]["jain"],
+                TARGET_JAIN,
+                note="diagnostic: the rotation alone",
+            )
+        )
     return {
-        "scenario": "s4", "server": bdb.server_version, "figures": {"phases": phases},
-        "tables": [table, wait_table], "targets": targets,
-        "notes": [f"A: {A_QUEUES} queues x {A_CONNECTIONS // A_QUEUES} connections, backlog {args.s4_backlog:,}; B, C: 1 queue, "
-                  f"1 connection, {args.s4_rate:g} arrivals/s each (busy phases: a backlog instead); capacity "
-                  f"{args.capacity}; {args.s4_seconds:g} s windows. Waits: available -> start, database clock.",
-                  "One connection may be granted at most 4 claims per 1 s cycle (P3 pacing): B and C with one "
-                  "connection each can never take more than 4 turns/s, whatever the rotation does."],
+        "scenario": "s4",
+        "server": bdb.server_version,
+        "figures": {"phases": phases},
+        "tables": [table, wait_table],
+        "targets": targets,
+        "notes": [
+            f"A: {A_QUEUES} queues x {A_CONNECTIONS // A_QUEUES} connections, backlog {args.s4_backlog:,}; B, C: 1 queue, "
+            f"1 connection, {args.s4_rate:g} arrivals/s each (busy phases: a backlog instead); capacity "
+            f"{args.capacity}; {args.s4_seconds:g} s windows. Waits: available -> start, database clock.",
+            "One connection may be granted at most 4 claims per 1 s cycle (P3 pacing): B and C with one "
+            "connection each can never take more than 4 turns/s, whatever the rotation does.",
+        ],
     }
 
 
 def plot(report: dict[str, Any], outdir, plots) -> list:
     out = []
     for phase in report["figures"]["phases"]:
-        out.append(plots.lines(outdir / f"s4-turns-{phase['name']}.png", phase["series"],
-                               title=f"S4 {phase['name']}: claim turns per application per second",
-                               xlabel="seconds into the window", ylabel="claim turns / s"))
+        out.append(
+            plots.lines(
+                outdir / f"s4-turns-{phase['name']}.png",
+                phase["series"],
+                title=f"S4 {phase['name']}: claim turns per application per second",
+                xlabel="seconds into the window",
+                ylabel="claim turns / s",
+            )
+        )
     return out

@@ -8,6 +8,8 @@ narrowed to the queue whose turn it is (``ClaimRequest.for_queue``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import attrs
 
 
@@ -23,9 +25,17 @@ class Capability:
         return (self.handler, self.handler_version, self.payload_version)
 
 
-def _non_negative(instance: object, attribute: attrs.Attribute, value: int) -> None:
+def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     if value < 0:
         raise ValueError(f"{attribute.name} must not be negative, got {value!r}")
+
+
+def _queue_ids(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
+def _capabilities(values: Iterable[Capability]) -> frozenset[Capability]:
+    return frozenset(values)
 
 
 @attrs.frozen(kw_only=True)
@@ -37,8 +47,8 @@ class ClaimRequest:
     application_id: str
     namespace_id: str
     # Queues in the order the caller wants them served (the scheduler's queue turn first).
-    queue_ids: tuple[str, ...] = attrs.field(converter=tuple)
-    capabilities: frozenset[Capability] = attrs.field(converter=frozenset)
+    queue_ids: tuple[str, ...] = attrs.field(converter=_queue_ids)
+    capabilities: frozenset[Capability] = attrs.field(converter=_capabilities)
     resource_key_support: bool
     # The connection's free capacity; capped by the store's batch size.
     limit: int = attrs.field(validator=_non_negative)

@@ -30,25 +30,21 @@ class Dsn:
     unix_socket: str | None = None
 
     @classmethod
-    def parse(cls, url: str) -> "Dsn":
+    def parse(cls, url: str) -> Dsn:
         try:
             parts = urllib.parse.urlsplit(url)
             port = parts.port
         except ValueError as exc:
             raise ConfigError(f"ORBIT_MYSQL_DSN: not a valid URL ({exc})", field="ORBIT_MYSQL_DSN") from None
         if parts.scheme not in ("mysql", "mariadb"):
-            raise ConfigError(
-                "ORBIT_MYSQL_DSN: scheme must be mysql:// or mariadb://", field="ORBIT_MYSQL_DSN"
-            )
+            raise ConfigError("ORBIT_MYSQL_DSN: scheme must be mysql:// or mariadb://", field="ORBIT_MYSQL_DSN")
         database = urllib.parse.unquote(parts.path.lstrip("/"))
         if not database or "/" in database:
             raise ConfigError("ORBIT_MYSQL_DSN: the path must name one database", field="ORBIT_MYSQL_DSN")
         query = urllib.parse.parse_qs(parts.query, strict_parsing=False)
         unknown = set(query) - {"unix_socket"}
         if unknown:
-            raise ConfigError(
-                f"ORBIT_MYSQL_DSN: unknown option {sorted(unknown)[0]!r}", field="ORBIT_MYSQL_DSN"
-            )
+            raise ConfigError(f"ORBIT_MYSQL_DSN: unknown option {sorted(unknown)[0]!r}", field="ORBIT_MYSQL_DSN")
         unix_socket = query.get("unix_socket", [None])[0]
         if not parts.hostname and not unix_socket:
             raise ConfigError("ORBIT_MYSQL_DSN: a host or ?unix_socket= is required", field="ORBIT_MYSQL_DSN")
@@ -61,7 +57,7 @@ class Dsn:
             unix_socket=unix_socket,
         )
 
-    def with_database(self, database: str) -> "Dsn":
+    def with_database(self, database: str) -> Dsn:
         return attrs.evolve(self, database=database)
 
     def url(self) -> str:
@@ -167,10 +163,13 @@ class NodeConfig:
             )
         if self.metrics not in METRICS_MODES:
             raise ConfigError(
-                f"ORBIT_METRICS: expected one of {', '.join(METRICS_MODES)}, got {self.metrics!r}", field="ORBIT_METRICS"
+                f"ORBIT_METRICS: expected one of {', '.join(METRICS_MODES)}, got {self.metrics!r}",
+                field="ORBIT_METRICS",
             )
         if not 0 <= self.metrics_port <= 65535:
-            raise ConfigError(f"ORBIT_METRICS_ADDR: port {self.metrics_port} is out of range", field="ORBIT_METRICS_ADDR")
+            raise ConfigError(
+                f"ORBIT_METRICS_ADDR: port {self.metrics_port} is out of range", field="ORBIT_METRICS_ADDR"
+            )
         if (
             self.metrics == "open"
             and self.metrics_port != 0
@@ -188,15 +187,29 @@ class NodeConfig:
         return f"{scheme}://{self.http_host}:{self.http_port}"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "NodeConfig":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> NodeConfig:
         env = os.environ if env is None else env
         known = {
-            "ORBIT_MYSQL_DSN", "ORBIT_HTTP_ADDR", "ORBIT_TLS_CERT", "ORBIT_TLS_KEY", "ORBIT_LOG_LEVEL",
-            "ORBIT_RESERVATION_LEASE_S", "ORBIT_RUN_LEASE_S", "ORBIT_MAX_BODY_BYTES",
-            "ORBIT_HEARTBEAT_TIMEOUT_S", "ORBIT_SHUTDOWN_GRACE_S", "ORBIT_DB_POOL_SIZE",
-            "ORBIT_URL", "ORBIT_CREDENTIALS_FILE", "ORBIT_LOG_FORMAT", "ORBIT_METRICS", "ORBIT_METRICS_ADDR",
+            "ORBIT_MYSQL_DSN",
+            "ORBIT_HTTP_ADDR",
+            "ORBIT_TLS_CERT",
+            "ORBIT_TLS_KEY",
+            "ORBIT_LOG_LEVEL",
+            "ORBIT_RESERVATION_LEASE_S",
+            "ORBIT_RUN_LEASE_S",
+            "ORBIT_MAX_BODY_BYTES",
+            "ORBIT_HEARTBEAT_TIMEOUT_S",
+            "ORBIT_SHUTDOWN_GRACE_S",
+            "ORBIT_DB_POOL_SIZE",
+            "ORBIT_URL",
+            "ORBIT_CREDENTIALS_FILE",
+            "ORBIT_LOG_FORMAT",
+            "ORBIT_METRICS",
+            "ORBIT_METRICS_ADDR",
         }
-        unknown = sorted(k for k in env if k.startswith("ORBIT_") and k not in known and not k.startswith("ORBIT_TEST_"))
+        unknown = sorted(
+            k for k in env if k.startswith("ORBIT_") and k not in known and not k.startswith("ORBIT_TEST_")
+        )
         if unknown:
             raise ConfigError(f"{unknown[0]}: unknown setting", field=unknown[0])
         dsn_text = env.get("ORBIT_MYSQL_DSN")
@@ -207,9 +220,7 @@ class NodeConfig:
         metrics = env.get("ORBIT_METRICS", "off").strip().lower()
         if "ORBIT_METRICS_ADDR" in env:
             if metrics != "open":
-                raise ConfigError(
-                    "ORBIT_METRICS_ADDR: only used with ORBIT_METRICS=open", field="ORBIT_METRICS_ADDR"
-                )
+                raise ConfigError("ORBIT_METRICS_ADDR: only used with ORBIT_METRICS=open", field="ORBIT_METRICS_ADDR")
             kwargs["metrics_host"], kwargs["metrics_port"] = parse_addr(
                 env["ORBIT_METRICS_ADDR"], field="ORBIT_METRICS_ADDR"
             )

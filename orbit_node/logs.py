@@ -20,13 +20,21 @@ import logging
 import re
 import sys
 import time
+import types
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 # Fields that identify what a line is about; printed first (JSON) or in brackets (text).
 CONTEXT_FIELDS = (
-    "request_id", "application", "application_id", "namespace_id", "queue_id", "task_id", "plan_id", "connection_id",
+    "request_id",
+    "application",
+    "application_id",
+    "namespace_id",
+    "queue_id",
+    "task_id",
+    "plan_id",
+    "connection_id",
     "node_id",
 )
 # Attributes every LogRecord has; anything else on a record came from ``extra=`` or the context.
@@ -39,7 +47,9 @@ TOKEN_PATTERN = re.compile(r"orb_[0-9A-Za-z]{8,}")
 BEARER_PATTERN = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{16,}")
 REDACTED_TOKEN = "orb_[redacted]"
 
-_context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar("orbit_log_context", default={})
+_context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "orbit_log_context", default=types.MappingProxyType({})
+)
 
 
 def redact(text: str) -> str:

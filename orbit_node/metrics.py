@@ -18,6 +18,7 @@ business: ``orbit_node.api.metrics``.
 from __future__ import annotations
 
 from collections.abc import Iterator
+
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -59,24 +60,35 @@ class NodeMetrics:
     def __attrs_post_init__(self):
         r = self.registry
         self.claim_seconds = Histogram(
-            "orbit_claim_duration_seconds", "Claim transactions by outcome (tasks, empty, error), seconds.",
-            ["outcome"], buckets=CLAIM_BUCKETS, registry=r,
+            "orbit_claim_duration_seconds",
+            "Claim transactions by outcome (tasks, empty, error), seconds.",
+            ["outcome"],
+            buckets=CLAIM_BUCKETS,
+            registry=r,
         )
         self.dispatch_to_start_seconds = Histogram(
-            "orbit_dispatch_to_start_seconds", "From sending a dispatch to the Worker's accepted Start, seconds.",
-            buckets=START_BUCKETS, registry=r,
+            "orbit_dispatch_to_start_seconds",
+            "From sending a dispatch to the Worker's accepted Start, seconds.",
+            buckets=START_BUCKETS,
+            registry=r,
         )
         self.http_requests = Counter(
-            "orbit_http_requests", "HTTP requests by method, route template and status.",
-            ["method", "route", "status"], registry=r,
+            "orbit_http_requests",
+            "HTTP requests by method, route template and status.",
+            ["method", "route", "status"],
+            registry=r,
         )
         self.http_seconds = Histogram(
-            "orbit_http_request_duration_seconds", "HTTP request handling time by method and route template, seconds.",
-            ["method", "route"], registry=r,
+            "orbit_http_request_duration_seconds",
+            "HTTP request handling time by method and route template, seconds.",
+            ["method", "route"],
+            registry=r,
         )
         self.db_replays = Counter(
-            "orbit_db_replays", "Transactions replayed after a deadlock or lock-wait error, by MySQL errno.",
-            ["errno"], registry=r,
+            "orbit_db_replays",
+            "Transactions replayed after a deadlock or lock-wait error, by MySQL errno.",
+            ["errno"],
+            registry=r,
         )
         for outcome in ("tasks", "empty", "error"):
             self.claim_seconds.labels(outcome)
@@ -113,7 +125,6 @@ class NodeMetrics:
         return encoder(self.registry), content_type
 
 
-
 class NodeCollector:
     """Values the node keeps anyway, read at scrape time (nothing is copied in between)."""
 
@@ -125,7 +136,9 @@ class NodeCollector:
 
     def collect(self) -> Iterator[Metric]:
         metrics = self.metrics
-        info = GaugeMetricFamily("orbit_node_info", "This node: id and version (always 1).", labels=["node_id", "version"])
+        info = GaugeMetricFamily(
+            "orbit_node_info", "This node: id and version (always 1).", labels=["node_id", "version"]
+        )
         info.add_metric([metrics.node_id, __version__], 1)
         yield info
 
@@ -133,17 +146,20 @@ class NodeCollector:
         if hub is not None:
             yield GaugeMetricFamily("orbit_worker_connections", "Worker connections served now.", value=hub.admitted)
             yield GaugeMetricFamily(
-                "orbit_worker_connections_limit", "Worker connections this node accepts at most.",
+                "orbit_worker_connections_limit",
+                "Worker connections this node accepts at most.",
                 value=hub.config.max_connections,
             )
             yield CounterMetricFamily(
-                "orbit_worker_connections_refused", "Worker connections refused because the node was full.",
+                "orbit_worker_connections_refused",
+                "Worker connections refused because the node was full.",
                 value=hub.refused,
             )
             yield CounterMetricFamily("orbit_tasks_dispatched", "Reserved tasks sent to Workers.", value=hub.dispatched)
             finished = CounterMetricFamily(
-                "orbit_tasks_finished", "Finish reports applied, by outcome (succeeded, retry, failed, cancelled, "
-                "expired, ownership_lost).", labels=["outcome"],
+                "orbit_tasks_finished",
+                "Finish reports applied, by outcome (succeeded, retry, failed, cancelled, expired, ownership_lost).",
+                labels=["outcome"],
             )
             for outcome in ("succeeded", "retry", "failed", "cancelled", "expired", "ownership_lost"):
                 finished.add_metric([outcome], hub.finished.get(outcome, 0))
@@ -154,16 +170,20 @@ class NodeCollector:
             stats = pool.statistics()
             scheduler = pool.scheduler.statistics()
             limits = pool.scheduler.limits
-            yield GaugeMetricFamily("orbit_claim_requests_pending", "Claim requests waiting for a turn.", value=stats.pending)
+            yield GaugeMetricFamily(
+                "orbit_claim_requests_pending", "Claim requests waiting for a turn.", value=stats.pending
+            )
             yield GaugeMetricFamily(
                 "orbit_claim_requests_in_flight", "Claim requests whose SQL runs now.", value=stats.in_flight
             )
             yield GaugeMetricFamily(
-                "orbit_claim_requests_limit", "Pending + in-flight claim requests a node holds at most.",
+                "orbit_claim_requests_limit",
+                "Pending + in-flight claim requests a node holds at most.",
                 value=limits.max_requests,
             )
             yield CounterMetricFamily(
-                "orbit_claim_requests_refused", "Claim requests refused (node full, or one already outstanding).",
+                "orbit_claim_requests_refused",
+                "Claim requests refused (node full, or one already outstanding).",
                 value=scheduler.refused,
             )
             yield GaugeMetricFamily(
@@ -171,7 +191,8 @@ class NodeCollector:
             )
             yield GaugeMetricFamily("orbit_claim_sql_slots", "Claim SQL slots of this node.", value=limits.sql_slots)
             claims = CounterMetricFamily(
-                "orbit_claims", "Claims by outcome: tasks (reserved some), empty, error, and cached_empty "
+                "orbit_claims",
+                "Claims by outcome: tasks (reserved some), empty, error, and cached_empty "
                 "(a turn skipped because an empty result for the same key is remembered this scan cycle).",
                 labels=["outcome"],
             )
@@ -180,9 +201,12 @@ class NodeCollector:
             claims.add_metric(["error"], stats.claims_failed)
             claims.add_metric(["cached_empty"], stats.cached_empty_skips)
             yield claims
-            yield CounterMetricFamily("orbit_tasks_reserved", "Tasks reserved by this node's claims.", value=stats.tasks_reserved)
+            yield CounterMetricFamily(
+                "orbit_tasks_reserved", "Tasks reserved by this node's claims.", value=stats.tasks_reserved
+            )
             turns = CounterMetricFamily(
-                "orbit_claim_turns", "Claim turns granted per application by this node's fair pool (the fairness "
+                "orbit_claim_turns",
+                "Claim turns granted per application by this node's fair pool (the fairness "
                 "signal: busy applications should advance at the same pace).",
                 labels=["application_id", "application"],
             )
@@ -194,9 +218,11 @@ class NodeCollector:
         sweeper = self.sweeper
         if sweeper is not None:
             recovered = CounterMetricFamily(
-                "orbit_leases_recovered", "Tasks this node's recovery sweeper settled: requeued (reservation lease "
+                "orbit_leases_recovered",
+                "Tasks this node's recovery sweeper settled: requeued (reservation lease "
                 "expired), retried/failed/cancelled (run lease expired), expired (deadline passed while queued "
-                "or reserved).", labels=["outcome"],
+                "or reserved).",
+                labels=["outcome"],
             )
             for outcome in RECOVERY_OUTCOMES:
                 recovered.add_metric([outcome], getattr(sweeper.totals, outcome))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
+
 import attrs
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -17,10 +18,10 @@ from hypercorn.trio import serve
 
 from . import __version__
 from .api.app import NodeState, create_app
+from .api.metrics import serve_metrics
 from .config import NodeConfig
 from .db import Database
 from .ids import random_id
-from .api.metrics import serve_metrics
 from .services import ServiceSet
 
 log = logging.getLogger("orbit.node")
@@ -98,7 +99,9 @@ class Node:
             try:
                 # Returns once the shutdown trigger fired and hypercorn's graceful
                 # drain (graceful_timeout) is over.
-                await serve(app, self._hypercorn_config(), shutdown_trigger=self._shutdown.wait, task_status=task_status)
+                await serve(
+                    app, self._hypercorn_config(), shutdown_trigger=self._shutdown.wait, task_status=task_status
+                )
             finally:
                 served.set()
 

@@ -44,7 +44,7 @@ class PeriodicService(abc.ABC):
     def empty_stats(self) -> Any:
         """Statistics of a pass that did nothing."""
 
-    def report(self, stats: Any) -> None:
+    def report(self, stats: Any) -> None:  # noqa: B027 - an optional hook, a no-op unless overridden
         """Log what a round did (called only for rounds that did something)."""
 
     async def run_round(self) -> Any:

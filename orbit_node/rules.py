@@ -16,7 +16,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import attrs
@@ -58,8 +58,18 @@ BACKOFF_MULTIPLIER_MAX = 10.0
 # Queue controls are INT columns.
 CONTROL_MAX = 2_147_483_647
 SUBMIT_FIELDS = (
-    "queue_id", "handler", "handler_version", "payload_version", "payload", "priority",
-    "available_at", "delay_s", "deadline", "max_attempts", "backoff", "resource_key",
+    "queue_id",
+    "handler",
+    "handler_version",
+    "payload_version",
+    "payload",
+    "priority",
+    "available_at",
+    "delay_s",
+    "deadline",
+    "max_attempts",
+    "backoff",
+    "resource_key",
 )
 SUBMIT_REQUIRED = ("queue_id", "handler", "handler_version", "payload_version", "payload")
 # A plan's task template (definition.task) has the submission's fields except these,
@@ -144,12 +154,16 @@ def parse_json(raw: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise InvalidArgument(f"body: not valid UTF-8 (byte {exc.start})", field="body") from None
     try:
-        value = json.loads(text, object_pairs_hook=_object, parse_constant=_constant, parse_float=_float, parse_int=_int)
+        value = json.loads(
+            text, object_pairs_hook=_object, parse_constant=_constant, parse_float=_float, parse_int=_int
+        )
         _check_tree(value)
     except _Refused as exc:
         raise InvalidArgument(str(exc), field="body") from None
     except json.JSONDecodeError as exc:
-        raise InvalidArgument(f"body: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", field="body") from None
+        raise InvalidArgument(
+            f"body: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", field="body"
+        ) from None
     except RecursionError:
         raise InvalidArgument(f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels", field="body") from None
     return value
@@ -230,7 +244,7 @@ def timestamp(value: Any, field: str) -> datetime:
     micro = int((fraction or "").ljust(6, "0")[:6])
     try:
         if offset in ("Z", "z"):
-            tz = timezone.utc
+            tz = UTC
         else:
             sign = -1 if offset[0] == "-" else 1
             off_h, off_m = int(offset[1:3]), int(offset[4:6])
@@ -238,7 +252,7 @@ def timestamp(value: Any, field: str) -> datetime:
                 raise ValueError("offset out of range")
             tz = timezone(sign * timedelta(hours=off_h, minutes=off_m))
         local = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=tz)
-        utc = local.astimezone(timezone.utc).replace(tzinfo=None)
+        utc = local.astimezone(UTC).replace(tzinfo=None)
     except (ValueError, OverflowError):
         raise InvalidArgument(f"{field}: must be {rule}, got {show(value)}", field=field) from None
     if not EARLIEST <= utc <= LATEST:
@@ -247,11 +261,7 @@ def timestamp(value: Any, field: str) -> datetime:
 
 
 def resource_key(value: Any, field: str = "resource_key") -> str:
-    if (
-        not isinstance(value, str)
-        or not 1 <= len(value) <= RESOURCE_KEY_MAX
-        or CONTROL_CHARS.search(value)
-    ):
+    if not isinstance(value, str) or not 1 <= len(value) <= RESOURCE_KEY_MAX or CONTROL_CHARS.search(value):
         raise InvalidArgument(
             f"{field}: must be a string of 1-{RESOURCE_KEY_MAX} characters without control characters, got {show(value)}",
             field=field,
@@ -337,9 +347,7 @@ def _backoff(value: Any, field: str) -> dict[str, Any]:
     maximum = integer(maximum, f"{field}.max_ms", 1, BACKOFF_MAX_MS_MAX)
     multiplier = number(multiplier, f"{field}.multiplier", BACKOFF_MULTIPLIER_MIN, BACKOFF_MULTIPLIER_MAX)
     if maximum < initial:
-        raise InvalidArgument(
-            f"{field}.max_ms: must not be less than {field}.initial_ms", field=f"{field}.max_ms"
-        )
+        raise InvalidArgument(f"{field}.max_ms: must not be less than {field}.initial_ms", field=f"{field}.max_ms")
     return {"backoff_initial_ms": initial, "backoff_max_ms": maximum, "backoff_multiplier": float(multiplier)}
 
 
@@ -349,7 +357,12 @@ def _control(value: Any, field: str) -> int | None:
 
 def create_queue(body: Mapping[str, Any]) -> dict[str, Any]:
     reject_unknown(body, QUEUE_CREATE_FIELDS)
-    name = string(require(body, "name"), "name", QUEUE_NAME, "1-128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit")
+    name = string(
+        require(body, "name"),
+        "name",
+        QUEUE_NAME,
+        "1-128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit",
+    )
     return {"name": name, **{f: _control(body.get(f), f) for f in QUEUE_CONTROL_FIELDS}}
 
 

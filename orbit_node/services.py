@@ -13,12 +13,12 @@ import trio
 
 from .config import NodeConfig
 from .db import Database
+from .dispatch.plan_trigger import PlanTrigger
 from .dispatch.pool import ClaimPool
 from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import FairScheduler
 from .dispatch.turns import TurnRecorder
 from .metrics import NodeMetrics
-from .dispatch.plan_trigger import PlanTrigger
 from .store.dispatch import DispatchStore
 from .store.operations import OperationsStore
 from .store.plans import PlanStore
@@ -69,13 +69,21 @@ class DispatchServices:
         pool = hub = turns = sweeper = plans = None
         if run.workers:
             pool = ClaimPool(
-                FairScheduler(config.scheduler), claim=store.claim, release=store.release_many,
+                FairScheduler(config.scheduler),
+                claim=store.claim,
+                release=store.release_many,
                 observe=metrics.observe_claim,
             )
             hub = WorkerHub(
-                config=config, node_id=node_id, store=store, pool=pool, tenancy=tenancy,
-                registry=WorkerRegistryStore(db), shutdown_requested=shutdown_requested,
-                on_start=metrics.observe_start, on_application=metrics.note_application,
+                config=config,
+                node_id=node_id,
+                store=store,
+                pool=pool,
+                tenancy=tenancy,
+                registry=WorkerRegistryStore(db),
+                shutdown_requested=shutdown_requested,
+                on_start=metrics.observe_start,
+                on_application=metrics.note_application,
             )
             # Claim turns go to the database too: operators see every node's rotation in one place.
             scheduler = pool.scheduler

@@ -38,7 +38,9 @@ def server_dsn() -> Dsn:
 async def create_database(name: str) -> None:
     admin = Database(server_dsn(), size=1)
     try:
-        await admin.run(lambda tx: tx.execute_raw(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"))
+        await admin.run(
+            lambda tx: tx.execute_raw(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        )
     finally:
         await admin.aclose()
 

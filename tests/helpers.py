@@ -60,8 +60,11 @@ async def wait_until(
 
 async def running_statements(db, text: str) -> int:
     """Sessions of other connections to ``db``'s database running the statement ``text`` now."""
-    found = await db.run(lambda tx: tx.fetchall_raw(
-        "SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST "
-        "WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO = %s", (text,)
-    ))
+    found = await db.run(
+        lambda tx: tx.fetchall_raw(
+            "SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST "
+            "WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO = %s",
+            (text,),
+        )
+    )
     return found[0]["n"]

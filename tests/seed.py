@@ -13,9 +13,9 @@ from typing import Any
 
 import attrs
 
+from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.db import Database
 from orbit_node.ids import time_ordered_id
-from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.store.dispatch import DispatchStore
 from orbit_node.store.tenancy import TenancyStore
 
@@ -86,21 +86,34 @@ async def insert_tasks(db: Database, owner: Tenant, specs: Sequence[TaskSpec]) -
     """Insert task rows in one statement; returns their ids in the order given."""
     ids = [s.task_id or time_ordered_id() for s in specs]
     rows_sql, params = [], []
-    for task_id, s in zip(ids, specs):
+    for task_id, s in zip(ids, specs, strict=True):
         deadline_sql = "NULL" if s.deadline_in_s is None else "NOW(6) + INTERVAL %s MICROSECOND"
         rows_sql.append(
             "(%s, %s, %s, %s, %s, %s, %s, %s, NOW(6) + INTERVAL %s MICROSECOND, "
             f"{deadline_sql}, %s, %s, %s, %s, %s, %s, %s, %s)"
         )
         params += [
-            task_id, owner.application_id, owner.namespace_id, owner.queue_id, s.handler, s.handler_version,
-            s.payload_version, s.payload, _micros(s.available_in_s),
+            task_id,
+            owner.application_id,
+            owner.namespace_id,
+            owner.queue_id,
+            s.handler,
+            s.handler_version,
+            s.payload_version,
+            s.payload,
+            _micros(s.available_in_s),
         ]
         if s.deadline_in_s is not None:
             params.append(_micros(s.deadline_in_s))
         params += [
-            s.attempts, s.max_attempts, s.resource_key, int(s.cancel_requested), s.priority,
-            s.backoff_initial_ms, s.backoff_max_ms, s.backoff_multiplier,
+            s.attempts,
+            s.max_attempts,
+            s.resource_key,
+            int(s.cancel_requested),
+            s.priority,
+            s.backoff_initial_ms,
+            s.backoff_max_ms,
+            s.backoff_multiplier,
         ]
     sql = (
         "INSERT INTO tasks (task_id, application_id, namespace_id, queue_id, handler, handler_version, "
@@ -145,10 +158,13 @@ async def bulk_insert_tasks(
     """
     assert len(id_prefix) == 8
     digits = max(1, math.ceil(math.log10(count))) if count > 1 else 1
-    tables = ", ".join(f"(SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL "
-                       f"SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL "
-                       f"SELECT 8 UNION ALL SELECT 9) d{i}" for i in range(digits))
-    number = " + ".join(f"d{i}.d * {10 ** i}" for i in range(digits))
+    tables = ", ".join(
+        f"(SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL "
+        f"SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL "
+        f"SELECT 8 UNION ALL SELECT 9) d{i}"
+        for i in range(digits)
+    )
+    number = " + ".join(f"d{i}.d * {10**i}" for i in range(digits))
     sql = (
         "INSERT INTO tasks (task_id, application_id, namespace_id, queue_id, handler, handler_version, "
         "payload_version, payload, available_at, priority) "
@@ -157,8 +173,15 @@ async def bulk_insert_tasks(
         f"FROM (SELECT {number} AS n FROM {tables}) seq WHERE n < %s"
     )
     params = (
-        id_prefix, owner.application_id, owner.namespace_id, owner.queue_id, handler,
-        _micros(available_in_s), _micros(spread_s), priority, count,
+        id_prefix,
+        owner.application_id,
+        owner.namespace_id,
+        owner.queue_id,
+        handler,
+        _micros(available_in_s),
+        _micros(spread_s),
+        priority,
+        count,
     )
     await db.run(lambda tx: tx.execute_raw(sql, params))
 

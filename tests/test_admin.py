@@ -53,8 +53,17 @@ def task_body(queue_id: str) -> dict:
 
 async def bootstrap(dsn, tmp_path, application="shop", queues=("orders", "refunds")) -> dict:
     out = tmp_path / f"{application}.json"
-    args = ["bootstrap", "--application", application, "--namespace", "default", "--environment", "test",
-            "--output", str(out)]
+    args = [
+        "bootstrap",
+        "--application",
+        application,
+        "--namespace",
+        "default",
+        "--environment",
+        "test",
+        "--output",
+        str(out),
+    ]
     for queue in queues:
         args += ["--queue", queue]
     result = await admin(*args, dsn=dsn)
@@ -69,13 +78,27 @@ async def test_a_credential_gets_exactly_the_chosen_scopes_and_revoking_it_stops
     boot = await bootstrap(dsn, tmp_path)
     orders, refunds = boot["queues"]["orders"], boot["queues"]["refunds"]
     with trio.fail_after(TEST_TIMEOUT_S):
-        created = await admin_json("credential", "create", "--application", "shop", "--namespace", "default",
-                                   "--scope", "tasks:read", "--scope", "tasks:submit=orders", "--name", "reader",
-                                   dsn=dsn)
+        created = await admin_json(
+            "credential",
+            "create",
+            "--application",
+            "shop",
+            "--namespace",
+            "default",
+            "--scope",
+            "tasks:read",
+            "--scope",
+            "tasks:submit=orders",
+            "--name",
+            "reader",
+            dsn=dsn,
+        )
         assert created["scopes"] == {"tasks:read": "*", "tasks:submit": [orders]}
         token = created["token"]
         async with running_node.client(token) as client:
-            assert (await client.post("/v1/tasks", json=task_body(orders), headers={"Idempotency-Key": "a"})).status_code == 201
+            assert (
+                await client.post("/v1/tasks", json=task_body(orders), headers={"Idempotency-Key": "a"})
+            ).status_code == 201
             refused = await client.post("/v1/tasks", json=task_body(refunds), headers={"Idempotency-Key": "b"})
             assert refused.status_code == 403 and refused.json()["error"]["code"] == "PERMISSION_DENIED"
             assert (await client.get("/v1/tasks")).status_code == 200
@@ -95,8 +118,10 @@ async def test_a_credential_gets_exactly_the_chosen_scopes_and_revoking_it_stops
             assert (await client.get("/v1/tasks")).status_code == 401
         # Revoking twice is fine; the listing shows when.
         assert (await admin("credential", "revoke", created["credential_id"], dsn=dsn)).returncode == 0
-        rows = {r["credential_id"]: r for r in await admin_json("credential", "list", "--application", "shop",
-                                                                 "--namespace", "default", dsn=dsn)}
+        rows = {
+            r["credential_id"]: r
+            for r in await admin_json("credential", "list", "--application", "shop", "--namespace", "default", dsn=dsn)
+        }
         assert rows[created["credential_id"]]["revoked_at"] is not None
 
         text = await admin("credential", "list", "--application", "shop", dsn=dsn)
@@ -117,11 +142,25 @@ async def test_credential_errors_are_one_line_and_change_nothing(dsn, db, tmp_pa
     for extra, message in cases:
         line = one_line_error(await admin(*base, *extra, dsn=dsn))
         assert line.startswith(f"error: {message}"), line
-    line = one_line_error(await admin("credential", "create", "--application", "nosuch", "--namespace", "default",
-                                      "--scope", "tasks:read", dsn=dsn))
+    line = one_line_error(
+        await admin(
+            "credential",
+            "create",
+            "--application",
+            "nosuch",
+            "--namespace",
+            "default",
+            "--scope",
+            "tasks:read",
+            dsn=dsn,
+        )
+    )
     assert line.startswith("error: NOT_FOUND: application: 'nosuch' not found")
-    line = one_line_error(await admin("credential", "create", "--application", "shop", "--namespace", "other",
-                                      "--scope", "tasks:read", dsn=dsn))
+    line = one_line_error(
+        await admin(
+            "credential", "create", "--application", "shop", "--namespace", "other", "--scope", "tasks:read", dsn=dsn
+        )
+    )
     assert line.startswith("error: NOT_FOUND: namespace: 'other' not found")
     line = one_line_error(await admin("credential", "revoke", "f" * 32, dsn=dsn))
     assert line == f"error: NOT_FOUND: credential_id: credential {'f' * 32} not found"
@@ -133,9 +172,22 @@ async def test_credential_errors_are_one_line_and_change_nothing(dsn, db, tmp_pa
 async def test_a_credential_can_be_written_to_a_private_credentials_file(dsn, db, tmp_path):
     boot = await bootstrap(dsn, tmp_path)
     out = tmp_path / "worker.json"
-    result = await admin("credential", "create", "--application", "shop", "--namespace", "default",
-                         "--scope", "workers:connect", "--scope", "workers:consume=refunds", "--output", str(out),
-                         dsn=dsn, env={"ORBIT_URL": "http://orbit.example:8080"})
+    result = await admin(
+        "credential",
+        "create",
+        "--application",
+        "shop",
+        "--namespace",
+        "default",
+        "--scope",
+        "workers:connect",
+        "--scope",
+        "workers:consume=refunds",
+        "--output",
+        str(out),
+        dsn=dsn,
+        env={"ORBIT_URL": "http://orbit.example:8080"},
+    )
     assert result.returncode == 0, result.stderr
     assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
     document = json.loads(out.read_text())
@@ -259,7 +311,11 @@ async def test_explain_says_why_a_task_waits(dsn, db):
     assert not explanation["dispatchable"]
     assert {"QUEUE_PAUSED", "NO_CAPABLE_WORKER"} <= {r["code"] for r in explanation["reasons"]}
     text = await admin("explain", task_id, dsn=dsn)
-    assert text.returncode == 0 and "waiting because:" in text.stdout and "QUEUE_PAUSED: queue 'q' is paused" in text.stdout
+    assert (
+        text.returncode == 0
+        and "waiting because:" in text.stdout
+        and "QUEUE_PAUSED: queue 'q' is paused" in text.stdout
+    )
     line = one_line_error(await admin("explain", "0" * 32, dsn=dsn))
     assert line == f"error: NOT_FOUND: task {'0' * 32} not found"
 
@@ -279,8 +335,10 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
     await seed.insert_tasks(db, alpha_later, [seed.TaskSpec(priority=5, available_in_s=3600)])
     await seed.insert_tasks(db, beta, [seed.TaskSpec()] * 2)
     with trio.fail_after(TEST_TIMEOUT_S):
-        async with run_node(config, services=default_services()) as one, \
-                run_node(config, services=default_services()) as two:
+        async with (
+            run_node(config, services=default_services()) as one,
+            run_node(config, services=default_services()) as two,
+        ):
             watch_one = ClaimWatch(one.node.state.services.pool)
             watch_two = ClaimWatch(two.node.state.services.pool)
             async with raw_worker(one.base_url, alpha.token) as w1:
@@ -317,7 +375,8 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
                     frames = await top_frames("--iterations", "2", "--interval", "0.2", dsn=dsn)
                     assert len(frames) == 2
                     assert {a["application"]: a["claim_turns_per_s"] for a in frames[1]["applications"]} == {
-                        "alpha": 0.0, "beta": 0.0,
+                        "alpha": 0.0,
+                        "beta": 0.0,
                     }
                     text = await admin("top", "--once", dsn=dsn)
                     assert text.returncode == 0, text.stderr

@@ -25,8 +25,12 @@ def routes(tenant: Tenant, task_id: str) -> list[tuple[str, str, str, dict]]:
     """(method, path, the scope it needs, request kwargs) for every /v1 route."""
     queue_id = tenant.queue_id
     return [
-        ("POST", "/v1/tasks", "tasks:submit",
-         {"json": {**TASK_BODY, "queue_id": queue_id}, "headers": {"Idempotency-Key": "matrix"}}),
+        (
+            "POST",
+            "/v1/tasks",
+            "tasks:submit",
+            {"json": {**TASK_BODY, "queue_id": queue_id}, "headers": {"Idempotency-Key": "matrix"}},
+        ),
         ("GET", f"/v1/tasks/{task_id}", "tasks:read", {}),
         ("GET", "/v1/tasks", "tasks:read", {}),
         ("POST", f"/v1/tasks/{task_id}/cancel", "tasks:cancel", {}),
@@ -41,7 +45,16 @@ def routes(tenant: Tenant, task_id: str) -> list[tuple[str, str, str, dict]]:
 
 
 ROUTE_IDS = [
-    "submit", "get-task", "list-tasks", "cancel", "explain", "create-queue", "get-queue", "list-queues", "pause", "resume",
+    "submit",
+    "get-task",
+    "list-tasks",
+    "cancel",
+    "explain",
+    "create-queue",
+    "get-queue",
+    "list-queues",
+    "pause",
+    "resume",
     "controls",
 ]
 
@@ -139,7 +152,8 @@ async def test_bad_credentials_are_401(running_node, db):
             assert_error(response, 401, "UNAUTHENTICATED", "authorization")
         # Two Authorization headers are ambiguous.
         response = await client.get(
-            "/v1/tasks", headers=[("Authorization", f"Bearer {tenant.token}"), ("Authorization", f"Bearer {tenant.token}")]
+            "/v1/tasks",
+            headers=[("Authorization", f"Bearer {tenant.token}"), ("Authorization", f"Bearer {tenant.token}")],
         )
         assert_error(response, 401, "UNAUTHENTICATED", "authorization")
         # The scheme is case-insensitive.
@@ -155,7 +169,9 @@ async def test_queue_scoped_grants(running_node, db):
         tenant,
         {"tasks:submit": [allowed], "tasks:read": [allowed], "tasks:cancel": [allowed], "queues:manage": [allowed]},
     )
-    other_task = await seed_task(running_node, Tenant(tenant.application_id, tenant.namespace_id, {"o": other}, tenant.token))
+    other_task = await seed_task(
+        running_node, Tenant(tenant.application_id, tenant.namespace_id, {"o": other}, tenant.token)
+    )
     async with running_node.client(token) as client:
         ok = await client.post("/v1/tasks", json={**TASK_BODY, "queue_id": allowed}, headers={"Idempotency-Key": "a"})
         assert ok.status_code == 201
@@ -164,7 +180,9 @@ async def test_queue_scoped_grants(running_node, db):
         assert_error(denied, 403, "PERMISSION_DENIED", "authorization")
         assert_error(await client.get(f"/v1/tasks/{other_task}"), 403, "PERMISSION_DENIED", "authorization")
         assert_error(await client.post(f"/v1/tasks/{other_task}/cancel"), 403, "PERMISSION_DENIED", "authorization")
-        assert_error(await client.get("/v1/tasks", params={"queue_id": other}), 403, "PERMISSION_DENIED", "authorization")
+        assert_error(
+            await client.get("/v1/tasks", params={"queue_id": other}), 403, "PERMISSION_DENIED", "authorization"
+        )
         # The unfiltered listing shows only the queues the grant names.
         listed = [t["task_id"] for t in (await client.get("/v1/tasks")).json()["data"]]
         assert listed == [own_task]

@@ -67,7 +67,9 @@ async def test_equivalent_spellings_are_one_request(running_node, db):
     # explicit default and reordered payload keys are the same request.
     async with running_node.client(tenant.token) as client:
         first = await submit(
-            client, "k", request_body(tenant.queue_id, available_at="2030-01-01T01:00:00+01:00", payload={"b": 2, "a": 1})
+            client,
+            "k",
+            request_body(tenant.queue_id, available_at="2030-01-01T01:00:00+01:00", payload={"b": 2, "a": 1}),
         )
         same = await submit(
             client,

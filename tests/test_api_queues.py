@@ -87,7 +87,9 @@ async def test_controls_change_only_what_is_named(running_node, db):
         assert_error(await client.patch(path), 400, "INVALID_ARGUMENT", "body")
         assert_error(
             await client.patch("/v1/queues/" + "0" * 32 + "/controls", json={"max_concurrency": 1}),
-            404, "NOT_FOUND", "queue_id",
+            404,
+            "NOT_FOUND",
+            "queue_id",
         )
     row = await queue_row(db, tenant.queue_id)
     assert (row["max_concurrency"], row["max_starts_per_second"]) == (None, 0)

@@ -32,7 +32,9 @@ async def set_columns(db, task_id: str, assignments: str, *params) -> None:
 
 
 async def submit(client, queue_id: str, key: str, **fields):
-    response = await client.post("/v1/tasks", json={**TASK, "queue_id": queue_id, **fields}, headers={"Idempotency-Key": key})
+    response = await client.post(
+        "/v1/tasks", json={**TASK, "queue_id": queue_id, **fields}, headers={"Idempotency-Key": key}
+    )
     assert response.status_code == 201, response.text
     return response.json()["data"]
 
@@ -44,9 +46,27 @@ async def test_accepted_task_detail(running_node, db):
         task = await submit(client, tenant.queue_id, "k")
         after = await db_now(db)
     assert set(task) == {
-        "task_id", "queue_id", "handler", "handler_version", "payload_version", "state", "attempts", "max_attempts",
-        "available_at", "deadline", "resource_key", "cancel_requested", "created_at", "finished_at", "payload",
-        "backoff", "reserved_at", "started_at", "updated_at", "plan_id", "plan_version",
+        "task_id",
+        "queue_id",
+        "handler",
+        "handler_version",
+        "payload_version",
+        "state",
+        "attempts",
+        "max_attempts",
+        "available_at",
+        "deadline",
+        "resource_key",
+        "cancel_requested",
+        "created_at",
+        "finished_at",
+        "payload",
+        "backoff",
+        "reserved_at",
+        "started_at",
+        "updated_at",
+        "plan_id",
+        "plan_version",
     }
     assert len(task["task_id"]) == 32 and task["queue_id"] == tenant.queue_id
     assert (task["handler"], task["handler_version"], task["payload_version"]) == ("object.prepare", "v1", "v1")
@@ -83,8 +103,11 @@ async def test_times_are_converted_to_utc_and_delay_uses_the_database_clock(runn
     tenant = await make_tenant(db)
     async with running_node.client(tenant.token) as client:
         offset = await submit(
-            client, tenant.queue_id, "offset",
-            available_at="2030-06-01T12:00:00+02:00", deadline="2030-06-01T12:30:00.1234567-01:30",
+            client,
+            tenant.queue_id,
+            "offset",
+            available_at="2030-06-01T12:00:00+02:00",
+            deadline="2030-06-01T12:30:00.1234567-01:30",
         )
         assert offset["available_at"] == "2030-06-01T10:00:00.000000Z"
         # Beyond microseconds the fraction is truncated.
@@ -102,8 +125,12 @@ async def test_optional_fields_are_stored(running_node, db):
     tenant = await make_tenant(db)
     async with running_node.client(tenant.token) as client:
         task = await submit(
-            client, tenant.queue_id, "k",
-            max_attempts=7, backoff={"initial_ms": 250, "multiplier": 1.5}, resource_key="objects/ü-42",
+            client,
+            tenant.queue_id,
+            "k",
+            max_attempts=7,
+            backoff={"initial_ms": 250, "multiplier": 1.5},
+            resource_key="objects/ü-42",
         )
     assert task["max_attempts"] == 7 and task["resource_key"] == "objects/ü-42"
     assert task["backoff"] == {"initial_ms": 250, "max_ms": 300000, "multiplier": 1.5}
@@ -118,7 +145,9 @@ async def test_a_resource_key_gets_its_occupancy_row_once(running_node, db):
             await submit(client, tenant.queue_id, key, resource_key="printer-1")
         await submit(client, tenant.queue_id, "c", resource_key="printer-2")
     rows = await db.run(
-        lambda tx: tx.fetchall_raw("SELECT namespace_id, resource_key, holder_task_id FROM resource_keys ORDER BY resource_key")
+        lambda tx: tx.fetchall_raw(
+            "SELECT namespace_id, resource_key, holder_task_id FROM resource_keys ORDER BY resource_key"
+        )
     )
     assert rows == [
         {"namespace_id": tenant.namespace_id, "resource_key": "printer-1", "holder_task_id": None},
@@ -212,7 +241,10 @@ async def test_cancel_reserved_or_running_only_requests_it(running_node, db, sta
     async with running_node.client(tenant.token) as client:
         task = await submit(client, tenant.queue_id, "k")
         await set_columns(
-            db, task["task_id"], "state = %s, reserved_at = NOW(6), lease_expires_at = NOW(6) + INTERVAL 30 SECOND", state
+            db,
+            task["task_id"],
+            "state = %s, reserved_at = NOW(6), lease_expires_at = NOW(6) + INTERVAL 30 SECOND",
+            state,
         )
         response = await client.post(f"/v1/tasks/{task['task_id']}/cancel")
     assert response.status_code == 200
@@ -239,11 +271,16 @@ async def test_result_and_error_appear_when_present(running_node, db):
         done = await submit(client, tenant.queue_id, "done")
         failed = await submit(client, tenant.queue_id, "failed")
         await set_columns(
-            db, done["task_id"], "state = 'succeeded', result = %s, finished_at = NOW(6)",
+            db,
+            done["task_id"],
+            "state = 'succeeded', result = %s, finished_at = NOW(6)",
             '{"echo": 123456789012345678901234567890}',
         )
         await set_columns(
-            db, failed["task_id"], "state = 'failed', error = %s, finished_at = NOW(6)", '{"message": "boom", "code": "E1"}'
+            db,
+            failed["task_id"],
+            "state = 'failed', error = %s, finished_at = NOW(6)",
+            '{"message": "boom", "code": "E1"}',
         )
         done_detail = (await client.get(f"/v1/tasks/{done['task_id']}")).json()["data"]
         failed_detail = (await client.get(f"/v1/tasks/{failed['task_id']}")).json()["data"]

@@ -63,9 +63,21 @@ FIELD_CASES = [
     ("handler space", BASE.replace('"object.prepare"', '"object prepare"').encode() + b"}", "handler"),
     ("handler too long", BASE.replace('"object.prepare"', '"' + "h" * 201 + '"').encode() + b"}", "handler"),
     ("handler number", BASE.replace('"object.prepare"', "5").encode() + b"}", "handler"),
-    ("handler_version empty", BASE.replace('"handler_version":"v1"', '"handler_version":""').encode() + b"}", "handler_version"),
-    ("handler_version too long", BASE.replace('"handler_version":"v1"', '"handler_version":"' + "v" * 65 + '"').encode() + b"}", "handler_version"),
-    ("payload_version null", BASE.replace('"payload_version":"v1"', '"payload_version":null').encode() + b"}", "payload_version"),
+    (
+        "handler_version empty",
+        BASE.replace('"handler_version":"v1"', '"handler_version":""').encode() + b"}",
+        "handler_version",
+    ),
+    (
+        "handler_version too long",
+        BASE.replace('"handler_version":"v1"', '"handler_version":"' + "v" * 65 + '"').encode() + b"}",
+        "handler_version",
+    ),
+    (
+        "payload_version null",
+        BASE.replace('"payload_version":"v1"', '"payload_version":null').encode() + b"}",
+        "payload_version",
+    ),
     # times
     ("available_at date only", body_with('"available_at":"2030-01-01"'), "available_at"),
     ("available_at no offset", body_with('"available_at":"2030-01-01T00:00:00"'), "available_at"),
@@ -82,7 +94,11 @@ FIELD_CASES = [
     ("delay_s over a year", body_with('"delay_s":31622401'), "delay_s"),
     ("delay_s null", body_with('"delay_s":null'), "delay_s"),
     ("deadline text", body_with('"deadline":"tomorrow"'), "deadline"),
-    ("deadline before available_at", body_with('"available_at":"2030-01-02T00:00:00Z","deadline":"2030-01-01T00:00:00Z"'), "deadline"),
+    (
+        "deadline before available_at",
+        body_with('"available_at":"2030-01-02T00:00:00Z","deadline":"2030-01-01T00:00:00Z"'),
+        "deadline",
+    ),
     # attempts and backoff
     ("max_attempts 0", body_with('"max_attempts":0'), "max_attempts"),
     ("max_attempts 101", body_with('"max_attempts":101'), "max_attempts"),
@@ -114,7 +130,10 @@ BODY_CASES = [
     ("integer too long to parse", BASE.replace('{"object_ref":"objects/example"}', "9" * 5000).encode() + b"}"),
     ("lone surrogate", BASE.replace('"objects/example"', '"\\ud800"').encode() + b"}"),
     ("nested too deep", BASE.replace('{"object_ref":"objects/example"}', "[" * 70 + "]" * 70).encode() + b"}"),
-    ("nested beyond the recursion limit", BASE.replace('{"object_ref":"objects/example"}', "[" * 100_000 + "]" * 100_000).encode() + b"}"),
+    (
+        "nested beyond the recursion limit",
+        BASE.replace('{"object_ref":"objects/example"}', "[" * 100_000 + "]" * 100_000).encode() + b"}",
+    ),
     ("array body", b"[1,2,3]"),
     ("string body", b'"task"'),
     ("null body", b"null"),
@@ -167,12 +186,24 @@ HEADER_CASES = [
     ("no content type", {"Content-Type": None}, 415, "UNSUPPORTED_MEDIA_TYPE", "Content-Type"),
     ("text/plain", {"Content-Type": "text/plain"}, 415, "UNSUPPORTED_MEDIA_TYPE", "Content-Type"),
     ("form", {"Content-Type": "application/x-www-form-urlencoded"}, 415, "UNSUPPORTED_MEDIA_TYPE", "Content-Type"),
-    ("latin-1 charset", {"Content-Type": "application/json; charset=latin-1"}, 415, "UNSUPPORTED_MEDIA_TYPE", "Content-Type"),
+    (
+        "latin-1 charset",
+        {"Content-Type": "application/json; charset=latin-1"},
+        415,
+        "UNSUPPORTED_MEDIA_TYPE",
+        "Content-Type",
+    ),
     ("no idempotency key", {"Idempotency-Key": None}, 400, "INVALID_ARGUMENT", "Idempotency-Key"),
     ("empty idempotency key", {"Idempotency-Key": ""}, 400, "INVALID_ARGUMENT", "Idempotency-Key"),
     ("idempotency key 256 chars", {"Idempotency-Key": "k" * 256}, 400, "INVALID_ARGUMENT", "Idempotency-Key"),
     ("idempotency key with space", {"Idempotency-Key": "my key"}, 400, "INVALID_ARGUMENT", "Idempotency-Key"),
-    ("idempotency key not ASCII", {"Idempotency-Key": "cl\xe9".encode("latin-1")}, 400, "INVALID_ARGUMENT", "Idempotency-Key"),
+    (
+        "idempotency key not ASCII",
+        {"Idempotency-Key": "cl\xe9".encode("latin-1")},
+        400,
+        "INVALID_ARGUMENT",
+        "Idempotency-Key",
+    ),
 ]
 
 
@@ -184,7 +215,9 @@ async def test_bad_headers_are_refused_and_store_nothing(running_node, db, heade
     request_headers = {"Idempotency-Key": "key-1", "Content-Type": "application/json", **headers}
     request_headers = {k: v for k, v in request_headers.items() if v is not None}
     async with running_node.client(tenant.token) as client:
-        request = client.build_request("POST", "/v1/tasks", content=resolve(body_with(""), tenant), headers=request_headers)
+        request = client.build_request(
+            "POST", "/v1/tasks", content=resolve(body_with(""), tenant), headers=request_headers
+        )
         for name, value in headers.items():
             if value is None:
                 request.headers.pop(name, None)
@@ -326,9 +359,7 @@ async def test_chunked_oversize_body_is_413_once_the_limit_is_passed(running_nod
     framed = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
     # Just over the limit, and the terminating chunk is never sent.
     parts = [framed] * (node_config.max_body_bytes // len(chunk) + 2)
-    raw = await raw_exchange(
-        running_node.base_url, request_head(tenant, host, "Transfer-Encoding: chunked\r\n"), parts
-    )
+    raw = await raw_exchange(running_node.base_url, request_head(tenant, host, "Transfer-Encoding: chunked\r\n"), parts)
     status, document = parse_raw_response(raw)
     assert status == 413
     assert document["error"]["code"] == "PAYLOAD_TOO_LARGE" and document["error"]["field"] == "body"
@@ -408,7 +439,9 @@ async def test_action_routes_refuse_body_fields(running_node, db):
     async with running_node.client(tenant.token) as client:
         response = await client.post(f"/v1/queues/{tenant.queue_id}/pause", json={"paused": True})
         assert_error(response, 400, "INVALID_ARGUMENT", "paused")
-        response = await client.post(f"/v1/queues/{tenant.queue_id}/pause", content=b"x", headers={"Content-Type": "text/plain"})
+        response = await client.post(
+            f"/v1/queues/{tenant.queue_id}/pause", content=b"x", headers={"Content-Type": "text/plain"}
+        )
         assert_error(response, 415, "UNSUPPORTED_MEDIA_TYPE", "Content-Type")
         # An empty JSON object is the same as no body.
         response = await client.post(f"/v1/queues/{tenant.queue_id}/pause", json={})
@@ -430,7 +463,9 @@ async def test_a_refused_body_does_not_leave_a_hung_connection(running_node, db,
                 assert refused.headers["Connection"] == "close"
                 assert (await client.get("/healthz")).status_code == 200
             unauthenticated = await client.post(
-                "/v1/tasks", content=big[:500_000], headers={"Authorization": "Bearer nope", "Content-Type": "application/json"}
+                "/v1/tasks",
+                content=big[:500_000],
+                headers={"Authorization": "Bearer nope", "Content-Type": "application/json"},
             )
             assert_error(unauthenticated, 401, "UNAUTHENTICATED", "authorization")
             assert (await client.get("/healthz")).status_code == 200

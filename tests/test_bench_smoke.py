@@ -84,12 +84,14 @@ def test_result_json_is_strict_and_has_a_latest_copy(tmp_path):
 
 
 def test_profile_summary_from_collapsed_stacks():
-    text = "\n".join([
-        "run (trio/_core/_run.py:1);claim (orbit_node/store/dispatch.py:10);_read (trio_mysql/connections.py:5) 6",
-        "run (trio/_core/_run.py:1);finish_many (orbit_node/store/dispatch.py:20) 3",
-        "run (trio/_core/_run.py:1);dumps (json/__init__.py:3) 1",
-        "garbage line",
-    ])
+    text = "\n".join(
+        [
+            "run (trio/_core/_run.py:1);claim (orbit_node/store/dispatch.py:10);_read (trio_mysql/connections.py:5) 6",
+            "run (trio/_core/_run.py:1);finish_many (orbit_node/store/dispatch.py:20) 3",
+            "run (trio/_core/_run.py:1);dumps (json/__init__.py:3) 1",
+            "garbage line",
+        ]
+    )
     summary = profile_summary(text, top=5)
     assert summary["samples"] == 10
     assert summary["self"][0] == {"frame": "_read (trio_mysql/connections.py)", "percent": 60.0}

@@ -10,9 +10,9 @@ import pytest
 import trio
 import trio.testing
 
-from orbit_node.config import NodeConfig, SchedulerLimits, Dsn
-from orbit_node.dispatch.pool import ClaimPool, PoolClosed
 from orbit_node.claims import ClaimRequest
+from orbit_node.config import Dsn, NodeConfig, SchedulerLimits
+from orbit_node.dispatch.pool import ClaimPool, PoolClosed
 from orbit_node.dispatch.scheduler import FairScheduler, cache_key
 from orbit_node.store.tenancy import Principal
 from orbit_node.workers import protocol as p
@@ -22,8 +22,16 @@ CAPS = frozenset({("h", "v1", "v1")})
 
 
 def ticket(conn="c1", app="A", queue="q") -> ClaimRequest:
-    return ClaimRequest(connection_id=conn, node_id="n", application_id=app, namespace_id="ns", queue_ids=(queue,),
-                       capabilities=CAPS, resource_key_support=False, limit=1)
+    return ClaimRequest(
+        connection_id=conn,
+        node_id="n",
+        application_id=app,
+        namespace_id="ns",
+        queue_ids=(queue,),
+        capabilities=CAPS,
+        resource_key_support=False,
+        limit=1,
+    )
 
 
 async def test_pool_paces_a_connection_to_four_claims_per_cycle(autojump_clock):
@@ -111,7 +119,10 @@ async def test_results_of_a_departed_connection_are_released(autojump_clock):
 
     async def claim(request):
         await go.wait()
-        return [SimpleNamespace(task_id="t1", fencing_token="1-aa"), SimpleNamespace(task_id="t2", fencing_token="1-bb")]
+        return [
+            SimpleNamespace(task_id="t1", fencing_token="1-aa"),
+            SimpleNamespace(task_id="t2", fencing_token="1-bb"),
+        ]
 
     async def release(reservations):
         released.extend(reservations)

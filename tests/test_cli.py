@@ -31,8 +31,20 @@ def test_migrate_cli_without_dsn_is_one_line():
 
 async def test_bootstrap_twice_is_idempotent_and_writes_a_private_usable_file(dsn, tmp_path):
     out = tmp_path / "creds.json"
-    args = ["bootstrap", "--application", "priority-example", "--namespace", "default", "--environment", "test",
-            "--queue", "initial", "--worker-access", "--output", str(out)]
+    args = [
+        "bootstrap",
+        "--application",
+        "priority-example",
+        "--namespace",
+        "default",
+        "--environment",
+        "test",
+        "--queue",
+        "initial",
+        "--worker-access",
+        "--output",
+        str(out),
+    ]
     env = {"ORBIT_HTTP_ADDR": "127.0.0.1:8080"}
     first = cli("orbit-admin", *args, dsn=dsn, env=env)
     assert first.returncode == 0, first.stderr
@@ -40,7 +52,14 @@ async def test_bootstrap_twice_is_idempotent_and_writes_a_private_usable_file(ds
     assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
     assert doc1["url"] == "http://127.0.0.1:8080"
     assert (doc1["application"], doc1["namespace"], doc1["environment"]) == ("priority-example", "default", "test")
-    assert set(doc1["scopes"]) == {"queues:manage", "tasks:submit", "tasks:read", "tasks:cancel", "workers:connect", "workers:consume"}
+    assert set(doc1["scopes"]) == {
+        "queues:manage",
+        "tasks:submit",
+        "tasks:read",
+        "tasks:cancel",
+        "workers:connect",
+        "workers:consume",
+    }
     second = cli("orbit-admin", *args, dsn=dsn, env=env)
     assert second.returncode == 0, second.stderr
     doc2 = json.loads(out.read_text())
@@ -52,10 +71,12 @@ async def test_bootstrap_twice_is_idempotent_and_writes_a_private_usable_file(ds
         principal = await TenancyStore(db).authenticate(doc2["token"])
         assert principal.application == "priority-example" and principal.namespace == "default"
         assert principal.allows("workers:consume", doc2["queues"]["initial"])
-        counts = await db.run(lambda tx: tx.fetchall_raw(
-            "SELECT (SELECT COUNT(*) FROM applications) AS a, (SELECT COUNT(*) FROM namespaces) AS n,"
-            " (SELECT COUNT(*) FROM queues) AS q"
-        ))
+        counts = await db.run(
+            lambda tx: tx.fetchall_raw(
+                "SELECT (SELECT COUNT(*) FROM applications) AS a, (SELECT COUNT(*) FROM namespaces) AS n,"
+                " (SELECT COUNT(*) FROM queues) AS q"
+            )
+        )
         assert counts[0] == {"a": 1, "n": 1, "q": 1}
         # A file whose token was revoked gets a fresh credential on the next bootstrap.
         await TenancyStore(db).revoke_credential(principal.credential_id)
@@ -70,7 +91,20 @@ async def test_bootstrap_twice_is_idempotent_and_writes_a_private_usable_file(ds
 
 async def test_bootstrap_without_worker_access_grants_no_worker_scopes(dsn, tmp_path):
     out = tmp_path / "c.json"
-    result = cli("orbit-admin", "bootstrap", "--application", "a", "--namespace", "n", "--environment", "prod",
-                 "--queue", "q", "--output", str(out), dsn=dsn)
+    result = cli(
+        "orbit-admin",
+        "bootstrap",
+        "--application",
+        "a",
+        "--namespace",
+        "n",
+        "--environment",
+        "prod",
+        "--queue",
+        "q",
+        "--output",
+        str(out),
+        dsn=dsn,
+    )
     assert result.returncode == 0, result.stderr
     assert not {"workers:connect", "workers:consume"} & set(json.loads(out.read_text())["scopes"])

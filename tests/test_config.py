@@ -19,7 +19,13 @@ def test_dsn_url_forms():
 
 @pytest.mark.parametrize(
     "bad",
-    ["postgres://x@h/db", "mysql://root@host", "mysql://root@host/a/b", "mysql://root@host:99999/db", "mysql://h/db?x=1"],
+    [
+        "postgres://x@h/db",
+        "mysql://root@host",
+        "mysql://root@host/a/b",
+        "mysql://root@host:99999/db",
+        "mysql://h/db?x=1",
+    ],
 )
 def test_bad_dsn_is_a_config_error(bad):
     with pytest.raises(ConfigError) as info:

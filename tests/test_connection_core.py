@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from orbit_node.claims import Capability, ClaimRequest
-from orbit_node.store.dispatch import Outcome, Reservation, TransitionResult
+from orbit_node.store.ownership import Outcome, Reservation, TransitionResult
 from orbit_node.workers import protocol as p
 from orbit_node.workers.core import (
     RULES,
@@ -26,8 +26,12 @@ from orbit_node.workers.core import (
 )
 
 RESERVED, RUNNING = TaskState.RESERVED, TaskState.RUNNING
-START, RENEW, FINISH, RELEASE = (TransitionKind.START, TransitionKind.RENEW, TransitionKind.FINISH,
-                                 TransitionKind.RELEASE)
+START, RENEW, FINISH, RELEASE = (
+    TransitionKind.START,
+    TransitionKind.RENEW,
+    TransitionKind.FINISH,
+    TransitionKind.RELEASE,
+)
 CAPS = frozenset({Capability("h", "v1", "v1")})
 QUEUES = ("q" * 32, "r" * 32)
 BATCH = 16
@@ -51,8 +55,14 @@ def token(n: int, attempt: int = 1) -> str:
 
 
 def hello(capacity: int = 8, *, resource_keys: bool = False) -> p.Hello:
-    return p.Hello(queues=QUEUES, capabilities=CAPS, resource_keys=resource_keys, capacity=capacity,
-                   client_name=None, client_version=None)
+    return p.Hello(
+        queues=QUEUES,
+        capabilities=CAPS,
+        resource_keys=resource_keys,
+        capacity=capacity,
+        client_name=None,
+        client_version=None,
+    )
 
 
 def core(capacity: int | None = 8, batch: int = BATCH) -> ConnectionCore:
@@ -64,16 +74,35 @@ def core(capacity: int | None = 8, batch: int = BATCH) -> ConnectionCore:
 
 def reservation(n: int, *, queue_id: str = QUEUES[0], attempt: int = 1) -> Reservation:
     return Reservation(
-        task_id=task_id(n), queue_id=queue_id, namespace_id="n" * 32, application_id="a" * 32, handler="h",
-        handler_version="v1", payload_version="v1", payload_json="{}", priority=0, attempt=attempt, max_attempts=3,
-        fencing_token=token(n, attempt), lease_expires_at=EPOCH, deadline=None, resource_key=None, available_at=EPOCH,
+        task_id=task_id(n),
+        queue_id=queue_id,
+        namespace_id="n" * 32,
+        application_id="a" * 32,
+        handler="h",
+        handler_version="v1",
+        payload_version="v1",
+        payload_json="{}",
+        priority=0,
+        attempt=attempt,
+        max_attempts=3,
+        fencing_token=token(n, attempt),
+        lease_expires_at=EPOCH,
+        deadline=None,
+        resource_key=None,
+        available_at=EPOCH,
     )
 
 
-def ok(kind: TransitionKind, n: int, *, cancel_requested: bool = False,
-       deadline_passed: bool = False) -> TransitionResult:
-    return TransitionResult(task_id=task_id(n), outcome=OK_OUTCOME[kind], state="running",
-                            cancel_requested=cancel_requested, deadline_passed=deadline_passed)
+def ok(
+    kind: TransitionKind, n: int, *, cancel_requested: bool = False, deadline_passed: bool = False
+) -> TransitionResult:
+    return TransitionResult(
+        task_id=task_id(n),
+        outcome=OK_OUTCOME[kind],
+        state="running",
+        cancel_requested=cancel_requested,
+        deadline_passed=deadline_passed,
+    )
 
 
 def refused(n: int, outcome: Outcome = Outcome.OWNERSHIP_LOST, *, cancel_requested: bool = False) -> TransitionResult:
@@ -222,8 +251,12 @@ def test_notices_keep_the_order_of_the_refs():
     c = holding((1, RUNNING), (2, RUNNING), (3, RUNNING))
     refs = [p.TaskRef(task_id(n), token(n)) for n in (3, 1, 2)]
     split = c.split(RENEW, refs)
-    settled = c.settle(RENEW, split.mine, [ok(RENEW, 3, deadline_passed=True), ok(RENEW, 1),
-                                           ok(RENEW, 2, cancel_requested=True)], now=1.0)
+    settled = c.settle(
+        RENEW,
+        split.mine,
+        [ok(RENEW, 3, deadline_passed=True), ok(RENEW, 1), ok(RENEW, 2, cancel_requested=True)],
+        now=1.0,
+    )
     assert settled.cancels == (CancelNotice(task_id(3), "deadline"), CancelNotice(task_id(2), "cancel_requested"))
 
 
@@ -250,8 +283,14 @@ def test_the_claim_request_after_hello():
     c.hello_received(hello(5, resource_keys=True), node_id="node-7")
     request = c.next_claim()
     assert request == ClaimRequest(
-        connection_id="c_9", node_id="node-7", application_id="a" * 32, namespace_id="n" * 32, queue_ids=QUEUES,
-        capabilities=CAPS, resource_key_support=True, limit=5,
+        connection_id="c_9",
+        node_id="node-7",
+        application_id="a" * 32,
+        namespace_id="n" * 32,
+        queue_ids=QUEUES,
+        capabilities=CAPS,
+        resource_key_support=True,
+        limit=5,
     )
     assert c.outstanding
 
@@ -488,15 +527,22 @@ class ConnectionLife(RuleBasedStateMachine):
         if data.draw(st.booleans()):
             refs.append(ref(kind, 10_000 + next(self.ids), token(1)))  # never held
         split = self.core.split(kind, refs)
-        expect_mine = [r for r in refs if r.task_id in self.model and self.model[r.task_id][0] == r.token
-                       and self.model[r.task_id][1] in ACCEPTS[kind]]
+        expect_mine = [
+            r
+            for r in refs
+            if r.task_id in self.model
+            and self.model[r.task_id][0] == r.token
+            and self.model[r.task_id][1] in ACCEPTS[kind]
+        ]
         assert list(split.mine) == expect_mine
         assert len(split.mine) + len(split.not_held) == len(refs)
         oks = [data.draw(st.booleans()) for _ in split.mine]
-        results = [ok(kind, int(r.task_id, 16)) if good else refused(int(r.task_id, 16))
-                   for r, good in zip(split.mine, oks)]
+        results = [
+            ok(kind, int(r.task_id, 16)) if good else refused(int(r.task_id, 16))
+            for r, good in zip(split.mine, oks, strict=True)
+        ]
         self.core.settle(kind, split.mine, results, self.tick())
-        for r, good in zip(split.mine, oks):
+        for r, good in zip(split.mine, oks, strict=True):
             if r.task_id not in self.model:
                 continue  # the same task twice in one message, dropped by the first
             after = (AFTER_OK if good else AFTER_REFUSED)[kind]

@@ -62,7 +62,9 @@ async def test_unreachable_server_is_unavailable():
 
 
 async def test_sessions_run_in_utc(db):
-    rows = await db.run(lambda tx: tx.fetchall_raw("SELECT @@session.time_zone AS tz, NOW(6) = UTC_TIMESTAMP(6) AS utc"))
+    rows = await db.run(
+        lambda tx: tx.fetchall_raw("SELECT @@session.time_zone AS tz, NOW(6) = UTC_TIMESTAMP(6) AS utc")
+    )
     assert rows[0]["tz"] == "+00:00"
     assert rows[0]["utc"] == 1
 

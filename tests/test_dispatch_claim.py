@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 import trio
 
-from orbit_node.db import Database
 from orbit_node.claims import Capability
+from orbit_node.db import Database
 from orbit_node.store.tenancy import TenancyStore
 
 from .seed import (
@@ -236,9 +236,7 @@ async def test_queues_are_served_in_the_requested_order(db):
     (in_first,) = await insert_tasks(db, owner, [TaskSpec(available_in_s=-1)])
     # Older tasks in the second queue: there is no cross-queue priority comparison.
     in_second = await insert_tasks(db, second, [TaskSpec(available_in_s=-100), TaskSpec(available_in_s=-99)])
-    got = await dispatch_store(db).claim(
-        claim_request(owner, limit=2, queue_ids=(owner.queue_id, second.queue_id))
-    )
+    got = await dispatch_store(db).claim(claim_request(owner, limit=2, queue_ids=(owner.queue_id, second.queue_id)))
     assert [r.task_id for r in got] == [in_first, in_second[0]]
 
 

@@ -43,7 +43,11 @@ async def test_a_dispatchable_task_reports_its_position(db):
     first, other_handler, task = await insert_tasks(
         db,
         owner,
-        [TaskSpec(available_in_s=-50), TaskSpec(available_in_s=-45, handler="g"), TaskSpec(available_in_s=-10, priority=1)],
+        [
+            TaskSpec(available_in_s=-50),
+            TaskSpec(available_in_s=-45, handler="g"),
+            TaskSpec(available_in_s=-10, priority=1),
+        ],
     )
     explanation = await dispatch_store(db).explain(owner.namespace_id, task)
     assert explanation["dispatchable"] is True and explanation["reasons"] == []
@@ -91,7 +95,9 @@ async def test_gates_quotas_and_rate(db):
     await dispatch_store(db).claim(claim_request(owner, limit=1))
     await tenancy.set_queue_paused(owner.namespace_id, owner.queue_id, True)
     await tenancy.set_application_suspended(owner.application_id, True)
-    await db.run(lambda tx: tx.execute_raw("UPDATE queues SET start_window_s = UNIX_TIMESTAMP() + 60, start_window_count = 5"))
+    await db.run(
+        lambda tx: tx.execute_raw("UPDATE queues SET start_window_s = UNIX_TIMESTAMP() + 60, start_window_count = 5")
+    )
     explanation = await dispatch_store(db).explain(owner.namespace_id, waiting)
     assert codes(explanation) == [
         "QUEUE_PAUSED",
@@ -121,7 +127,9 @@ async def test_resource_key_held_by_another_task(db):
 async def test_settlement_pending_reasons(db):
     owner = await tenant(db)
     await connect_worker(db, owner)
-    task = await insert_task(db, owner, available_in_s=-5, deadline_in_s=-1, attempts=3, max_attempts=3, cancel_requested=True)
+    task = await insert_task(
+        db, owner, available_in_s=-5, deadline_in_s=-1, attempts=3, max_attempts=3, cancel_requested=True
+    )
     explanation = await dispatch_store(db).explain(owner.namespace_id, task)
     assert codes(explanation) == ["CANCEL_REQUESTED", "DEADLINE_PASSED", "OUT_OF_ATTEMPTS"]
 

@@ -11,6 +11,7 @@ none was finished twice; and no deadlock or lock wait ever reached a caller.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter, defaultdict
 
@@ -53,8 +54,13 @@ async def test_exactly_one_owner_none_lost_none_finished_twice(db, dsn):
         order = queues if index % 2 else queues[::-1]
         while not done.is_set():
             reservations = await store.claim(
-                claim_request(owner, limit=rng.randint(1, 8), queue_ids=order, connection_id=f"n{node}c{index}",
-                              node_id=f"{node:032x}")
+                claim_request(
+                    owner,
+                    limit=rng.randint(1, 8),
+                    queue_ids=order,
+                    connection_id=f"n{node}c{index}",
+                    node_id=f"{node:032x}",
+                )
             )
             if not reservations:
                 await trio.sleep(rng.uniform(0.005, 0.03))  # an idle Worker's pause before it asks again
@@ -63,9 +69,11 @@ async def test_exactly_one_owner_none_lost_none_finished_twice(db, dsn):
             given_back = [r for r in reservations if r not in forgotten and rng.random() < 0.03]
             to_run = [r for r in reservations if r not in forgotten and r not in given_back]
             if given_back:
-                outcomes.update(x.outcome for x in await store.release_many([(r.task_id, r.fencing_token) for r in given_back]))
+                outcomes.update(
+                    x.outcome for x in await store.release_many([(r.task_id, r.fencing_token) for r in given_back])
+                )
             started = await store.start_many([(r.task_id, r.fencing_token) for r in to_run])
-            running = [r for r, s in zip(to_run, started) if s.outcome is Outcome.STARTED]
+            running = [r for r, s in zip(to_run, started, strict=True) if s.outcome is Outcome.STARTED]
             if running and rng.random() < 0.01:
                 await run_out([(r.task_id, r.fencing_token) for r in running])  # a stalled Worker
             items = [
@@ -81,10 +89,12 @@ async def test_exactly_one_owner_none_lost_none_finished_twice(db, dsn):
 
     async def run_out(held: list[tuple[str, str]]) -> None:
         """Their run leases run out (moved into the past on the database clock)."""
-        await db.run(lambda tx: tx.execute_raw(
-            "UPDATE tasks SET lease_expires_at = NOW(6) - INTERVAL 1 SECOND WHERE (task_id, fencing_token) IN %s",
-            (tuple(held),),
-        ))
+        await db.run(
+            lambda tx: tx.execute_raw(
+                "UPDATE tasks SET lease_expires_at = NOW(6) - INTERVAL 1 SECOND WHERE (task_id, fencing_token) IN %s",
+                (tuple(held),),
+            )
+        )
 
     async def sweeper(store) -> None:
         while not done.is_set():
@@ -138,6 +148,6 @@ async def test_exactly_one_owner_none_lost_none_finished_twice(db, dsn):
         # each reservation begins after the previous one was settled.
         assert all(a["outcome"] is not None and a["finished_at"] is not None for a in history), history
         assert [a["outcome"] for a in history].count("succeeded") == 1, history
-        for before, after in zip(history, history[1:]):
+        for before, after in itertools.pairwise(history):
             assert after["reserved_at"] >= before["finished_at"], (task_id, before, after)
     print(f"attempts={len(attempts)} outcomes={dict(seen)} replays={replays}")

@@ -32,8 +32,12 @@ async def first_claimed(db, owner) -> str:
         # Same priority, different available_at -> the one due earlier.
         (TaskSpec(available_in_s=-1, priority=4), TaskSpec(available_in_s=-2, priority=4), "b"),
     ],
-    ids=["fresh-level-9-beats-5s-old-level-0", "271s-old-level-0-beats-level-9", "future-level-9-not-eligible",
-         "same-priority-earlier-due-first"],
+    ids=[
+        "fresh-level-9-beats-5s-old-level-0",
+        "271s-old-level-0-beats-level-9",
+        "future-level-9-not-eligible",
+        "same-priority-earlier-due-first",
+    ],
 )
 async def test_p3_ordering_table(db, a, b, winner):
     owner = await tenant(db)
@@ -91,10 +95,10 @@ async def test_claim_returns_a_batch_in_dispatch_order(db):
         db,
         owner,
         [
-            TaskSpec(available_in_s=-10, priority=0),   # dispatch_at -10
-            TaskSpec(available_in_s=-1, priority=9),    # dispatch_at -271
+            TaskSpec(available_in_s=-10, priority=0),  # dispatch_at -10
+            TaskSpec(available_in_s=-1, priority=9),  # dispatch_at -271
             TaskSpec(available_in_s=-100, priority=1),  # dispatch_at -130
-            TaskSpec(available_in_s=-5, priority=4),    # dispatch_at -125
+            TaskSpec(available_in_s=-5, priority=4),  # dispatch_at -125
         ],
     )
     reservations = await dispatch_store(db).claim(claim_request(owner, limit=16))
@@ -112,7 +116,9 @@ async def test_retry_keeps_the_frozen_priority_and_recomputes_dispatch_at(db):
     store = dispatch_store(db)
     (reservation,) = await store.claim(claim_request(owner))
     await store.start(task_id, reservation.fencing_token)
-    result = await store.finish(task_id, reservation.fencing_token, error={"code": "E", "message": "boom"}, retryable=True)
+    result = await store.finish(
+        task_id, reservation.fencing_token, error={"code": "E", "message": "boom"}, retryable=True
+    )
     after = await task_row(db, task_id)
     assert after["state"] == "queued"
     assert after["priority"] == 5

@@ -69,7 +69,9 @@ async def finish_some(db, reservations, count):
 async def test_application_concurrency_cap_holds_under_concurrent_claimers(db, pools):
     owner = await tenant(db)
     other_queue = await add_queue(db, owner, "second")
-    await TenancyStore(db).set_application_quota(owner.application_id, max_concurrent_executions=5, max_starts_per_second=None)
+    await TenancyStore(db).set_application_quota(
+        owner.application_id, max_concurrent_executions=5, max_starts_per_second=None
+    )
     await insert_tasks(db, owner, [TaskSpec(available_in_s=-1) for _ in range(60)])
     await insert_tasks(db, other_queue, [TaskSpec(available_in_s=-1) for _ in range(60)])
     # Claimers spread over both queues of the application: the cap is per application.
@@ -90,7 +92,7 @@ async def test_queue_concurrency_cap_holds_and_other_queues_are_unaffected(db, p
     await insert_tasks(db, owner, [TaskSpec(available_in_s=-1) for _ in range(40)])
     await insert_tasks(db, free, [TaskSpec(available_in_s=-1) for _ in range(40)])
     live = []
-    for round_ in range(4):
+    for _round in range(4):
         got = await claim_all_at_once(pools, lambda i: claim_request(owner, limit=4, connection_id=f"c{i}"))
         live += got
         assert len(live) == 3
@@ -104,7 +106,9 @@ async def test_queue_concurrency_cap_holds_and_other_queues_are_unaffected(db, p
 async def test_start_rate_holds_per_database_second(db, pools, scope):
     owner = await tenant(db, max_starts_per_second=3 if scope == "queue" else None)
     if scope == "application":
-        await TenancyStore(db).set_application_quota(owner.application_id, max_concurrent_executions=None, max_starts_per_second=3)
+        await TenancyStore(db).set_application_quota(
+            owner.application_id, max_concurrent_executions=None, max_starts_per_second=3
+        )
     await insert_tasks(db, owner, [TaskSpec(available_in_s=-1) for _ in range(100)])
     got = []
     for _ in range(3):
@@ -129,7 +133,9 @@ async def test_a_full_start_window_grants_nothing_until_the_next_second(db):
         assert epoch_second(second[0].lease_expires_at) >= window[0]["start_window_s"]
         assert {epoch_second(r.lease_expires_at) for r in second} != {epoch_second(r.lease_expires_at) for r in first}
     # A window in the past no longer counts.
-    await db.run(lambda tx: tx.execute_raw("UPDATE queues SET start_window_s = UNIX_TIMESTAMP() - 5, start_window_count = 2"))
+    await db.run(
+        lambda tx: tx.execute_raw("UPDATE queues SET start_window_s = UNIX_TIMESTAMP() - 5, start_window_count = 2")
+    )
     assert len(await store.claim(claim_request(owner))) == 2
 
 
@@ -139,7 +145,9 @@ async def test_resource_key_exclusivity_under_concurrent_claimers(db, pools):
     keyed = await insert_tasks(db, owner, [TaskSpec(available_in_s=-10 + i, resource_key="disk-1") for i in range(6)])
     (other_key,) = await insert_tasks(db, owner, [TaskSpec(available_in_s=-1, resource_key="disk-2")])
     (same_key_elsewhere,) = await insert_tasks(db, other_ns, [TaskSpec(available_in_s=-1, resource_key="disk-1")])
-    got = await claim_all_at_once(pools, lambda i: claim_request(owner, resource_key_support=True, connection_id=f"c{i}"))
+    got = await claim_all_at_once(
+        pools, lambda i: claim_request(owner, resource_key_support=True, connection_id=f"c{i}")
+    )
     assert sorted(r.task_id for r in got) == sorted([keyed[0], other_key])
     got_elsewhere = await dispatch_store(db).claim(claim_request(other_ns, resource_key_support=True))
     assert [r.task_id for r in got_elsewhere] == [same_key_elsewhere]
@@ -149,15 +157,21 @@ async def test_resource_key_exclusivity_under_concurrent_claimers(db, pools):
     assert await store.claim(claim_request(owner, resource_key_support=True)) == []
     await store.start(holder.task_id, holder.fencing_token)
     await store.finish(holder.task_id, holder.fencing_token, result_json="1")
-    again = await claim_all_at_once(pools, lambda i: claim_request(owner, resource_key_support=True, connection_id=f"d{i}"))
+    again = await claim_all_at_once(
+        pools, lambda i: claim_request(owner, resource_key_support=True, connection_id=f"d{i}")
+    )
     assert [r.task_id for r in again] == [keyed[1]]
 
 
 def test_quota_budget_rules():
     unlimited = quota_budget(max_concurrent=None, live=7, max_per_second=None, window_s=0, window_count=0, now_s=100)
     assert unlimited.window_s is None and unlimited.remaining > 1_000_000
-    assert quota_budget(max_concurrent=5, live=3, max_per_second=None, window_s=0, window_count=0, now_s=1).remaining == 2
-    assert quota_budget(max_concurrent=5, live=9, max_per_second=None, window_s=0, window_count=0, now_s=1).remaining == 0
+    assert (
+        quota_budget(max_concurrent=5, live=3, max_per_second=None, window_s=0, window_count=0, now_s=1).remaining == 2
+    )
+    assert (
+        quota_budget(max_concurrent=5, live=9, max_per_second=None, window_s=0, window_count=0, now_s=1).remaining == 0
+    )
     # Same second: the stored count applies; an older window starts afresh.
     same = quota_budget(max_concurrent=None, live=0, max_per_second=4, window_s=100, window_count=3, now_s=100)
     assert (same.remaining, same.window_s, same.window_used) == (1, 100, 3)

@@ -209,9 +209,11 @@ async def test_finish_racing_recovery_finish_first(db, dsn):
             with trio.fail_after(10):
                 await locked.wait()
             # For the sweeper's clock the lease is over: it finds the row, and skips it.
-            lapsed = await later_db.run(lambda tx: tx.fetchall_raw(
-                "SELECT lease_expires_at < NOW(6) AS gone FROM tasks WHERE task_id = %s", (r.task_id,)
-            ))
+            lapsed = await later_db.run(
+                lambda tx: tx.fetchall_raw(
+                    "SELECT lease_expires_at < NOW(6) AS gone FROM tasks WHERE task_id = %s", (r.task_id,)
+                )
+            )
             assert lapsed[0]["gone"]
             with trio.fail_after(10):
                 assert await sweeper.recover() == RecoveryStats()  # skipped the locked row, did not wait

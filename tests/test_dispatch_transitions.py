@@ -38,7 +38,9 @@ async def running(db, store, **spec):
 
 
 async def holder_of(db, key):
-    rows = await db.run(lambda tx: tx.fetchall_raw("SELECT holder_task_id FROM resource_keys WHERE resource_key = %s", (key,)))
+    rows = await db.run(
+        lambda tx: tx.fetchall_raw("SELECT holder_task_id FROM resource_keys WHERE resource_key = %s", (key,))
+    )
     return rows[0]["holder_task_id"]
 
 
@@ -78,19 +80,32 @@ async def test_batch_forms_return_one_outcome_per_item(db):
     await insert_tasks(db, owner, [TaskSpec(available_in_s=-1) for _ in range(3)])
     r1, r2, r3 = await store.claim(claim_request(owner))
     results = await store.start_many(
-        [(r1.task_id, r1.fencing_token), (r2.task_id, "stale"), ("0" * 32, "x"), (r3.task_id, r3.fencing_token),
-         (r1.task_id, r1.fencing_token)]
+        [
+            (r1.task_id, r1.fencing_token),
+            (r2.task_id, "stale"),
+            ("0" * 32, "x"),
+            (r3.task_id, r3.fencing_token),
+            (r1.task_id, r1.fencing_token),
+        ]
     )
     assert [x.outcome for x in results] == [
-        Outcome.STARTED, Outcome.OWNERSHIP_LOST, Outcome.OWNERSHIP_LOST, Outcome.STARTED, Outcome.STARTED
+        Outcome.STARTED,
+        Outcome.OWNERSHIP_LOST,
+        Outcome.OWNERSHIP_LOST,
+        Outcome.STARTED,
+        Outcome.STARTED,
     ]
     assert [x.lost_reason for x in results[1:3]] == [LostReason.TOKEN_MISMATCH, LostReason.NOT_FOUND]
     assert [(x.ok, x.code, x.state) for x in results[1:3]] == [
-        (False, "OWNERSHIP_LOST", "reserved"), (False, "OWNERSHIP_LOST", None)
+        (False, "OWNERSHIP_LOST", "reserved"),
+        (False, "OWNERSHIP_LOST", None),
     ]
     assert results[4].duplicate and not results[0].duplicate
     finished = await store.finish_many(
-        [FinishItem(r1.task_id, r1.fencing_token, '"one"'), FinishItem(r3.task_id, r3.fencing_token, None, {"code": "X"})]
+        [
+            FinishItem(r1.task_id, r1.fencing_token, '"one"'),
+            FinishItem(r3.task_id, r3.fencing_token, None, {"code": "X"}),
+        ]
     )
     assert [x.outcome for x in finished] == [Outcome.SUCCEEDED, Outcome.FAILED]
     assert (await task_row(db, r1.task_id))["result"] == '"one"'
@@ -168,7 +183,12 @@ async def test_success_stores_the_result_text_exactly_and_frees_the_key(db):
     result = await store.finish(r.task_id, r.fencing_token, result_json=result_text)
     assert result.outcome is Outcome.SUCCEEDED
     row = await task_row(db, r.task_id)
-    assert (row["state"], row["result"], row["error"], row["lease_expires_at"]) == ("succeeded", result_text, None, None)
+    assert (row["state"], row["result"], row["error"], row["lease_expires_at"]) == (
+        "succeeded",
+        result_text,
+        None,
+        None,
+    )
     assert row["finished_at"] is not None
     assert (await attempt_rows(db, r.task_id))[0]["outcome"] == "succeeded"
     assert await holder_of(db, "k") is None
@@ -283,6 +303,8 @@ async def test_a_started_task_cannot_be_released(db):
 async def test_an_oversized_error_is_cut_down_to_fit(db):
     store = dispatch_store(db)
     _, r = await running(db, store)
-    await store.finish(r.task_id, r.fencing_token, error={"code": "HUGE", "message": "x" * 200_000, "extra": [1] * 9999})
+    await store.finish(
+        r.task_id, r.fencing_token, error={"code": "HUGE", "message": "x" * 200_000, "extra": [1] * 9999}
+    )
     error = json.loads((await task_row(db, r.task_id))["error"])
     assert error["code"] == "HUGE" and error["truncated"] is True and len(error["message"]) == 4096

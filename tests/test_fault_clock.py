@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -35,7 +35,9 @@ def libfaketime() -> Path:
     """Debian's libfaketime, installed with apt when it is missing (as root, like make test's MariaDB)."""
     if not LIBFAKETIME.exists():
         apt = shutil.which("apt-get")
-        assert apt and os.geteuid() == 0, f"{LIBFAKETIME} is missing and cannot be installed: apt-get install libfaketime"
+        assert apt and os.geteuid() == 0, (
+            f"{LIBFAKETIME} is missing and cannot be installed: apt-get install libfaketime"
+        )
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         install = [apt, "install", "-y", "-qq", "libfaketime"]
         if subprocess.run(install, env=env, capture_output=True).returncode != 0:
@@ -60,12 +62,14 @@ def first_log_time(node: NodeProcess) -> datetime:
         except ValueError:
             continue
         if "ts" in entry:
-            return datetime.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+            return datetime.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
     raise AssertionError(f"no log line with a time: {node.log_text()[-1000:]}")
 
 
 @pytest.mark.parametrize("skew_s", [SKEW_S, -SKEW_S], ids=["ahead", "behind"])
-async def test_a_node_with_a_skewed_clock_neither_recovers_early_nor_extends_a_lease(dsn, db, tmp_path, libfaketime, skew_s):
+async def test_a_node_with_a_skewed_clock_neither_recovers_early_nor_extends_a_lease(
+    dsn, db, tmp_path, libfaketime, skew_s
+):
     owner, token = await tenant_with_token(db)
     probe, reserved, running = await seed.insert_tasks(db, owner, [seed.TaskSpec() for _ in range(3)])
     future = await seed.insert_task(db, owner, available_in_s=60)
@@ -75,23 +79,31 @@ async def test_a_node_with_a_skewed_clock_neither_recovers_early_nor_extends_a_l
     # Only the probe's reservation has run out (on the database clock); the others are valid
     # for 30 and 60 s: a node believing its own clock would see them expired (or not) wrongly.
     await seed.expire_lease(db, probe)
-    before = {r["task_id"]: r for r in await rows(db, "SELECT task_id, state, fencing_token, lease_expires_at FROM tasks")}
+    before = {
+        r["task_id"]: r for r in await rows(db, "SELECT task_id, state, fencing_token, lease_expires_at FROM tasks")
+    }
     node = NodeProcess(
         dsn,
         tmp_path / "node.log",
-        env={"ORBIT_RESERVATION_LEASE_S": str(RESERVATION_LEASE_S), "ORBIT_RUN_LEASE_S": str(RUN_LEASE_S),
-             "ORBIT_LOG_FORMAT": "json"},
+        env={
+            "ORBIT_RESERVATION_LEASE_S": str(RESERVATION_LEASE_S),
+            "ORBIT_RUN_LEASE_S": str(RUN_LEASE_S),
+            "ORBIT_LOG_FORMAT": "json",
+        },
         process_env={"LD_PRELOAD": str(libfaketime), "FAKETIME": f"{skew_s:+d}s", "FAKETIME_NO_CACHE": "1"},
     )
     await node.start()
     try:
         # The process really lives at the skewed time.
-        observed = (first_log_time(node) - datetime.now(timezone.utc)).total_seconds()
+        observed = (first_log_time(node) - datetime.now(UTC)).total_seconds()
         assert abs(observed - skew_s) < 60, observed
         with trio.fail_after(30):
             # The skewed node's sweeper requeues the probe; that same pass left the others alone.
             await wait_for_state(db, probe, "queued")
-            after = {r["task_id"]: r for r in await rows(db, "SELECT task_id, state, fencing_token, lease_expires_at FROM tasks")}
+            after = {
+                r["task_id"]: r
+                for r in await rows(db, "SELECT task_id, state, fencing_token, lease_expires_at FROM tasks")
+            }
             for task_id in (reserved, running):
                 assert after[task_id] == before[task_id]
             assert after[future]["state"] == "queued"
@@ -109,21 +121,37 @@ async def test_a_node_with_a_skewed_clock_neither_recovers_early_nor_extends_a_l
                 assert ack["results"][0]["ok"]
                 assert RUN_LEASE_S - 10 < await seconds_from_now(db, probe) <= RUN_LEASE_S
                 stored = (await rows(db, "SELECT lease_expires_at FROM tasks WHERE task_id = %s", probe))[0]
-                assert ack["results"][0]["lease_expires_at"] == stored["lease_expires_at"].isoformat(timespec="microseconds") + "Z"
+                assert (
+                    ack["results"][0]["lease_expires_at"]
+                    == stored["lease_expires_at"].isoformat(timespec="microseconds") + "Z"
+                )
             # A delay given to the skewed node is added to the database clock.
             async with httpx.AsyncClient(base_url=node.base_url, headers={"Authorization": f"Bearer {token}"}) as http:
                 response = await http.post(
-                    "/v1/tasks", headers={"Idempotency-Key": "skewed-delay"},
-                    json={"queue_id": owner.queue_id, "handler": "h", "handler_version": "v1", "payload_version": "v1",
-                          "payload": None, "delay_s": 120},
+                    "/v1/tasks",
+                    headers={"Idempotency-Key": "skewed-delay"},
+                    json={
+                        "queue_id": owner.queue_id,
+                        "handler": "h",
+                        "handler_version": "v1",
+                        "payload_version": "v1",
+                        "payload": None,
+                        "delay_s": 120,
+                    },
                 )
                 assert response.status_code == 201, response.text
                 created = response.json()["data"]["task_id"]
-            due = await rows(db, "SELECT TIMESTAMPDIFF(MICROSECOND, NOW(6), available_at) AS us FROM tasks WHERE task_id = %s", created)
+            due = await rows(
+                db,
+                "SELECT TIMESTAMPDIFF(MICROSECOND, NOW(6), available_at) AS us FROM tasks WHERE task_id = %s",
+                created,
+            )
             assert 110 < due[0]["us"] / 1e6 <= 120
     finally:
         await node.aclose()
     # The reservation and the running attempt of the other owner were never touched.
-    final = {r["task_id"]: r for r in await rows(db, "SELECT task_id, state, fencing_token, lease_expires_at FROM tasks")}
+    final = {
+        r["task_id"]: r for r in await rows(db, "SELECT task_id, state, fencing_token, lease_expires_at FROM tasks")
+    }
     for task_id in (reserved, running):
         assert final[task_id] == before[task_id]

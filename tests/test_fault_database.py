@@ -108,9 +108,11 @@ async def test_database_stalled_longer_than_the_lease_no_second_concurrent_run(n
     owner, token = await tenant_with_token(db)
     idle_queue = await seed.add_queue(db, owner, "idle")
     task_id = await seed.insert_task(db, owner, backoff_initial_ms=1, backoff_max_ms=1)
-    async with open_fault_proxy(dsn.host, dsn.port) as proxy, \
-            run_node(attrs.evolve(node_config, dsn=proxy.dsn_for(dsn)), services=default_services()) as node1, \
-            run_node(node_config, services=default_services()) as node2:
+    async with (
+        open_fault_proxy(dsn.host, dsn.port) as proxy,
+        run_node(attrs.evolve(node_config, dsn=proxy.dsn_for(dsn)), services=default_services()) as node1,
+        run_node(node_config, services=default_services()) as node2,
+    ):
         with trio.fail_after(30):
             async with raw_worker(node1.base_url, token) as first, raw_worker(node1.base_url, token) as healthy:
                 await first.hello([owner.queue_id])
@@ -121,7 +123,9 @@ async def test_database_stalled_longer_than_the_lease_no_second_concurrent_run(n
 
                 proxy.stall()
                 await first.send({"type": "renew", "id": "r1", "tasks": [ref]})
-                await first.send({"type": "finish", "id": "f1", "tasks": [{**ref, "outcome": "succeeded", "result": "first"}]})
+                await first.send(
+                    {"type": "finish", "id": "f1", "tasks": [{**ref, "outcome": "succeeded", "result": "first"}]}
+                )
                 # The lease runs out on the database clock while node 1 cannot reach it.
                 await seed.expire_lease(db, task_id)
                 async with raw_worker(node2.base_url, token) as second:
@@ -158,8 +162,10 @@ async def test_a_black_holed_database_connection_does_not_wedge_the_node(node_co
     owner, token = await tenant_with_token(db)
     task_id = await seed.insert_task(db, owner)
     config = attrs.evolve(node_config, db_operation_timeout_s=2.0)
-    async with open_fault_proxy(dsn.host, dsn.port) as proxy, \
-            run_node(attrs.evolve(config, dsn=proxy.dsn_for(dsn)), services=default_services()) as node:
+    async with (
+        open_fault_proxy(dsn.host, dsn.port) as proxy,
+        run_node(attrs.evolve(config, dsn=proxy.dsn_for(dsn)), services=default_services()) as node,
+    ):
         sweeper_passes = node.node.state.services.sweeper
         with trio.fail_after(30):
             async with raw_worker(node.base_url, token) as w:
@@ -226,8 +232,13 @@ async def test_kill_9_of_mariadbd_under_load_loses_no_accepted_task(private_mari
     in_flight = {"requests": 0}  # submissions sent and not answered yet
 
     def body(key: str) -> dict:
-        return {"queue_id": tenant.queue_id, "handler": "h", "handler_version": "v1", "payload_version": "v1",
-                "payload": {"key": key}}
+        return {
+            "queue_id": tenant.queue_id,
+            "handler": "h",
+            "handler_version": "v1",
+            "payload_version": "v1",
+            "payload": {"key": key},
+        }
 
     async def submitter(number: int, http: httpx.AsyncClient, stop: trio.Event) -> None:
         sequence = 0
@@ -260,8 +271,9 @@ async def test_kill_9_of_mariadbd_under_load_loses_no_accepted_task(private_mari
     try:
         await node.start()
         node_id = (await httpx.AsyncClient().get(node.base_url + "/healthz")).json()["data"]["node_id"]
-        async with httpx.AsyncClient(base_url=node.base_url, timeout=10,
-                                     headers={"Authorization": f"Bearer {tenant.token}"}) as http:
+        async with httpx.AsyncClient(
+            base_url=node.base_url, timeout=10, headers={"Authorization": f"Bearer {tenant.token}"}
+        ) as http:
             with trio.fail_after(90):
                 async with trio.open_nursery() as nursery:
                     stop = trio.Event()
@@ -294,7 +306,10 @@ async def test_kill_9_of_mariadbd_under_load_loses_no_accepted_task(private_mari
                     gate["open"].set()
                     await wait_until(lambda: len(statuses["after quiet restart"]) >= 40, timeout_s=30)
                     stop.set()
-        assert node.running and (await httpx.AsyncClient().get(node.base_url + "/healthz")).json()["data"]["node_id"] == node_id
+        assert (
+            node.running
+            and (await httpx.AsyncClient().get(node.base_url + "/healthz")).json()["data"]["node_id"] == node_id
+        )
     finally:
         await node.aclose()
     assert set(statuses["outage"]) <= {503, 200, 201}, statuses["outage"]
@@ -307,7 +322,10 @@ async def test_kill_9_of_mariadbd_under_load_loses_no_accepted_task(private_mari
         stored = {r["task_id"] for r in await rows(db, "SELECT task_id FROM tasks")}
         assert set(accepted.values()) <= stored, set(accepted.values()) - stored
         # Nothing else was created: every stored task belongs to a key (one task per key).
-        keys = {r["idempotency_key"]: r["task_id"] for r in await rows(db, "SELECT idempotency_key, task_id FROM idempotency_records")}
+        keys = {
+            r["idempotency_key"]: r["task_id"]
+            for r in await rows(db, "SELECT idempotency_key, task_id FROM idempotency_records")
+        }
         assert len(stored) == len(keys) and set(keys.values()) == stored
         assert all(keys[key] == task_id for key, task_id in accepted.items())
     finally:
@@ -375,7 +393,10 @@ async def test_recovery_racing_a_workers_finish_settles_the_attempt_once(node_co
                             resume.set()
                             ack = await w.recv_type("ack")
                             assert ack["results"][0] == {
-                                "task_id": task_id, "ok": False, "code": "OWNERSHIP_LOST", "state": "queued"
+                                "task_id": task_id,
+                                "ok": False,
+                                "code": "OWNERSHIP_LOST",
+                                "state": "queued",
                             }
                     if first == "recovery":
                         assert swept[0].retried == 1
@@ -418,9 +439,15 @@ async def test_sigterm_while_the_database_is_black_holed_still_exits_within_the_
     task_id = await seed.insert_task(db, owner)
     metrics_addr = f"127.0.0.1:{free_port()}"
     async with open_fault_proxy(dsn.host, dsn.port) as proxy:
-        node = NodeProcess(proxy.dsn_for(dsn), tmp_path / "node.log", env={
-            "ORBIT_SHUTDOWN_GRACE_S": "2", "ORBIT_METRICS": "open", "ORBIT_METRICS_ADDR": metrics_addr,
-        })
+        node = NodeProcess(
+            proxy.dsn_for(dsn),
+            tmp_path / "node.log",
+            env={
+                "ORBIT_SHUTDOWN_GRACE_S": "2",
+                "ORBIT_METRICS": "open",
+                "ORBIT_METRICS_ADDR": metrics_addr,
+            },
+        )
         await node.start()
 
         async def claims_in_flight() -> float:

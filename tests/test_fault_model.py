@@ -100,7 +100,12 @@ def machine_for(db, seen: dict[str, int]):
         @rule(max_attempts=st.integers(1, 3), deadline_in_s=st.sampled_from([None, None, None, -1]))
         def submit(self, max_attempts, deadline_in_s):
             task_id = call(
-                seed.insert_task, db, self.owner, max_attempts=max_attempts, backoff_initial_ms=1, backoff_max_ms=1,
+                seed.insert_task,
+                db,
+                self.owner,
+                max_attempts=max_attempts,
+                backoff_initial_ms=1,
+                backoff_max_ms=1,
                 deadline_in_s=deadline_in_s,
             )
             self.tasks.append(task_id)
@@ -141,8 +146,10 @@ def machine_for(db, seen: dict[str, int]):
         def finish(self, data, stale, success, retryable):
             if (picked := self.pick(data, stale)) is not None:
                 task_id, token, is_stale = picked
-                item = FinishItem(task_id, token, json.dumps(token)) if success else FinishItem(
-                    task_id, token, error={"code": "E", "message": "boom"}, retryable=retryable
+                item = (
+                    FinishItem(task_id, token, json.dumps(token))
+                    if success
+                    else FinishItem(task_id, token, error={"code": "E", "message": "boom"}, retryable=retryable)
                 )
                 self.check(call(self.store.finish_many, [item])[0], is_stale, finish=True)
 
@@ -179,9 +186,13 @@ def machine_for(db, seen: dict[str, int]):
         @precondition(lambda self: self.tasks)
         @rule()
         def make_due(self):
-            call(db.run, lambda tx: tx.execute_raw(
-                "UPDATE tasks SET available_at = NOW(6) WHERE queue_id = %s AND state = 'queued'", (self.owner.queue_id,)
-            ))
+            call(
+                db.run,
+                lambda tx: tx.execute_raw(
+                    "UPDATE tasks SET available_at = NOW(6) WHERE queue_id = %s AND state = 'queued'",
+                    (self.owner.queue_id,),
+                ),
+            )
 
         # -- invariants ----------------------------------------------------------------
 
@@ -190,14 +201,22 @@ def machine_for(db, seen: dict[str, int]):
             seen["steps"] = seen.get("steps", 0) + 1
             if not self.tasks:
                 return
-            task_rows = call(db.run, lambda tx: tx.fetchall_raw(
-                "SELECT task_id, state, fencing_token, attempts, max_attempts, result, finished_at, owner_node_id "
-                "FROM tasks WHERE queue_id = %s", (self.owner.queue_id,)
-            ))
-            open_rows = call(db.run, lambda tx: tx.fetchall_raw(
-                "SELECT a.task_id, a.fencing_token FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id "
-                "WHERE t.queue_id = %s AND a.outcome IS NULL", (self.owner.queue_id,)
-            ))
+            task_rows = call(
+                db.run,
+                lambda tx: tx.fetchall_raw(
+                    "SELECT task_id, state, fencing_token, attempts, max_attempts, result, finished_at, owner_node_id "
+                    "FROM tasks WHERE queue_id = %s",
+                    (self.owner.queue_id,),
+                ),
+            )
+            open_rows = call(
+                db.run,
+                lambda tx: tx.fetchall_raw(
+                    "SELECT a.task_id, a.fencing_token FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id "
+                    "WHERE t.queue_id = %s AND a.outcome IS NULL",
+                    (self.owner.queue_id,),
+                ),
+            )
             open_by_task: dict[str, list[str]] = {}
             for a in open_rows:
                 open_by_task.setdefault(a["task_id"], []).append(a["fencing_token"])

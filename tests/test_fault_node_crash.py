@@ -83,7 +83,8 @@ async def test_node_killed_after_a_claim_commits_before_the_dispatch_arrives(dsn
     assert (row["state"], row["attempts"], row["result"]) == ("succeeded", 1, '"ok"')
     history = await assert_attempt_history(db, task_id)
     assert [(a["outcome"], a["fencing_token"]) for a in history] == [
-        ("reservation_expired", old_token), ("succeeded", new_token)
+        ("reservation_expired", old_token),
+        ("succeeded", new_token),
     ]
 
 
@@ -93,8 +94,14 @@ async def test_a_retry_after_a_crash_between_commit_and_response_returns_the_sam
     same key, to the restarted node, returns the same task; nothing is created twice."""
     tenant = await make_tenant(db, "idem")
     key = "crash-between-insert-and-response"
-    body = {"queue_id": tenant.queue_id, "handler": "h", "handler_version": "v1", "payload_version": "v1",
-            "payload": {"n": 12345678901234567890123}, "priority": 4}
+    body = {
+        "queue_id": tenant.queue_id,
+        "handler": "h",
+        "handler_version": "v1",
+        "payload_version": "v1",
+        "payload": {"n": 12345678901234567890123},
+        "priority": 4,
+    }
     headers = {"Authorization": f"Bearer {tenant.token}", "Idempotency-Key": key}
     node = NodeProcess(dsn, tmp_path / "node.log")
     await node.start()

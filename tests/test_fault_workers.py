@@ -159,8 +159,9 @@ async def test_the_sdk_worker_notices_a_silent_node_and_reconnects(node_config, 
     async with run_node(config, services=default_services()) as node:
         port = int(node.base_url.rsplit(":", 1)[1])
         async with open_fault_proxy("127.0.0.1", port) as proxy, trio.open_nursery() as nursery:
-            worker = Worker(url=f"http://127.0.0.1:{proxy.port}", token=token, queues=[owner.queue_id],
-                            connect_timeout_s=1.0)
+            worker = Worker(
+                url=f"http://127.0.0.1:{proxy.port}", token=token, queues=[owner.queue_id], connect_timeout_s=1.0
+            )
             worker.register("h", "v1", "v1", handler)
             with trio.fail_after(30):
                 await nursery.start(worker.run)

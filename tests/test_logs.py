@@ -24,7 +24,7 @@ from orbit_node.sdk.worker import Worker, WorkerTask
 from .helpers import BIN, cli
 
 TOKEN = "orb_" + "0123456789abcdef" * 2 + "fedcba9876543210" * 4
-SECRET = TOKEN[4 + 32:]
+SECRET = TOKEN[4 + 32 :]
 # The whole full-run scenario, on the real clock.
 RUN_TIMEOUT_S = 90
 
@@ -149,21 +149,50 @@ class NodeProcess:
 
 async def test_logs_of_a_full_run_contain_no_credential_secret(dsn, tmp_path):
     credentials = tmp_path / "credentials.json"
-    boot = cli("orbit-admin", "bootstrap", "--application", "logapp", "--namespace", "default", "--environment",
-               "test", "--queue", "work", "--worker-access", "--output", str(credentials), dsn=dsn)
+    boot = cli(
+        "orbit-admin",
+        "bootstrap",
+        "--application",
+        "logapp",
+        "--namespace",
+        "default",
+        "--environment",
+        "test",
+        "--queue",
+        "work",
+        "--worker-access",
+        "--output",
+        str(credentials),
+        dsn=dsn,
+    )
     assert boot.returncode == 0, boot.stderr
     document = json.loads(credentials.read_text())
     token, queue_id = document["token"], document["queues"]["work"]
-    created = cli("orbit-admin", "credential", "create", "--application", "logapp", "--namespace", "default",
-                  "--scope", "metrics:read", "--json", dsn=dsn)
+    created = cli(
+        "orbit-admin",
+        "credential",
+        "create",
+        "--application",
+        "logapp",
+        "--namespace",
+        "default",
+        "--scope",
+        "metrics:read",
+        "--json",
+        dsn=dsn,
+    )
     assert created.returncode == 0, created.stderr
     metrics_token = json.loads(created.stdout)["token"]
     secrets = [token, token[36:], metrics_token, metrics_token[36:]]
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
     env.update(
-        ORBIT_MYSQL_DSN=dsn.url(), ORBIT_HTTP_ADDR="127.0.0.1:0", ORBIT_LOG_LEVEL="debug", ORBIT_LOG_FORMAT="json",
-        ORBIT_METRICS="credential", ORBIT_SHUTDOWN_GRACE_S="2",
+        ORBIT_MYSQL_DSN=dsn.url(),
+        ORBIT_HTTP_ADDR="127.0.0.1:0",
+        ORBIT_LOG_LEVEL="debug",
+        ORBIT_LOG_FORMAT="json",
+        ORBIT_METRICS="credential",
+        ORBIT_SHUTDOWN_GRACE_S="2",
     )
     process = await trio.lowlevel.open_process(
         [str(BIN / "orbit")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -189,8 +218,13 @@ async def test_logs_of_a_full_run_contain_no_credential_secret(dsn, tmp_path):
     assert all({"ts", "level", "logger", "message"} <= set(e) for e in entries)
     submits = [e for e in entries if e.get("route") == "/v1/tasks" and e.get("method") == "POST"]
     assert len(submits) == 3
-    assert all(e["status"] == 201 and e["application"] == "logapp" and e["request_id"].startswith("req_")
-               and e["queue_id"] == queue_id for e in submits)
+    assert all(
+        e["status"] == 201
+        and e["application"] == "logapp"
+        and e["request_id"].startswith("req_")
+        and e["queue_id"] == queue_id
+        for e in submits
+    )
     assert sorted(e["task_id"] for e in submits) == sorted(ids)
     reads = [e for e in entries if e.get("route") == "/v1/tasks/<task_id>"]
     assert reads and all(re.fullmatch(r"[0-9a-f]{32}", e["task_id"]) for e in reads)
@@ -207,10 +241,16 @@ async def drive(url: str, token: str, metrics_token: str, queue_id: str) -> list
     async with OrbitClient(url, token) as client:
         ids = []
         for n in range(3):
-            accepted = await client.submit_task(f"log-{n}", SubmitTaskRequest(
-                queue_id=queue_id, handler="log.work", handler_version="v1", payload_version="v1",
-                payload={"n": n, "note": f"not a secret {n}"},
-            ))
+            accepted = await client.submit_task(
+                f"log-{n}",
+                SubmitTaskRequest(
+                    queue_id=queue_id,
+                    handler="log.work",
+                    handler_version="v1",
+                    payload_version="v1",
+                    payload={"n": n, "note": f"not a secret {n}"},
+                ),
+            )
             ids.append(accepted.task.task_id)
         worker = Worker(url=url, token=token, queues=[queue_id], capacity=2)
 

@@ -73,7 +73,10 @@ async def test_a_scripted_workload_shows_exactly_its_counts(node_config, db):
     # One scan cycle lasts an hour: an empty result stays cached and no connection is
     # paced out during the test, so the number of claims is exactly what the script does.
     config = attrs.evolve(
-        node_config, metrics="open", metrics_port=0, max_connections=2,
+        node_config,
+        metrics="open",
+        metrics_port=0,
+        max_connections=2,
         scheduler=SchedulerLimits(scan_cycle_s=3600.0),
     )
     alpha = await make_tenant(db, "alpha")
@@ -84,10 +87,14 @@ async def test_a_scripted_workload_shows_exactly_its_counts(node_config, db):
             claims = ClaimWatch(pool)
             async with running.client(alpha.token) as a, running.client(beta.token) as b, running.client() as nobody:
                 for n in range(3):
-                    response = await a.post("/v1/tasks", json=task_body(alpha.queue_id, n), headers={"Idempotency-Key": f"a{n}"})
+                    response = await a.post(
+                        "/v1/tasks", json=task_body(alpha.queue_id, n), headers={"Idempotency-Key": f"a{n}"}
+                    )
                     assert response.status_code == 201
                 for n in range(2):
-                    response = await b.post("/v1/tasks", json=task_body(beta.queue_id, n), headers={"Idempotency-Key": f"b{n}"})
+                    response = await b.post(
+                        "/v1/tasks", json=task_body(beta.queue_id, n), headers={"Idempotency-Key": f"b{n}"}
+                    )
                     assert response.status_code == 201
                 again = await a.post("/v1/tasks", json=task_body(alpha.queue_id, 0), headers={"Idempotency-Key": "a0"})
                 assert again.status_code == 200
@@ -95,8 +102,10 @@ async def test_a_scripted_workload_shows_exactly_its_counts(node_config, db):
                 assert (await nobody.get("/v1/tasks")).status_code == 401
 
             async with raw_worker(running.base_url, alpha.token) as wa, raw_worker(running.base_url, beta.token) as wb:
-                for worker, tenant, outcomes in ((wa, alpha, ["succeeded", "succeeded", "failed"]),
-                                                 (wb, beta, ["succeeded", "succeeded"])):
+                for worker, tenant, outcomes in (
+                    (wa, alpha, ["succeeded", "succeeded", "failed"]),
+                    (wb, beta, ["succeeded", "succeeded"]),
+                ):
                     await worker.hello([tenant.queue_id], capacity=5)
                     tasks = (await worker.recv_type("dispatch"))["tasks"]
                     assert len(tasks) == len(outcomes)
@@ -104,12 +113,18 @@ async def test_a_scripted_workload_shows_exactly_its_counts(node_config, db):
                     ack = await worker.request("start", refs, "s")
                     assert all(r["ok"] for r in ack["results"])
                     finishes = []
-                    for ref, outcome in zip(refs, outcomes):
+                    for ref, outcome in zip(refs, outcomes, strict=True):
                         if outcome == "succeeded":
                             finishes.append({**ref, "outcome": "succeeded", "result": {"ok": True}})
                         else:
-                            finishes.append({**ref, "outcome": "failed", "retryable": False,
-                                             "error": {"code": "BROKEN", "message": "no"}})
+                            finishes.append(
+                                {
+                                    **ref,
+                                    "outcome": "failed",
+                                    "retryable": False,
+                                    "error": {"code": "BROKEN", "message": "no"},
+                                }
+                            )
                     ack = await worker.request("finish", finishes, "f")
                     assert [r["state"] for r in ack["results"]] == outcomes
                 # Each connection claimed once with tasks and once more (its free capacity)
@@ -164,9 +179,11 @@ async def test_a_scripted_workload_shows_exactly_its_counts(node_config, db):
             # The same turns reach the database, where every node's are seen together.
             turns = running.node.state.services.turns
             await turns.flush()
-            rows = await db.run(lambda tx: tx.fetchall_raw(
-                "SELECT application_id, turns FROM claim_turns WHERE node_id = %s", (running.node.node_id,)
-            ))
+            rows = await db.run(
+                lambda tx: tx.fetchall_raw(
+                    "SELECT application_id, turns FROM claim_turns WHERE node_id = %s", (running.node.node_id,)
+                )
+            )
             assert {r["application_id"]: r["turns"] for r in rows} == {alpha.application_id: 2, beta.application_id: 2}
 
             # The open server serves /metrics and nothing else; the node's HTTP address has none.
@@ -276,9 +293,15 @@ async def test_recovered_leases_and_replayed_transactions_are_counted(node_confi
 
 def test_metrics_settings_are_validated():
     base = {"ORBIT_MYSQL_DSN": "mysql://r@h/d"}
-    config = NodeConfig.from_env({**base, "ORBIT_METRICS": "open", "ORBIT_METRICS_ADDR": "0.0.0.0:9100",
-                                  "ORBIT_LOG_FORMAT": "json"})
-    assert (config.metrics, config.metrics_host, config.metrics_port, config.log_format) == ("open", "0.0.0.0", 9100, "json")
+    config = NodeConfig.from_env(
+        {**base, "ORBIT_METRICS": "open", "ORBIT_METRICS_ADDR": "0.0.0.0:9100", "ORBIT_LOG_FORMAT": "json"}
+    )
+    assert (config.metrics, config.metrics_host, config.metrics_port, config.log_format) == (
+        "open",
+        "0.0.0.0",
+        9100,
+        "json",
+    )
     defaults = NodeConfig.from_env(base)
     assert (defaults.metrics, defaults.log_format) == ("off", "auto")
     for env, field in [

@@ -54,7 +54,9 @@ async def test_refuses_database_with_newer_unknown_version(dsn):
 async def test_refuses_when_an_applied_file_changed(dsn):
     db = Database(dsn, size=1)
     try:
-        await db.run(lambda tx: tx.execute_raw("UPDATE orbit_schema_migrations SET checksum = REPEAT('1', 64) WHERE version = 3"))
+        await db.run(
+            lambda tx: tx.execute_raw("UPDATE orbit_schema_migrations SET checksum = REPEAT('1', 64) WHERE version = 3")
+        )
         with pytest.raises(SchemaMismatch, match="changed"):
             await migrate.up(db)
     finally:
@@ -96,7 +98,7 @@ async def test_p3_upgrade_path_keeps_every_task_and_orders_them_by_available_at(
             )
         )
         assert len(rows) == len(tasks)
-        for row, original in zip(rows, tasks):
+        for row, original in zip(rows, tasks, strict=True):
             assert row["task_id"] == original[0]
             assert row["payload"] == big
             assert row["state"] == original[2]
@@ -107,12 +109,19 @@ async def test_p3_upgrade_path_keeps_every_task_and_orders_them_by_available_at(
         assert attempts[0]["n"] == len(tasks)
         for bad in (10, -1):
             with pytest.raises(DatabaseError) as info:
-                await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET priority = %s WHERE task_id = %s", (bad, tasks[0][0])))
+                await db.run(
+                    lambda tx: tx.execute_raw("UPDATE tasks SET priority = %s WHERE task_id = %s", (bad, tasks[0][0]))  # noqa: B023 - awaited within the iteration
+                )
             assert info.value.errno in (4025, 3819)  # MariaDB / MySQL CHECK constraint violation
         await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET priority = 9 WHERE task_id = %s", (tasks[0][0],)))
-        row = (await db.run(lambda tx: tx.fetchall_raw(
-            "SELECT TIMESTAMPDIFF(SECOND, dispatch_at, available_at) AS lead_s FROM tasks WHERE task_id = %s", (tasks[0][0],)
-        )))[0]
+        row = (
+            await db.run(
+                lambda tx: tx.fetchall_raw(
+                    "SELECT TIMESTAMPDIFF(SECOND, dispatch_at, available_at) AS lead_s FROM tasks WHERE task_id = %s",
+                    (tasks[0][0],),
+                )
+            )
+        )[0]
         assert row["lead_s"] == 270
     finally:
         await db.aclose()

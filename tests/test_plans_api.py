@@ -45,7 +45,10 @@ async def test_plan_life_cycle_and_every_response_matches_the_document(running_n
         assert created["next_fire_at"].endswith(":00.000000Z")  # a minute mark: epoch-aligned 60 s
         check(await client.post("/v1/plans", json={"name": "nightly", "queue_id": tenant.queue_id}), "/v1/plans")
         check(await client.post("/v1/plans", json={"name": "x", "queue_id": other.queue_id}), "/v1/plans")
-        check(await client.post("/v1/plans", json={"name": "x", "queue_id": tenant.queue_id, "definition": {}}), "/v1/plans")
+        check(
+            await client.post("/v1/plans", json={"name": "x", "queue_id": tenant.queue_id, "definition": {}}),
+            "/v1/plans",
+        )
         check(await client.post("/v1/plans", content=b"{}", headers={"Content-Type": "text/plain"}), "/v1/plans")
         check(await client.post("/v1/plans", content=b" " * (2 * 1024 * 1024)), "/v1/plans")
         bare = check(await client.post("/v1/plans", json={"name": "bare", "queue_id": tenant.queue_id}), "/v1/plans")
@@ -62,11 +65,18 @@ async def test_plan_life_cycle_and_every_response_matches_the_document(running_n
         check(await client.get("/v1/plans/xyz"), "/v1/plans/{plan_id}")
 
         edited = definition(priority=2, cron="30 2 * * *", time_zone="Europe/Berlin", catch_up="fire_once")
-        v2 = check(await client.post(f"/v1/plans/{plan_id}/versions", json={"definition": edited}), "/v1/plans/{plan_id}/versions")
+        v2 = check(
+            await client.post(f"/v1/plans/{plan_id}/versions", json={"definition": edited}),
+            "/v1/plans/{plan_id}/versions",
+        )
         assert (v2["data"]["version"], v2["data"]["definition"]) == (2, edited)
-        check(await client.post(f"/v1/plans/{plan_id}/versions", json={"definition": GOOD, "x": 1}), "/v1/plans/{plan_id}/versions")
         check(
-            await client.post("/v1/plans/" + "0" * 32 + "/versions", json={"definition": GOOD}), "/v1/plans/{plan_id}/versions"
+            await client.post(f"/v1/plans/{plan_id}/versions", json={"definition": GOOD, "x": 1}),
+            "/v1/plans/{plan_id}/versions",
+        )
+        check(
+            await client.post("/v1/plans/" + "0" * 32 + "/versions", json={"definition": GOOD}),
+            "/v1/plans/{plan_id}/versions",
         )
         check(
             await client.post(f"/v1/plans/{plan_id}/versions", content=b"{}", headers={"Content-Type": "text/xml"}),
@@ -76,13 +86,17 @@ async def test_plan_life_cycle_and_every_response_matches_the_document(running_n
             await client.post(f"/v1/plans/{plan_id}/versions", content=b" " * (2 * 1024 * 1024)),
             "/v1/plans/{plan_id}/versions",
         )
-        page = check(await client.get(f"/v1/plans/{plan_id}/versions", params={"limit": 1}), "/v1/plans/{plan_id}/versions")
+        page = check(
+            await client.get(f"/v1/plans/{plan_id}/versions", params={"limit": 1}), "/v1/plans/{plan_id}/versions"
+        )
         rest = check(
             await client.get(f"/v1/plans/{plan_id}/versions", params={"cursor": page["next_cursor"]}),
             "/v1/plans/{plan_id}/versions",
         )
         assert [v["version"] for v in page["data"] + rest["data"]] == [1, 2]
-        check(await client.get(f"/v1/plans/{plan_id}/versions", params={"cursor": "bad"}), "/v1/plans/{plan_id}/versions")
+        check(
+            await client.get(f"/v1/plans/{plan_id}/versions", params={"cursor": "bad"}), "/v1/plans/{plan_id}/versions"
+        )
         check(await client.get("/v1/plans/" + "0" * 32 + "/versions"), "/v1/plans/{plan_id}/versions")
         one = check(await client.get(f"/v1/plans/{plan_id}/versions/1"), "/v1/plans/{plan_id}/versions/{version}")
         assert one["data"]["definition"] == GOOD
@@ -107,7 +121,10 @@ async def test_plan_life_cycle_and_every_response_matches_the_document(running_n
             await client.post(f"/v1/plans/{plan_id}/activate", content=b" " * (2 * 1024 * 1024)),
             "/v1/plans/{plan_id}/activate",
         )
-        check(await client.post("/v1/plans/" + "0" * 32 + "/activate", json={"version": 1}), "/v1/plans/{plan_id}/activate")
+        check(
+            await client.post("/v1/plans/" + "0" * 32 + "/activate", json={"version": 1}),
+            "/v1/plans/{plan_id}/activate",
+        )
 
         paused = check(await client.post(f"/v1/plans/{plan_id}/pause"), "/v1/plans/{plan_id}/pause")["data"]
         assert (paused["paused"], paused["next_fire_at"], paused["active_version"]) == (True, None, 2)
@@ -117,7 +134,10 @@ async def test_plan_life_cycle_and_every_response_matches_the_document(running_n
             await client.post(f"/v1/plans/{plan_id}/pause", content=b"{}", headers={"Content-Type": "text/plain"}),
             "/v1/plans/{plan_id}/pause",
         )
-        check(await client.post(f"/v1/plans/{plan_id}/pause", content=b" " * (2 * 1024 * 1024)), "/v1/plans/{plan_id}/pause")
+        check(
+            await client.post(f"/v1/plans/{plan_id}/pause", content=b" " * (2 * 1024 * 1024)),
+            "/v1/plans/{plan_id}/pause",
+        )
         resumed = check(await client.post(f"/v1/plans/{plan_id}/resume", json={}), "/v1/plans/{plan_id}/resume")["data"]
         assert (resumed["paused"], resumed["next_fire_at"]) == (False, activated["next_fire_at"])
         check(await client.post(f"/v1/plans/{plan_id}/resume", json={"x": 1}), "/v1/plans/{plan_id}/resume")
@@ -126,7 +146,10 @@ async def test_plan_life_cycle_and_every_response_matches_the_document(running_n
             await client.post(f"/v1/plans/{plan_id}/resume", content=b"{}", headers={"Content-Type": "text/plain"}),
             "/v1/plans/{plan_id}/resume",
         )
-        check(await client.post(f"/v1/plans/{plan_id}/resume", content=b" " * (2 * 1024 * 1024)), "/v1/plans/{plan_id}/resume")
+        check(
+            await client.post(f"/v1/plans/{plan_id}/resume", content=b" " * (2 * 1024 * 1024)),
+            "/v1/plans/{plan_id}/resume",
+        )
 
         check(await client.get(f"/v1/plans/{plan_id}/tasks"), "/v1/plans/{plan_id}/tasks")
         check(await client.get(f"/v1/plans/{plan_id}/tasks", params={"state": "done"}), "/v1/plans/{plan_id}/tasks")
@@ -143,7 +166,10 @@ async def test_plan_life_cycle_and_every_response_matches_the_document(running_n
 
     async with running_node.client(read_only) as client:
         check(await client.post("/v1/plans", json={"name": "y", "queue_id": tenant.queue_id}), "/v1/plans")
-        check(await client.post(f"/v1/plans/{plan_id}/versions", json={"definition": GOOD}), "/v1/plans/{plan_id}/versions")
+        check(
+            await client.post(f"/v1/plans/{plan_id}/versions", json={"definition": GOOD}),
+            "/v1/plans/{plan_id}/versions",
+        )
         check(await client.post(f"/v1/plans/{plan_id}/activate", json={"version": 1}), "/v1/plans/{plan_id}/activate")
         check(await client.post(f"/v1/plans/{plan_id}/pause"), "/v1/plans/{plan_id}/pause")
         check(await client.post(f"/v1/plans/{plan_id}/resume"), "/v1/plans/{plan_id}/resume")
@@ -155,10 +181,15 @@ async def test_plan_life_cycle_and_every_response_matches_the_document(running_n
         check(await client.get(f"/v1/plans/{plan_id}/tasks"), "/v1/plans/{plan_id}/tasks")
     async with running_node.client() as anonymous:
         for method, template in [
-            ("POST", "/v1/plans"), ("GET", "/v1/plans"), ("GET", "/v1/plans/{plan_id}"),
-            ("POST", "/v1/plans/{plan_id}/versions"), ("GET", "/v1/plans/{plan_id}/versions"),
-            ("GET", "/v1/plans/{plan_id}/versions/{version}"), ("POST", "/v1/plans/{plan_id}/activate"),
-            ("POST", "/v1/plans/{plan_id}/pause"), ("POST", "/v1/plans/{plan_id}/resume"),
+            ("POST", "/v1/plans"),
+            ("GET", "/v1/plans"),
+            ("GET", "/v1/plans/{plan_id}"),
+            ("POST", "/v1/plans/{plan_id}/versions"),
+            ("GET", "/v1/plans/{plan_id}/versions"),
+            ("GET", "/v1/plans/{plan_id}/versions/{version}"),
+            ("POST", "/v1/plans/{plan_id}/activate"),
+            ("POST", "/v1/plans/{plan_id}/pause"),
+            ("POST", "/v1/plans/{plan_id}/resume"),
             ("GET", "/v1/plans/{plan_id}/tasks"),
         ]:
             path = template.replace("{plan_id}", plan_id).replace("{version}", "1")
@@ -196,7 +227,11 @@ BAD_DEFINITIONS = [
     ("unknown definition field", {**definition(interval_s=60), "colour": "blue"}, "definition.colour"),
     ("unknown schedule field", definition(interval_s=60, every="1h"), "definition.schedule.every"),
     ("unknown task field", definition(task={**TASK, "colour": "blue"}, interval_s=60), "definition.task.colour"),
-    ("unknown backoff field", definition(task={**TASK, "backoff": {"jitter": 1}}, interval_s=60), "definition.task.backoff.jitter"),
+    (
+        "unknown backoff field",
+        definition(task={**TASK, "backoff": {"jitter": 1}}, interval_s=60),
+        "definition.task.backoff.jitter",
+    ),
     ("priority 9.0", definition(priority=9.0, interval_s=60), "definition.task.priority"),
     ("priority 10", definition(priority=10, interval_s=60), "definition.task.priority"),
     ("priority -1", definition(priority=-1, interval_s=60), "definition.task.priority"),
@@ -208,7 +243,11 @@ BAD_DEFINITIONS = [
     ("interval as a string", definition(interval_s="60"), "definition.schedule.interval_s"),
     ("neither interval nor cron", definition(catch_up="skip"), "definition.schedule"),
     ("unknown time zone", definition(cron="0 * * * *", time_zone="Mars/Olympus"), "definition.schedule.time_zone"),
-    ("time zone as a path", definition(cron="0 * * * *", time_zone="../../etc/passwd"), "definition.schedule.time_zone"),
+    (
+        "time zone as a path",
+        definition(cron="0 * * * *", time_zone="../../etc/passwd"),
+        "definition.schedule.time_zone",
+    ),
     ("time zone without cron", definition(interval_s=60, time_zone="UTC"), "definition.schedule.time_zone"),
     ("unknown catch-up policy", definition(interval_s=60, catch_up="all"), "definition.schedule.catch_up"),
     ("grace 0", definition(interval_s=60, grace_s=0), "definition.schedule.grace_s"),
@@ -219,10 +258,22 @@ BAD_DEFINITIONS = [
         "definition.schedule.end_at",
     ),
     ("task queue_id", definition(task={**TASK, "queue_id": "1" * 32}, interval_s=60), "definition.task.queue_id"),
-    ("task available_at", definition(task={**TASK, "available_at": "2030-01-01T00:00:00Z"}, interval_s=60), "definition.task.available_at"),
+    (
+        "task available_at",
+        definition(task={**TASK, "available_at": "2030-01-01T00:00:00Z"}, interval_s=60),
+        "definition.task.available_at",
+    ),
     ("task delay_s", definition(task={**TASK, "delay_s": 5}, interval_s=60), "definition.task.delay_s"),
-    ("task deadline", definition(task={**TASK, "deadline": "2030-01-01T00:00:00Z"}, interval_s=60), "definition.task.deadline"),
-    ("task without payload", definition(task={k: v for k, v in TASK.items() if k != "payload"}, interval_s=60), "definition.task.payload"),
+    (
+        "task deadline",
+        definition(task={**TASK, "deadline": "2030-01-01T00:00:00Z"}, interval_s=60),
+        "definition.task.deadline",
+    ),
+    (
+        "task without payload",
+        definition(task={k: v for k, v in TASK.items() if k != "payload"}, interval_s=60),
+        "definition.task.payload",
+    ),
     ("bad handler", definition(task={**TASK, "handler": "has space"}, interval_s=60), "definition.task.handler"),
     ("max_attempts 0", definition(task={**TASK, "max_attempts": 0}, interval_s=60), "definition.task.max_attempts"),
     ("task not an object", {"task": [], "schedule": {"interval_s": 60}}, "definition.task"),
@@ -234,20 +285,26 @@ BAD_DEFINITIONS = [
 # Rules a JSON Schema cannot express (cron and time zone semantics, date formats, the
 # order of start and end, and "9.0" which JSON Schema counts as an integer).
 SCHEMA_BLIND = {
-    "invalid cron value", "cron that never matches", "cron of letters", "unknown time zone", "time zone as a path",
-    "bad start_at", "end before start", "priority 9.0",
+    "invalid cron value",
+    "cron that never matches",
+    "cron of letters",
+    "unknown time zone",
+    "time zone as a path",
+    "bad start_at",
+    "end before start",
+    "priority 9.0",
 }
 
 
-@pytest.mark.parametrize(
-    "case, document, field", BAD_DEFINITIONS, ids=[c[0] for c in BAD_DEFINITIONS]
-)
+@pytest.mark.parametrize("case, document, field", BAD_DEFINITIONS, ids=[c[0] for c in BAD_DEFINITIONS])
 async def test_a_bad_definition_is_400_naming_the_field_and_creates_nothing(running_node, db, case, document, field):
     tenant = await make_tenant(db)
     async with running_node.client(tenant.token) as client:
         plan = await new_plan(client, tenant, document=None)
         before = await stored(db)
-        response = await client.post("/v1/plans", json={"name": "bad", "queue_id": tenant.queue_id, "definition": document})
+        response = await client.post(
+            "/v1/plans", json={"name": "bad", "queue_id": tenant.queue_id, "definition": document}
+        )
         assert_error(response, 400, "INVALID_ARGUMENT", field)
         response = await client.post(f"/v1/plans/{plan['plan_id']}/versions", json={"definition": document})
         assert_error(response, 400, "INVALID_ARGUMENT", field)
@@ -261,8 +318,8 @@ async def test_a_bad_definition_is_400_naming_the_field_and_creates_nothing(runn
 async def test_priority_9_0_is_refused_as_written_on_the_wire(running_node, db):
     tenant = await make_tenant(db)
     raw = (
-        '{"name":"p","queue_id":"%s","definition":{"task":{"handler":"h","handler_version":"v1",'
-        '"payload_version":"v1","payload":null,"priority":9.0},"schedule":{"interval_s":60}}}' % tenant.queue_id
+        '{"name":"p","queue_id":"' + tenant.queue_id + '","definition":{"task":{"handler":"h","handler_version":"v1",'
+        '"payload_version":"v1","payload":null,"priority":9.0},"schedule":{"interval_s":60}}}'
     ).encode()
     async with running_node.client(tenant.token) as client:
         response = await client.post("/v1/plans", content=raw, headers={"Content-Type": "application/json"})
@@ -283,7 +340,12 @@ async def test_plan_names_are_unique_per_namespace_and_the_queue_must_exist(runn
         assert_error(again, 409, "ALREADY_EXISTS", "name")
         missing = await client.post("/v1/plans", json={"name": "other", "queue_id": "0" * 32, "definition": GOOD})
         assert_error(missing, 404, "NOT_FOUND", "queue_id")
-        assert_error(await client.post("/v1/plans", json={"name": "", "queue_id": tenant.queue_id}), 400, "INVALID_ARGUMENT", "name")
+        assert_error(
+            await client.post("/v1/plans", json={"name": "", "queue_id": tenant.queue_id}),
+            400,
+            "INVALID_ARGUMENT",
+            "name",
+        )
         assert_error(await client.post("/v1/plans", json={"name": "n"}), 400, "INVALID_ARGUMENT", "queue_id")
     assert await stored(db) == before
 
@@ -321,7 +383,18 @@ def plan_routes(plan_id: str, queue_id: str) -> list[tuple[str, str, str, dict]]
     ]
 
 
-ROUTE_IDS = ["create", "list", "get", "add-version", "list-versions", "get-version", "activate", "pause", "resume", "tasks"]
+ROUTE_IDS = [
+    "create",
+    "list",
+    "get",
+    "add-version",
+    "list-versions",
+    "get-version",
+    "activate",
+    "pause",
+    "resume",
+    "tasks",
+]
 
 
 @pytest.mark.parametrize("index", range(len(ROUTE_IDS)), ids=ROUTE_IDS)
@@ -384,4 +457,6 @@ async def test_queue_scoped_reads_list_only_the_plans_of_those_queues(running_no
         assert [p["plan_id"] for p in listed] == [in_a.json()["data"]["plan_id"]]
         response = await client.get("/v1/plans", params={"queue_id": tenant.queues["b"]})
         assert_error(response, 403, "PERMISSION_DENIED", "authorization")
-        assert_error(await client.get(f"/v1/plans/{in_b.json()['data']['plan_id']}"), 403, "PERMISSION_DENIED", "authorization")
+        assert_error(
+            await client.get(f"/v1/plans/{in_b.json()['data']['plan_id']}"), 403, "PERMISSION_DENIED", "authorization"
+        )

@@ -3,12 +3,11 @@ activate, pause, resume, list, and the tasks the trigger created with the versio
 
 from __future__ import annotations
 
-from datetime import timezone
+from datetime import UTC
 
 import pytest
 import trio
 
-from orbit_node.services import ServiceSet
 from orbit_node.sdk import (
     InvalidArgumentError,
     NotFoundError,
@@ -18,6 +17,7 @@ from orbit_node.sdk import (
     PlanTaskSummary,
     TaskTemplate,
 )
+from orbit_node.services import ServiceSet
 
 from .nodeutil import make_tenant, run_node
 from .plans_seed import seconds, set_next_fire, whole_second
@@ -41,11 +41,13 @@ async def test_the_sdk_manages_a_plan_whose_tasks_a_running_node_creates(node_co
                 # fire until the test writes next_fire_at back to the first one.
                 schedule = PlanSchedule(
                     interval_s=1,
-                    start_at=t0.replace(tzinfo=timezone.utc),
-                    end_at=(t0 + seconds(9)).replace(tzinfo=timezone.utc),
+                    start_at=t0.replace(tzinfo=UTC),
+                    end_at=(t0 + seconds(9)).replace(tzinfo=UTC),
                     grace_s=3600,
                 )
-                plan = await client.create_plan("reports", tenant.queue_id, PlanDefinition(task=template(7), schedule=schedule))
+                plan = await client.create_plan(
+                    "reports", tenant.queue_id, PlanDefinition(task=template(7), schedule=schedule)
+                )
                 assert (plan.active_version, plan.next_fire_at, plan.paused) == (1, None, False)
                 await set_next_fire(db, plan.plan_id, t0)
                 trigger = running.node.state.services.plans
@@ -59,7 +61,7 @@ async def test_the_sdk_manages_a_plan_whose_tasks_a_running_node_creates(node_co
                     tasks += page.items
                 assert all(isinstance(t, PlanTaskSummary) for t in tasks)
                 assert sorted(t.available_at for t in tasks) == [
-                    (t0 + seconds(k)).replace(tzinfo=timezone.utc) for k in range(10)
+                    (t0 + seconds(k)).replace(tzinfo=UTC) for k in range(10)
                 ]
                 assert {(t.priority, t.plan_version, t.state) for t in tasks} == {(7, 1, "queued")}
                 detail = await client.get_task(tasks[0].task_id)

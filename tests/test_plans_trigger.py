@@ -10,9 +10,9 @@ import logging
 import trio
 
 from orbit_node.db import Database
-from orbit_node.plans.definition import parse_definition
-from orbit_node.node import Node
 from orbit_node.dispatch.plan_trigger import PlanTrigger
+from orbit_node.node import Node
+from orbit_node.plans.definition import parse_definition
 from orbit_node.services import ServiceSet
 from orbit_node.store.plans import PlanStore, fire_key
 
@@ -49,7 +49,11 @@ async def test_a_priority_7_version_creates_priority_7_tasks_ordered_210_s_ahead
     for row in rows:
         assert row["priority"] == 7
         assert row["dispatch_at"] == row["available_at"] - seconds(210)
-        assert (row["plan_version"], row["queue_id"], row["application_id"]) == (1, owner.queue_id, owner.application_id)
+        assert (row["plan_version"], row["queue_id"], row["application_id"]) == (
+            1,
+            owner.queue_id,
+            owner.application_id,
+        )
         assert json.loads(row["payload"]) == {"n": 10**30}
     # The end was reached: nothing is due any more.
     assert (await plan_row(db, plan.plan_id))["next_fire_at"] is None
@@ -111,9 +115,7 @@ async def test_three_nodes_triggering_one_plan_concurrently_create_exactly_50_ta
         await set_next_fire(nodes[0], plan.plan_id, t0)
         # Small batches, so the 50 fire times take several transactions and the three
         # nodes really interleave; several trigger loops per node, each on its own connection.
-        triggers = [
-            PlanTrigger(PlanStore(db), interval_s=1, fires_per_transaction=3) for db in nodes for _ in range(3)
-        ]
+        triggers = [PlanTrigger(PlanStore(db), interval_s=1, fires_per_transaction=3) for db in nodes for _ in range(3)]
         start = trio.Event()
         passes = []
 
@@ -143,7 +145,10 @@ async def test_three_nodes_triggering_one_plan_concurrently_create_exactly_50_ta
     assert {r["priority"] for r in rows} == {3}
     # One fire record per task, keyed by plan, version and fire time.
     assert sorted(records, key=lambda r: r["idempotency_key"]) == sorted(
-        ({"idempotency_key": fire_key(plan.plan_id, 1, f), "task_id": r["task_id"]} for f, r in zip(fire_times, rows)),
+        (
+            {"idempotency_key": fire_key(plan.plan_id, 1, f), "task_id": r["task_id"]}
+            for f, r in zip(fire_times, rows, strict=True)
+        ),
         key=lambda r: r["idempotency_key"],
     )
     assert sum(s.tasks_created for s in passes) == 50

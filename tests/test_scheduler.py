@@ -6,9 +6,9 @@ import random
 
 import pytest
 
+from orbit_node.claims import ClaimRequest
 from orbit_node.config import SchedulerLimits
 from orbit_node.dispatch.cache import CacheKey, EmptyResultCache
-from orbit_node.claims import ClaimRequest
 from orbit_node.dispatch.scheduler import AlreadyOutstanding, FairScheduler, SchedulerFull
 
 CAPS = frozenset({("h", "v1", "v1")})
@@ -46,14 +46,21 @@ def test_rotation_applications_then_queues_then_connections():
     s = FairScheduler(SchedulerLimits(sql_slots=1))
     # Application A: queues qa1 (connections a1, a2) and qa2 (a3); B: qb1 (b1, b2); C: qc1 (c1).
     for t in [
-        ticket("a1", "A", "qa1"), ticket("a2", "A", "qa1"), ticket("a3", "A", "qa2"),
-        ticket("b1", "B", "qb1"), ticket("b2", "B", "qb1"), ticket("c1", "C", "qc1"),
+        ticket("a1", "A", "qa1"),
+        ticket("a2", "A", "qa1"),
+        ticket("a3", "A", "qa2"),
+        ticket("b1", "B", "qb1"),
+        ticket("b2", "B", "qb1"),
+        ticket("c1", "C", "qc1"),
     ]:
         s.submit(t)
     order = drain_one_at_a_time(s)
     assert order == [
-        ("A", "qa1", "a1"), ("B", "qb1", "b1"), ("C", "qc1", "c1"),
-        ("A", "qa2", "a3"), ("B", "qb1", "b2"),
+        ("A", "qa1", "a1"),
+        ("B", "qb1", "b1"),
+        ("C", "qc1", "c1"),
+        ("A", "qa2", "a3"),
+        ("B", "qb1", "b2"),
         ("A", "qa1", "a2"),
     ]
 
@@ -240,7 +247,7 @@ def test_task_arrival_wakes_the_queue_at_once():
 def test_cache_bound_and_expiry():
     cache = EmptyResultCache(ttl_s=1.0, max_entries=128)
     keys = [CacheKey("ns", f"q{i}", CAPS, False) for i in range(200)]
-    for i, key in enumerate(keys):
+    for key in keys:
         cache.store_empty(key, 0.0)
         assert len(cache) <= 128
     assert len(cache) == 128 and cache.evictions == 72

@@ -52,16 +52,26 @@ class Wire:
 async def credentials_file(running_node, db, tmp_path):
     path = tmp_path / "orbit.credentials.json"
     await bootstrap(
-        db, application="priority-example", namespace="default", environment="test", queues=["initial"],
-        worker_access=True, output=path, url=running_node.base_url,
+        db,
+        application="priority-example",
+        namespace="default",
+        environment="test",
+        queues=["initial"],
+        worker_access=True,
+        output=path,
+        url=running_node.base_url,
     )
     return path
 
 
 def request(queue_id: str, **fields) -> SubmitTaskRequest:
     return SubmitTaskRequest(
-        queue_id=queue_id, handler="object.prepare", handler_version="v1", payload_version="v1",
-        payload={"object_ref": "objects/example"}, **fields,
+        queue_id=queue_id,
+        handler="object.prepare",
+        handler_version="v1",
+        payload_version="v1",
+        payload={"object_ref": "objects/example"},
+        **fields,
     )
 
 
@@ -119,8 +129,13 @@ async def test_all_submission_fields_reach_the_server(running_node, db):
         accepted = await client.submit_task(
             "full",
             request(
-                tenant.queue_id, priority=3, available_at=available, deadline=available + timedelta(hours=1),
-                max_attempts=5, backoff=Backoff(initial_ms=500, multiplier=3.0), resource_key="objects/example",
+                tenant.queue_id,
+                priority=3,
+                available_at=available,
+                deadline=available + timedelta(hours=1),
+                max_attempts=5,
+                backoff=Backoff(initial_ms=500, multiplier=3.0),
+                resource_key="objects/example",
             ),
         )
         delayed = await client.submit_task("delayed", request(tenant.queue_id, delay_s=60))

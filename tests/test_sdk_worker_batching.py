@@ -20,9 +20,16 @@ async def test_finishes_ready_together_travel_in_one_message(node_config, db):
     async with run_node(node_config, services=default_services()) as node:
         async with OrbitClient(node.base_url, tenant.token) as client:
             for i in range(TASKS):
-                await client.submit_task(f"k{i}", SubmitTaskRequest(
-                    queue_id=tenant.queue_id, handler="h", handler_version="v1", payload_version="v1", payload={"i": i},
-                ))
+                await client.submit_task(
+                    f"k{i}",
+                    SubmitTaskRequest(
+                        queue_id=tenant.queue_id,
+                        handler="h",
+                        handler_version="v1",
+                        payload_version="v1",
+                        payload={"i": i},
+                    ),
+                )
             worker = Worker(url=node.base_url, token=tenant.token, queues=[tenant.queue_id], capacity=CAPACITY)
             running = 0
             gate = trio.Event()

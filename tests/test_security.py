@@ -89,7 +89,9 @@ async def test_another_tenant_cannot_submit_read_cancel_or_consume_and_learns_no
     unknown_queue, unknown_task = "ab" * 16, "cd" * 16
     async with full_node.client(b.token) as http:
         foreign = await http.post("/v1/tasks", json={**TASK, "queue_id": a.queue_id}, headers={"Idempotency-Key": "x1"})
-        missing = await http.post("/v1/tasks", json={**TASK, "queue_id": unknown_queue}, headers={"Idempotency-Key": "x2"})
+        missing = await http.post(
+            "/v1/tasks", json={**TASK, "queue_id": unknown_queue}, headers={"Idempotency-Key": "x2"}
+        )
         assert foreign.status_code == 404 and foreign.json()["error"]["code"] == "NOT_FOUND"
         _same_but_ids(foreign, missing, a.queue_id, unknown_queue)
         for method, path in (("GET", "/v1/tasks/{}"), ("POST", "/v1/tasks/{}/cancel"), ("GET", "/v1/tasks/{}/explain")):
@@ -113,7 +115,9 @@ async def test_another_tenant_cannot_submit_read_cancel_or_consume_and_learns_no
                 error = await w.recv_type("error")
                 with pytest.raises(ConnectionClosed) as closed:
                     await w.recv()
-                refusals.append(({**error, "message": error["message"].replace(queue_id, "<id>")}, closed.value.reason.code))
+                refusals.append(
+                    ({**error, "message": error["message"].replace(queue_id, "<id>")}, closed.value.reason.code)
+                )
     assert refusals[0] == refusals[1] and refusals[0][0]["code"] == "NOT_FOUND" and refusals[0][1] == 1008
     # Nothing of A changed, nothing was created for B.
     row = await seed.task_row(db, task_id)
@@ -138,19 +142,37 @@ async def test_tokens_never_appear_in_the_logs(dsn, db, tmp_path):
             async with httpx.AsyncClient(base_url=node.base_url) as http:
                 for token in secrets_:
                     auth = {"Authorization": f"Bearer {token}"}
-                    await http.post("/v1/tasks", json={**TASK, "queue_id": tenant.queue_id},
-                                    headers={**auth, "Idempotency-Key": "k-" + token[-6:]})
+                    await http.post(
+                        "/v1/tasks",
+                        json={**TASK, "queue_id": tenant.queue_id},
+                        headers={**auth, "Idempotency-Key": "k-" + token[-6:]},
+                    )
                     await http.get("/v1/tasks", headers=auth)
                     await http.get(f"/v1/tasks?token={token}", headers=auth)
                     await http.post("/v1/queues", json={"name": token[:100]}, headers=auth)
                     await http.get("/v1/tasks", headers={"Authorization": f"Basic {token}"})
-                    await http.post("/v1/tasks", content=b"{" + token.encode(), headers={**auth, "Content-Type": "application/json", "Idempotency-Key": "bad"})
+                    await http.post(
+                        "/v1/tasks",
+                        content=b"{" + token.encode(),
+                        headers={**auth, "Content-Type": "application/json", "Idempotency-Key": "bad"},
+                    )
                     for query in ("", f"?token={token}"):
                         try:
-                            async with open_websocket_url(ws_url(node.base_url) + query,
-                                                          extra_headers=[(b"authorization", auth["Authorization"].encode())]) as ws:
-                                await ws.send_message(json.dumps({"type": "hello", "queues": [tenant.queue_id],
-                                                                  "capabilities": [CAP], "capacity": 1, "token": token}))
+                            async with open_websocket_url(
+                                ws_url(node.base_url) + query,
+                                extra_headers=[(b"authorization", auth["Authorization"].encode())],
+                            ) as ws:
+                                await ws.send_message(
+                                    json.dumps(
+                                        {
+                                            "type": "hello",
+                                            "queues": [tenant.queue_id],
+                                            "capabilities": [CAP],
+                                            "capacity": 1,
+                                            "token": token,
+                                        }
+                                    )
+                                )
                                 await ws.get_message()
                                 await ws.send_message("{" + token)
                                 await ws.get_message()
@@ -174,9 +196,14 @@ async def test_idle_and_half_open_connections_are_closed_while_healthy_clients_k
     config = attrs.evolve(node_config, heartbeat_timeout_s=1.0, body_timeout_s=2.0)
     tenant = await make_tenant(db, "idle", queues=("work", "elsewhere"))
     headers = [(b"authorization", f"Bearer {tenant.token}".encode())]
-    expected = {"silent": 20, "partial request": 20, "partial body": 20, "partial body, authenticated": 20,
-                "websocket without hello": 10,
-                "half-open websocket": 5}
+    expected = {
+        "silent": 20,
+        "partial request": 20,
+        "partial body": 20,
+        "partial body, authenticated": 20,
+        "websocket without hello": 10,
+        "half-open websocket": 5,
+    }
     async with run_node(config, services=default_services()) as node:
         host, port = "127.0.0.1", int(node.base_url.rsplit(":", 1)[1])
         hub = node.node.state.services.hub
@@ -209,17 +236,29 @@ async def test_idle_and_half_open_connections_are_closed_while_healthy_clients_k
                 await trio.sleep_forever()
 
         with trio.move_on_after(30) as too_slow:
-            async with open_fault_proxy(host, port) as proxy, open_fault_proxy(host, port) as lost, \
-                    trio.open_nursery() as vanished, trio.open_nursery() as nursery:
+            async with (
+                open_fault_proxy(host, port) as proxy,
+                open_fault_proxy(host, port) as lost,
+                trio.open_nursery() as vanished,
+                trio.open_nursery() as nursery,
+            ):
                 for _ in range(20):
                     nursery.start_soon(idle_tcp, "silent", b"")
                     nursery.start_soon(idle_tcp, "partial request", b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Le")
-                    nursery.start_soon(idle_tcp, "partial body", b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\n"
-                                       b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\"")
+                    nursery.start_soon(
+                        idle_tcp,
+                        "partial body",
+                        b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\n"
+                        b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a"',
+                    )
                     # Authenticated: the app waits for the rest of the body (body_timeout_s, then 408).
-                    nursery.start_soon(idle_tcp, "partial body, authenticated", b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\n"
-                                       b"Authorization: Bearer " + tenant.token.encode() + b"\r\nIdempotency-Key: slow\r\n"
-                                       b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\"")
+                    nursery.start_soon(
+                        idle_tcp,
+                        "partial body, authenticated",
+                        b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\n"
+                        b"Authorization: Bearer " + tenant.token.encode() + b"\r\nIdempotency-Key: slow\r\n"
+                        b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a"',
+                    )
                 for _ in range(10):
                     nursery.start_soon(idle_websocket, "websocket without hello", ws_url(node.base_url))
                 for _ in range(5):
@@ -236,8 +275,11 @@ async def test_idle_and_half_open_connections_are_closed_while_healthy_clients_k
                     await healthy.hello([tenant.queue_id])
                     n = 0
                     while len(closed_by_node) < sum(expected.values()) or n < 5:
-                        response = await http.post("/v1/tasks", json={**TASK, "queue_id": tenant.queue_id},
-                                                   headers={"Idempotency-Key": f"healthy-{n}"})
+                        response = await http.post(
+                            "/v1/tasks",
+                            json={**TASK, "queue_id": tenant.queue_id},
+                            headers={"Idempotency-Key": f"healthy-{n}"},
+                        )
                         assert response.status_code == 201
                         dispatch = (await healthy.recv_type("dispatch"))["tasks"][0]
                         ref = {"task_id": dispatch["task_id"], "token": dispatch["token"]}
@@ -269,10 +311,29 @@ async def test_schemathesis_finds_no_server_error(running_node, db, tmp_path):
     schema = Path(__file__).resolve().parent.parent / "schema" / "openapi.yaml"
     with trio.fail_after(180):
         result = await trio.run_process(
-            [str(BIN / "schemathesis"), "run", str(schema), "--url", running_node.base_url,
-             "-H", f"Authorization: Bearer {tenant.token}", "--checks", "not_a_server_error",
-             "--max-examples", "15", "--seed", "1", "--workers", "1", "--report-dir", str(tmp_path)],
-            capture_stdout=True, capture_stderr=True, check=False, cwd=str(tmp_path),
+            [
+                str(BIN / "schemathesis"),
+                "run",
+                str(schema),
+                "--url",
+                running_node.base_url,
+                "-H",
+                f"Authorization: Bearer {tenant.token}",
+                "--checks",
+                "not_a_server_error",
+                "--max-examples",
+                "15",
+                "--seed",
+                "1",
+                "--workers",
+                "1",
+                "--report-dir",
+                str(tmp_path),
+            ],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            cwd=str(tmp_path),
         )
     output = result.stdout.decode(errors="replace")
     assert result.returncode == 0, output[-4000:] + result.stderr.decode(errors="replace")[-2000:]

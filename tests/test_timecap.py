@@ -63,17 +63,21 @@ def run(pytester, source: str):
 def test_a_hanging_async_test_is_failed_by_its_cap_and_says_where_it_waits(pytester):
     result = run(pytester, HANGING)
     result.assert_outcomes(failed=3)
-    result.stdout.fnmatch_lines([
-        "FAILED test_capped.py::test_hangs - *TimeCapExceeded*",
-        "FAILED test_capped.py::test_hangs_on_virtual_time - *TimeCapExceeded*",
-        "FAILED test_capped.py::test_cleanup_runs_when_cancelled - *TimeCapExceeded*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "FAILED test_capped.py::test_hangs - *TimeCapExceeded*",
+            "FAILED test_capped.py::test_hangs_on_virtual_time - *TimeCapExceeded*",
+            "FAILED test_capped.py::test_cleanup_runs_when_cancelled - *TimeCapExceeded*",
+        ]
+    )
     # The failure says why, and names the line the test's task was waiting on.
-    result.stdout.fnmatch_lines([
-        "*TimeCapExceeded: the test ran longer than its time cap of 0.5 s (real time) and was cancelled;*",
-        "*Tasks were waiting at:",
-        "*<test 'test_hangs'>: *test_capped.py:7 test_hangs > trio/*sleep_forever",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*TimeCapExceeded: the test ran longer than its time cap of 0.5 s (real time) and was cancelled;*",
+            "*Tasks were waiting at:",
+            "*<test 'test_hangs'>: *test_capped.py:7 test_hangs > trio/*sleep_forever",
+        ]
+    )
     # Cancelled, not abandoned: the test's finally block ran.
     assert (pytester.path / "cleaned-up").exists()
 

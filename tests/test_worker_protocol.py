@@ -18,15 +18,31 @@ QUEUE = "a" * 32
 TOKEN = "1-0123456789abcdef"
 
 GOOD_INBOUND = [
-    {"type": "hello", "queues": [QUEUE], "capabilities": [{"handler": "object.prepare", "handler_version": "v1", "payload_version": "v1"}],
-     "capacity": 4, "resource_keys": True, "client": {"name": "orbit-python", "version": "0.1.0"}},
+    {
+        "type": "hello",
+        "queues": [QUEUE],
+        "capabilities": [{"handler": "object.prepare", "handler_version": "v1", "payload_version": "v1"}],
+        "capacity": 4,
+        "resource_keys": True,
+        "client": {"name": "orbit-python", "version": "0.1.0"},
+    },
     {"type": "heartbeat"},
     {"type": "start", "tasks": [{"task_id": TASK, "token": TOKEN}]},
     {"type": "renew", "tasks": [{"task_id": TASK, "token": TOKEN}, {"task_id": "b" * 32, "token": "2-" + "f" * 16}]},
     {"type": "release", "tasks": [{"task_id": TASK, "token": TOKEN}]},
     {"type": "finish", "tasks": [{"task_id": TASK, "token": TOKEN, "outcome": "succeeded", "result": {"n": 10**30}}]},
-    {"type": "finish", "tasks": [{"task_id": TASK, "token": TOKEN, "outcome": "failed", "retryable": False,
-                                  "error": {"message": "boom", "code": "E1"}}]},
+    {
+        "type": "finish",
+        "tasks": [
+            {
+                "task_id": TASK,
+                "token": TOKEN,
+                "outcome": "failed",
+                "retryable": False,
+                "error": {"message": "boom", "code": "E1"},
+            }
+        ],
+    },
     {"type": "drain"},
 ]
 
@@ -38,14 +54,32 @@ BAD_INBOUND = [
     ('{"type":"launch"}', "UNKNOWN_TYPE", "type"),
     ('{"type":"heartbeat","extra":1}', "INVALID_MESSAGE", "extra"),
     ('{"type":"hello","queues":[],"capabilities":[],"capacity":1}', "INVALID_MESSAGE", "queues"),
-    ('{"type":"hello","queues":["' + QUEUE + '"],"capabilities":[{"handler":"h","handler_version":"v1","payload_version":"v1"}],"capacity":0}',
-     "INVALID_MESSAGE", "capacity"),
-    ('{"type":"hello","queues":["' + QUEUE + '"],"capabilities":[{"handler":"h","handler_version":"v1","payload_version":"v1"}],"capacity":true}',
-     "INVALID_MESSAGE", "capacity"),
+    (
+        '{"type":"hello","queues":["'
+        + QUEUE
+        + '"],"capabilities":[{"handler":"h","handler_version":"v1","payload_version":"v1"}],"capacity":0}',
+        "INVALID_MESSAGE",
+        "capacity",
+    ),
+    (
+        '{"type":"hello","queues":["'
+        + QUEUE
+        + '"],"capabilities":[{"handler":"h","handler_version":"v1","payload_version":"v1"}],"capacity":true}',
+        "INVALID_MESSAGE",
+        "capacity",
+    ),
     ('{"type":"start","tasks":[{"task_id":"xyz","token":"' + TOKEN + '"}]}', "INVALID_MESSAGE", "tasks[0].task_id"),
     ('{"type":"start","tasks":[{"task_id":"' + TASK + '","token":"forged"}]}', "INVALID_MESSAGE", "tasks[0].token"),
-    ('{"type":"finish","tasks":[{"task_id":"' + TASK + '","token":"' + TOKEN + '","outcome":"maybe"}]}', "INVALID_MESSAGE", "tasks[0].outcome"),
-    ('{"type":"finish","tasks":[{"task_id":"' + TASK + '","token":"' + TOKEN + '","outcome":"failed","result":1}]}', "INVALID_MESSAGE", "tasks[0].result"),
+    (
+        '{"type":"finish","tasks":[{"task_id":"' + TASK + '","token":"' + TOKEN + '","outcome":"maybe"}]}',
+        "INVALID_MESSAGE",
+        "tasks[0].outcome",
+    ),
+    (
+        '{"type":"finish","tasks":[{"task_id":"' + TASK + '","token":"' + TOKEN + '","outcome":"failed","result":1}]}',
+        "INVALID_MESSAGE",
+        "tasks[0].result",
+    ),
 ]
 
 
@@ -102,10 +136,20 @@ def test_outbound_messages_match_the_schema():
     validate_message(prioritized, direction="node")
     assert prioritized["tasks"][0]["priority"] == 9
     for message in [
-        p.welcome(connection_id="c1", node_id="f" * 32, heartbeat_interval_s=10, heartbeat_timeout_s=30,
-                  max_message_bytes=1 << 20, reservation_lease_s=30, run_lease_s=60),
+        p.welcome(
+            connection_id="c1",
+            node_id="f" * 32,
+            heartbeat_interval_s=10,
+            heartbeat_timeout_s=30,
+            max_message_bytes=1 << 20,
+            reservation_lease_s=30,
+            run_lease_s=60,
+        ),
         p.heartbeat(),
-        p.ack("start", [{"task_id": TASK, "ok": True, "state": "running", "lease_expires_at": "2026-01-01T00:00:00.000000Z"}]),
+        p.ack(
+            "start",
+            [{"task_id": TASK, "ok": True, "state": "running", "lease_expires_at": "2026-01-01T00:00:00.000000Z"}],
+        ),
         p.ack("finish", [{"task_id": TASK, "ok": False, "code": "OWNERSHIP_LOST"}]),
         p.cancel([(TASK, "deadline")]),
         p.drain(),

@@ -30,10 +30,18 @@ def ws_url(base: str) -> str:
 
 
 async def submit(client: OrbitClient, key: str, queue_id: str, priority: int, payload=None, **extra):
-    result = await client.submit_task(key, SubmitTaskRequest(
-        queue_id=queue_id, handler="object.prepare", handler_version="v1", payload_version="v1",
-        payload=payload if payload is not None else {"p": priority}, priority=priority, **extra,
-    ))
+    result = await client.submit_task(
+        key,
+        SubmitTaskRequest(
+            queue_id=queue_id,
+            handler="object.prepare",
+            handler_version="v1",
+            payload_version="v1",
+            payload=payload if payload is not None else {"p": priority},
+            priority=priority,
+            **extra,
+        ),
+    )
     return result.task
 
 
@@ -81,7 +89,9 @@ async def test_raw_protocol_dispatch_start_finish_and_schema(full_node, db):
 
     with trio.fail_after(15):
         async with open_websocket_url(ws_url(full_node.base_url), extra_headers=headers) as ws:
-            await ws.send_message(json.dumps({"type": "hello", "queues": [tenant.queue_id], "capabilities": [CAP], "capacity": 2}))
+            await ws.send_message(
+                json.dumps({"type": "hello", "queues": [tenant.queue_id], "capabilities": [CAP], "capacity": 2})
+            )
             assert (await recv(ws))["type"] == "welcome"
             await ws.send_message(json.dumps({"type": "heartbeat"}))
             got = {}
@@ -141,7 +151,9 @@ async def test_hello_for_a_queue_without_consume_scope_is_closed_1008(full_node,
     headers = [(b"authorization", f"Bearer {token}".encode())]
     with trio.fail_after(10):
         async with open_websocket_url(ws_url(full_node.base_url), extra_headers=headers) as ws:
-            await ws.send_message(json.dumps({"type": "hello", "queues": [tenant.queues["q2"]], "capabilities": [CAP], "capacity": 1}))
+            await ws.send_message(
+                json.dumps({"type": "hello", "queues": [tenant.queues["q2"]], "capabilities": [CAP], "capacity": 1})
+            )
             message = json.loads(await ws.get_message())
             validate_message(message, direction="node")
             assert message["code"] == "PERMISSION_DENIED" and message["field"] == "queues[0]"
@@ -162,7 +174,9 @@ async def test_message_before_hello_and_malformed_messages(full_node, db):
             await ws.send_message("{nope")
             message = json.loads(await ws.get_message())
             assert message["type"] == "error" and message["code"] == "MALFORMED_MESSAGE"
-            await ws.send_message(json.dumps({"type": "start", "tasks": [{"task_id": "a" * 32, "token": "1-" + "a" * 16}]}))
+            await ws.send_message(
+                json.dumps({"type": "start", "tasks": [{"task_id": "a" * 32, "token": "1-" + "a" * 16}]})
+            )
             message = json.loads(await ws.get_message())
             assert message["code"] == "OUT_OF_ORDER"
             with pytest.raises(ConnectionClosed) as info:
@@ -175,7 +189,6 @@ async def test_message_before_hello_and_malformed_messages(full_node, db):
 
 async def test_oversized_message_closes_1009_and_spares_other_connections(node_config, db):
     import attrs
-
     from trio_websocket import ConnectionClosed
 
     config = attrs.evolve(node_config, max_ws_message_bytes=4096)
@@ -183,8 +196,10 @@ async def test_oversized_message_closes_1009_and_spares_other_connections(node_c
     headers = [(b"authorization", f"Bearer {tenant.token}".encode())]
     async with run_node(config, services=default_services()) as node:
         with trio.fail_after(15):
-            async with open_websocket_url(ws_url(node.base_url), extra_headers=headers) as healthy, \
-                    open_websocket_url(ws_url(node.base_url), extra_headers=headers) as ws:
+            async with (
+                open_websocket_url(ws_url(node.base_url), extra_headers=headers) as healthy,
+                open_websocket_url(ws_url(node.base_url), extra_headers=headers) as ws,
+            ):
                 await ws.send_message(json.dumps({"type": "heartbeat", "pad": "x" * 10_000}))
                 with pytest.raises(ConnectionClosed) as info:
                     await ws.get_message()
@@ -212,9 +227,13 @@ async def test_tls_node_serves_https_and_wss(node_config, db, tmp_path):
         assert node.base_url.startswith("https://")
         async with httpx.AsyncClient(verify=client_ctx) as http:
             assert (await http.get(node.base_url + "/healthz")).status_code == 200
-        async with OrbitClient(node.base_url, tenant.token, transport=httpx.AsyncHTTPTransport(verify=client_ctx)) as client:
+        async with OrbitClient(
+            node.base_url, tenant.token, transport=httpx.AsyncHTTPTransport(verify=client_ctx)
+        ) as client:
             await submit(client, "tls-1", tenant.queue_id, 3)
-        worker = Worker(url=node.base_url, token=tenant.token, queues=[tenant.queue_id], capacity=1, ssl_context=client_ctx)
+        worker = Worker(
+            url=node.base_url, token=tenant.token, queues=[tenant.queue_id], capacity=1, ssl_context=client_ctx
+        )
         seen = []
 
         @worker.handler("object.prepare", "v1", "v1")

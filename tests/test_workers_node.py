@@ -96,8 +96,9 @@ async def test_worker_disconnecting_mid_task_task_comes_back_after_lease_expiry_
                 await store.finish(task_id, old["token"], result_json="{}")
             ack = await w2.request("start", [{"task_id": task_id, "token": again["token"]}], "s2")
             assert ack["results"][0]["ok"]
-            ack = await w2.request("finish", [{"task_id": task_id, "token": again["token"], "outcome": "succeeded",
-                                               "result": 1}], "f2")
+            ack = await w2.request(
+                "finish", [{"task_id": task_id, "token": again["token"], "outcome": "succeeded", "result": 1}], "f2"
+            )
             assert ack["results"][0]["state"] == "succeeded"
     row = await seed.task_row(db, task_id)
     assert row["state"] == "succeeded" and row["attempts"] == 2
@@ -121,8 +122,9 @@ async def test_heartbeats_are_answered_while_every_sql_slot_is_stalled(full_node
     owners, tokens = [], []
     for i in range(4):
         owner = await seed.tenant(db, application=f"app{i}")
-        await TenancyStore(db).set_application_quota(owner.application_id, max_concurrent_executions=10,
-                                                     max_starts_per_second=None)
+        await TenancyStore(db).set_application_quota(
+            owner.application_id, max_concurrent_executions=10, max_starts_per_second=None
+        )
         await seed.insert_task(db, owner)
         owners.append(owner)
         tokens.append(await token_for(db, owner))
@@ -133,7 +135,9 @@ async def test_heartbeats_are_answered_while_every_sql_slot_is_stalled(full_node
     async def hold_locks(tx):
         # Claims of these applications lock their application row (quota): hold them all.
         for owner in owners:
-            await tx.execute_raw("SELECT * FROM applications WHERE application_id = %s FOR UPDATE", (owner.application_id,))
+            await tx.execute_raw(
+                "SELECT * FROM applications WHERE application_id = %s FOR UPDATE", (owner.application_id,)
+            )
         locked.set()
         await done.wait()
 
@@ -142,12 +146,14 @@ async def test_heartbeats_are_answered_while_every_sql_slot_is_stalled(full_node
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(blocker.transaction, hold_locks)
                 await locked.wait()
-                async with raw_worker(full_node.base_url, tokens[0]) as w0, \
-                        raw_worker(full_node.base_url, tokens[1]) as w1, \
-                        raw_worker(full_node.base_url, tokens[2]) as w2, \
-                        raw_worker(full_node.base_url, tokens[3]) as w3:
+                async with (
+                    raw_worker(full_node.base_url, tokens[0]) as w0,
+                    raw_worker(full_node.base_url, tokens[1]) as w1,
+                    raw_worker(full_node.base_url, tokens[2]) as w2,
+                    raw_worker(full_node.base_url, tokens[3]) as w3,
+                ):
                     workers = [w0, w1, w2, w3]
-                    for w, owner in zip(workers, owners):
+                    for w, owner in zip(workers, owners, strict=True):
                         await w.hello([owner.queue_id])
                     await wait_until(lambda: pool.statistics().in_flight >= 4)
                     # All four claim slots wait on the database; the control loops do not.
@@ -197,14 +203,16 @@ async def test_a_flooding_application_does_not_delay_another_beyond_one_rotation
                 for _ in range(4):
                     await nursery.start(flood, q.queue_id)
             await flooding.wait()
-            pool.on_request = lambda t: requested_at.append(len(granted)) if t.application_id == small.application_id else None
+            pool.on_request = lambda t: (
+                requested_at.append(len(granted)) if t.application_id == small.application_id else None
+            )
             await seed.insert_task(db, small)
             async with raw_worker(full_node.base_url, small_token) as w:
                 await w.hello([small.queue_id])
                 dispatch = await w.recv_type("dispatch")
                 assert len(dispatch["tasks"]) == 1
             # Between the small application's request and its grant, the big one got at most one turn.
-            after_request = granted[requested_at[0]:]
+            after_request = granted[requested_at[0] :]
             first_small = after_request.index(small.application_id)
             assert after_request[:first_small].count(big.application_id) <= 1, first_small
             # The big application was still flooding when the small one was served.

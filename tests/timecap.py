@@ -153,5 +153,5 @@ def frame_text(code, lineno: int) -> str:
     if path.is_relative_to(REPO) and ".venv" not in path.parts:
         path = path.relative_to(REPO)
     elif "site-packages" in path.parts:
-        path = Path(*path.parts[path.parts.index("site-packages") + 1:])
+        path = Path(*path.parts[path.parts.index("site-packages") + 1 :])
     return f"{path}:{lineno} {code.co_name}"

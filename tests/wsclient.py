@@ -37,8 +37,15 @@ class RawWorker:
             self.inbox.append(message)
 
     async def hello(self, queues, *, capacity=1, capabilities=(CAP,), resource_keys=False) -> dict:
-        await self.send({"type": "hello", "queues": list(queues), "capabilities": list(capabilities),
-                         "capacity": capacity, "resource_keys": resource_keys})
+        await self.send(
+            {
+                "type": "hello",
+                "queues": list(queues),
+                "capabilities": list(capabilities),
+                "capacity": capacity,
+                "resource_keys": resource_keys,
+            }
+        )
         return await self.recv_type("welcome")
 
     async def request(self, kind: str, tasks: list[dict], message_id: str) -> dict:

@@ -49,23 +49,29 @@ async def scenario() -> tuple[list[int], int, set[int], bool]:
     url = os.environ.get("ORBIT_URL") or credentials.url
     async with OrbitClient.from_credentials(credentials, url=url) as client:
         queue = await client.create_queue(f"priority-example-{run}")
-        deadline = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=TASK_DEADLINE_S)
+        deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=TASK_DEADLINE_S)
         payloads, task_ids = {}, []
         for index, priority in enumerate(SUBMITTED):
             payload = {"object_ref": "objects/example", "operation_ref": f"prepare-{index:03d}", "exact": BIG + index}
             accepted = await client.submit_task(
                 f"priority-example-{run}-{index}",
                 SubmitTaskRequest(
-                    queue_id=queue.queue_id, handler=handler, handler_version="v1", payload_version="v1",
-                    payload=payload, priority=priority, deadline=deadline,
+                    queue_id=queue.queue_id,
+                    handler=handler,
+                    handler_version="v1",
+                    payload_version="v1",
+                    payload=payload,
+                    priority=priority,
+                    deadline=deadline,
                 ),
             )
             payloads[accepted.task.task_id] = payload
             task_ids.append(accepted.task.task_id)
 
         executed: list[int] = []
-        worker = Worker(url=url, token=credentials.token, queues=[queue.queue_id], capacity=1,
-                        client_name="priority-example")
+        worker = Worker(
+            url=url, token=credentials.token, queues=[queue.queue_id], capacity=1, client_name="priority-example"
+        )
 
         async def prepare(task: WorkerTask):
             executed.append(task.priority)

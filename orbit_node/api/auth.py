@@ -64,7 +64,8 @@ def require_queue_read(queue_id: str) -> Principal:
     who = principal()
     if not any(who.allows(scope, queue_id) for scope in QUEUE_READ_SCOPES):
         raise PermissionDenied(
-            f"authorization: credential lacks scope queues:manage or tasks:read for queue {queue_id}", field="authorization"
+            f"authorization: credential lacks scope queues:manage or tasks:read for queue {queue_id}",
+            field="authorization",
         )
     return who
 
@@ -74,7 +75,9 @@ def readable_queues() -> list[str] | None:
     who = principal()
     grants = [who.queue_filter(scope) for scope in QUEUE_READ_SCOPES if who.scopes.get(scope)]
     if not grants:
-        raise PermissionDenied("authorization: credential lacks scope queues:manage or tasks:read", field="authorization")
+        raise PermissionDenied(
+            "authorization: credential lacks scope queues:manage or tasks:read", field="authorization"
+        )
     if any(grant is None for grant in grants):
         return None
     return sorted({queue_id for grant in grants for queue_id in grant})

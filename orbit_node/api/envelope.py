@@ -15,7 +15,6 @@ from quart import Response, g
 from ..errors import OrbitError
 from ..wire import rfc3339
 
-
 timestamp = rfc3339
 
 

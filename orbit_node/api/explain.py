@@ -9,8 +9,8 @@ task's queue. Unknown tasks and tasks of another namespace are 404 ``NOT_FOUND``
 from __future__ import annotations
 
 from quart import Blueprint
-from .. import rules
 
+from .. import rules
 from . import envelope
 from .auth import node_state, require_any
 

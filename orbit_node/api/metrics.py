@@ -24,13 +24,14 @@ from .. import logs
 from ..errors import NotFound
 from ..metrics import NodeMetrics
 from .auth import bearer_token, node_state
-from .state import NodeState
 from .envelope import current_request_id
+from .state import NodeState
 
 access_log = logging.getLogger("orbit.access")
 
-ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
-                   Awaitable[None]]
+ASGIApp = Callable[
+    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]
+]
 
 # Routes probed so often that their access-log lines are kept at debug level.
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -72,7 +73,10 @@ def instrument_app(app: QuartTrio, state: NodeState) -> None:
         state.metrics.observe_http(request.method, route, response.status_code, seconds)
         access_log.log(
             logging.DEBUG if route in QUIET_ROUTES else logging.INFO,
-            "%s %s %d", request.method, route, response.status_code,
+            "%s %s %d",
+            request.method,
+            route,
+            response.status_code,
             extra={
                 "request_id": g.get("request_id"),
                 "method": request.method,
@@ -128,5 +132,3 @@ async def serve_metrics(metrics: NodeMetrics, host: str, port: int, *, task_stat
     config.include_server_header = False
     config.graceful_timeout = 0
     await serve(asgi_app(metrics), config, shutdown_trigger=trio.sleep_forever, task_status=task_status, mode="asgi")
-
-

@@ -12,11 +12,11 @@ from typing import Any
 
 from quart import Blueprint
 
+from .. import rules
 from ..errors import InvalidArgument
 from ..plans.definition import parse_definition
 from ..store.plans import Plan, PlanStore, PlanTask, PlanVersion
 from ..store.tenancy import Principal
-from .. import rules
 from . import envelope, validation
 from .auth import node_state, require_any
 from .tasks import check_queue_filter, summary_json
@@ -82,7 +82,9 @@ async def _plan(plan_id: str, scope: str) -> tuple[Principal, Plan]:
 def _path_version(text: str) -> int:
     """The version number of a path segment."""
     if not VERSION_TEXT.fullmatch(text) or int(text) > VERSION_MAX:
-        raise InvalidArgument(f"version: must be an integer from 1 to {VERSION_MAX}, got {rules.show(text)}", field="version")
+        raise InvalidArgument(
+            f"version: must be an integer from 1 to {VERSION_MAX}, got {rules.show(text)}", field="version"
+        )
     return int(text)
 
 
@@ -92,9 +94,7 @@ async def create_plan():
     body = await validation.json_object(required=True)
     rules.reject_unknown(body, CREATE_FIELDS)
     name = rules.string(rules.require(body, "name"), "name", rules.QUEUE_NAME, NAME_RULE)
-    queue_id = rules.string(
-        rules.require(body, "queue_id"), "queue_id", rules.QUEUE_ID, "32 lowercase hex characters"
-    )
+    queue_id = rules.string(rules.require(body, "queue_id"), "queue_id", rules.QUEUE_ID, "32 lowercase hex characters")
     definition = parse_definition(body["definition"]) if "definition" in body else None
     who.require("queues:manage", queue_id)
     plan = await _store().create(who.namespace_id, queue_id, name, definition)

@@ -6,8 +6,8 @@ from typing import Any
 
 from quart import Blueprint
 
-from ..store.tenancy import Queue
 from .. import rules
+from ..store.tenancy import Queue
 from . import envelope, validation
 from .auth import node_state, principal, readable_queues, require_all_queues, require_queue_read
 

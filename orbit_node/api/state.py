@@ -15,7 +15,6 @@ from ..services import DispatchServices, ServiceSet
 from ..store.tasks import TaskStore
 from ..store.tenancy import TenancyStore
 
-
 # The node-wide scope a credential needs to read GET /metrics in "credential" mode.
 METRICS_SCOPE = "metrics:read"
 # A verified metrics credential is trusted this long before the database is asked again
@@ -24,6 +23,7 @@ METRICS_SCOPE = "metrics:read"
 AUTH_CACHE_S = 60.0
 # Verified metrics credentials remembered per node (a handful of scrapers in practice).
 AUTH_CACHE_ENTRIES = 64
+
 
 @attrs.define(eq=False)
 class MetricsAuth:
@@ -87,10 +87,21 @@ class NodeState:
         tenancy = TenancyStore(db)
         metrics = NodeMetrics(node_id, db)
         services = DispatchServices.build(
-            config=config, db=db, node_id=node_id, tenancy=tenancy, metrics=metrics,
-            shutdown_requested=shutdown_requested if shutdown_requested is not None else trio.Event(), run=run,
+            config=config,
+            db=db,
+            node_id=node_id,
+            tenancy=tenancy,
+            metrics=metrics,
+            shutdown_requested=shutdown_requested if shutdown_requested is not None else trio.Event(),
+            run=run,
         )
         return cls(
-            config=config, db=db, node_id=node_id, tenancy=tenancy, tasks=TaskStore(db), metrics=metrics,
-            metrics_auth=MetricsAuth(tenancy), services=services,
+            config=config,
+            db=db,
+            node_id=node_id,
+            tenancy=tenancy,
+            tasks=TaskStore(db),
+            metrics=metrics,
+            metrics_auth=MetricsAuth(tenancy),
+            services=services,
         )

@@ -6,11 +6,10 @@ from typing import Any
 
 from quart import Blueprint
 
-from .. import logs
+from .. import logs, rules
 from ..store.tasks import Task, TaskSummary
 from ..store.tenancy import Principal
 from ..wire import stored_json
-from .. import rules
 from . import envelope, validation
 from .auth import node_state, require_any
 

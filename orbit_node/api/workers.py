@@ -24,6 +24,7 @@ class ConnectionLimitReached(ResourceExhausted):
 
     http_status = 503
 
+
 # Query parameters that would carry a credential; the handshake refuses them outright.
 CREDENTIAL_PARAMS = ("token", "access_token", "auth", "authorization", "key", "api_key", "credential")
 

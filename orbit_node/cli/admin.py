@@ -86,8 +86,10 @@ async def bootstrap(
         try:
             previous = json.loads(output.read_text())
             principal = await tenancy.authenticate(previous.get("token"))
-            if principal.namespace_id == ns_row["namespace_id"] and all(principal.allows(s) for s in scopes) and all(
-                principal.scopes.get(s) == "*" for s in scopes
+            if (
+                principal.namespace_id == ns_row["namespace_id"]
+                and all(principal.allows(s) for s in scopes)
+                and all(principal.scopes.get(s) == "*" for s in scopes)
             ):
                 token = previous["token"]
         except (OrbitError, ValueError, AttributeError):
@@ -267,7 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--namespace", required=True)
     create.add_argument("--scope", action="append", default=[], metavar="SCOPE[=QUEUES]", help="repeatable")
     create.add_argument("--name", default="orbit-admin", help="a label for operators (default: orbit-admin)")
-    create.add_argument("--output", type=Path, help="write a credentials file (mode 0600) instead of printing the token")
+    create.add_argument(
+        "--output", type=Path, help="write a credentials file (mode 0600) instead of printing the token"
+    )
     _add_json(create)
     revoke = cred.add_parser("revoke", help="revoke a credential at once (idempotent)")
     revoke.add_argument("credential_id", metavar="CREDENTIAL_ID")
@@ -292,8 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
     quota.add_argument("--max-concurrent", type=_quota_value, default=UNCHANGED, metavar="N|none")
     quota.add_argument("--max-starts-per-second", type=_quota_value, default=UNCHANGED, metavar="N|none")
     _add_json(quota)
-    for action, text in (("suspend", "no new reservations for the application (running tasks go on)"),
-                         ("resume", "let the application's tasks be reserved again")):
+    for action, text in (
+        ("suspend", "no new reservations for the application (running tasks go on)"),
+        ("resume", "let the application's tasks be reserved again"),
+    ):
         gate = app.add_parser(action, help=text)
         gate.add_argument("application", metavar="APPLICATION")
         _add_json(gate)
@@ -331,8 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _bootstrap(db: Database, args) -> None:
-    for name, value in (("--application", args.application), ("--namespace", args.namespace),
-                        ("--environment", args.environment)):
+    for name, value in (
+        ("--application", args.application),
+        ("--namespace", args.namespace),
+        ("--environment", args.environment),
+    ):
         if not value or len(value) > 128:
             fail(f"{name}: must be 1-128 characters")
     if not args.output.parent.exists():
@@ -375,8 +384,10 @@ async def _credential(db: Database, args) -> None:
         if args.json:
             print_json(created)
         else:
-            print(f"credential {created['credential_id']} created in {args.application}/{args.namespace}: "
-                  f"{_grant_text(created['scopes'])}")
+            print(
+                f"credential {created['credential_id']} created in {args.application}/{args.namespace}: "
+                f"{_grant_text(created['scopes'])}"
+            )
             if args.output is not None:
                 print(f"credentials written to {created['output']}")
             else:
@@ -393,12 +404,23 @@ async def _credential(db: Database, args) -> None:
         if args.json:
             print_json(rows)
         else:
-            _console().print(_table(
-                f"credentials of {args.application}" + (f"/{args.namespace}" if args.namespace else ""),
-                ["credential_id", "namespace", "name", "scopes", "created_at", "revoked_at"],
-                [[r["credential_id"], r["namespace"], r["name"], _grant_text(r["scopes"]), r["created_at"],
-                  r["revoked_at"]] for r in rows],
-            ))
+            _console().print(
+                _table(
+                    f"credentials of {args.application}" + (f"/{args.namespace}" if args.namespace else ""),
+                    ["credential_id", "namespace", "name", "scopes", "created_at", "revoked_at"],
+                    [
+                        [
+                            r["credential_id"],
+                            r["namespace"],
+                            r["name"],
+                            _grant_text(r["scopes"]),
+                            r["created_at"],
+                            r["revoked_at"],
+                        ]
+                        for r in rows
+                    ],
+                )
+            )
 
 
 async def _application(db: Database, args) -> None:
@@ -408,12 +430,24 @@ async def _application(db: Database, args) -> None:
         if args.json:
             print_json(apps)
         else:
-            _console().print(_table(
-                "applications",
-                ["application", "state", "max_concurrent", "max_starts/s", "queued", "reserved", "running"],
-                [[a["application"], "suspended" if a["suspended"] else "active", a["max_concurrent_executions"],
-                  a["max_starts_per_second"], a["queued"], a["reserved"], a["running"]] for a in apps],
-            ))
+            _console().print(
+                _table(
+                    "applications",
+                    ["application", "state", "max_concurrent", "max_starts/s", "queued", "reserved", "running"],
+                    [
+                        [
+                            a["application"],
+                            "suspended" if a["suspended"] else "active",
+                            a["max_concurrent_executions"],
+                            a["max_starts_per_second"],
+                            a["queued"],
+                            a["reserved"],
+                            a["running"],
+                        ]
+                        for a in apps
+                    ],
+                )
+            )
         return
     if args.action == "quota":
         changes: dict[str, int | None] = {}
@@ -424,15 +458,20 @@ async def _application(db: Database, args) -> None:
         if not changes:
             fail("quota: give --max-concurrent and/or --max-starts-per-second", 2)
         app = await ops.patch_quota(args.application, changes)
-        message = (f"application {app['application']}: max_concurrent={_text(app['max_concurrent_executions'])} "
-                   f"max_starts_per_second={_text(app['max_starts_per_second'])}")
+        message = (
+            f"application {app['application']}: max_concurrent={_text(app['max_concurrent_executions'])} "
+            f"max_starts_per_second={_text(app['max_starts_per_second'])}"
+        )
     else:
         app = await ops.application(args.application)
         suspended = args.action == "suspend"
         await TenancyStore(db).set_application_suspended(app["application_id"], suspended)
         app = await ops.application(args.application)
-        message = (f"application {app['application']} suspended: no new reservations; running tasks go on"
-                   if suspended else f"application {app['application']} resumed")
+        message = (
+            f"application {app['application']} suspended: no new reservations; running tasks go on"
+            if suspended
+            else f"application {app['application']} resumed"
+        )
     if args.json:
         print_json(app)
     else:
@@ -453,12 +492,36 @@ async def _queue(db: Database, args) -> None:
     rows = []
     for q in queues:
         levels = " ".join(f"p{level}:{n}" for level, n in sorted(q.queued_by_priority.items(), reverse=True))
-        rows.append([q.application, q.namespace, q.name + (" (paused)" if q.paused else ""), q.queue_id, q.due,
-                     q.queued - q.due, q.reserved, q.running, levels or "-"])
-    _console().print(_table(
-        "queues", ["application", "namespace", "queue", "queue_id", "due", "later", "reserved", "running",
-                   "queued by priority"], rows,
-    ))
+        rows.append(
+            [
+                q.application,
+                q.namespace,
+                q.name + (" (paused)" if q.paused else ""),
+                q.queue_id,
+                q.due,
+                q.queued - q.due,
+                q.reserved,
+                q.running,
+                levels or "-",
+            ]
+        )
+    _console().print(
+        _table(
+            "queues",
+            [
+                "application",
+                "namespace",
+                "queue",
+                "queue_id",
+                "due",
+                "later",
+                "reserved",
+                "running",
+                "queued by priority",
+            ],
+            rows,
+        )
+    )
 
 
 async def _task(db: Database, args) -> None:
@@ -473,34 +536,54 @@ async def _task(db: Database, args) -> None:
             value = json.dumps(value, ensure_ascii=False, default=str)
         print(f"{key:<{width}}  {'-' if value is None else value}")
     print()
-    _console().print(_table(
-        f"attempts ({len(history)})", ["attempt", "outcome", "node", "connection", "reserved_at", "started_at",
-                                       "finished_at", "error"],
-        [[a["attempt"], a["outcome"] or "(live)", (a["owner_node_id"] or "")[:12] or None, a["connection_id"],
-          a["reserved_at"], a["started_at"], a["finished_at"],
-          None if a["error"] is None else json.dumps(a["error"], ensure_ascii=False)[:80]] for a in history],
-    ))
+    _console().print(
+        _table(
+            f"attempts ({len(history)})",
+            ["attempt", "outcome", "node", "connection", "reserved_at", "started_at", "finished_at", "error"],
+            [
+                [
+                    a["attempt"],
+                    a["outcome"] or "(live)",
+                    (a["owner_node_id"] or "")[:12] or None,
+                    a["connection_id"],
+                    a["reserved_at"],
+                    a["started_at"],
+                    a["finished_at"],
+                    None if a["error"] is None else json.dumps(a["error"], ensure_ascii=False)[:80],
+                ]
+                for a in history
+            ],
+        )
+    )
 
 
 async def _explain(db: Database, args) -> None:
     task = await OperationsStore(db).task(args.task_id)
-    store = DispatchStore(db, reservation_lease_s=EXPLAIN_LEASE_S, run_lease_s=EXPLAIN_LEASE_S, batch_size=EXPLAIN_BATCH)
+    store = DispatchStore(
+        db, reservation_lease_s=EXPLAIN_LEASE_S, run_lease_s=EXPLAIN_LEASE_S, batch_size=EXPLAIN_BATCH
+    )
     explanation = await store.explain(task["namespace_id"], args.task_id)
     if args.json:
         print_json(explanation)
         return
-    print(f"task {explanation['task_id']} ({task['application']}/{task['namespace']}/{explanation['queue']}): "
-          f"{explanation['state']}, priority {explanation['priority']}, attempts "
-          f"{explanation['attempts']}/{explanation['max_attempts']}")
-    print(f"available_at {explanation['available_at']}  dispatch_at {explanation['dispatch_at']}  "
-          f"database now {explanation['database_now']}")
+    print(
+        f"task {explanation['task_id']} ({task['application']}/{task['namespace']}/{explanation['queue']}): "
+        f"{explanation['state']}, priority {explanation['priority']}, attempts "
+        f"{explanation['attempts']}/{explanation['max_attempts']}"
+    )
+    print(
+        f"available_at {explanation['available_at']}  dispatch_at {explanation['dispatch_at']}  "
+        f"database now {explanation['database_now']}"
+    )
     if explanation["capable_connections"] is not None:
         print(f"capable Worker connections: {explanation['capable_connections']}")
     position = explanation.get("position")
     if position:
         capped = "at least " if position["capped"] else ""
-        print(f"due tasks ahead in dispatch order: {capped}{position['due_tasks_ahead']} "
-              f"({position['due_tasks_ahead_same_capability']} with the same handler and versions)")
+        print(
+            f"due tasks ahead in dispatch order: {capped}{position['due_tasks_ahead']} "
+            f"({position['due_tasks_ahead_same_capability']} with the same handler and versions)"
+        )
     if explanation["dispatchable"]:
         print("dispatchable: the next claim of a capable Worker takes it in this order")
     else:
@@ -521,8 +604,13 @@ async def _top(db: Database, args) -> None:
     iterations = 1 if args.once else args.iterations
     try:
         await run_top(
-            OperationsStore(db), _console(), interval_s=args.interval, iterations=iterations, as_json=args.json,
-            application=args.application, namespace=args.namespace,
+            OperationsStore(db),
+            _console(),
+            interval_s=args.interval,
+            iterations=iterations,
+            as_json=args.json,
+            application=args.application,
+            namespace=args.namespace,
         )
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a live view ends

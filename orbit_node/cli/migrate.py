@@ -11,7 +11,9 @@ from .common import database_from_env, print_json, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="orbit-migrate", description="Apply or show Orbit schema migrations (ORBIT_MYSQL_DSN).")
+    parser = argparse.ArgumentParser(
+        prog="orbit-migrate", description="Apply or show Orbit schema migrations (ORBIT_MYSQL_DSN)."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="apply pending migrations (idempotent)")
     up.add_argument("--to", type=int, default=None, metavar="VERSION", help="stop at this version (default: head)")
@@ -35,7 +37,12 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 rows = await migrate.status(db)
                 if args.json:
-                    print_json([{"version": r.version, "name": r.name, "state": r.state, "applied_at": r.applied_at} for r in rows])
+                    print_json(
+                        [
+                            {"version": r.version, "name": r.name, "state": r.state, "applied_at": r.applied_at}
+                            for r in rows
+                        ]
+                    )
                 else:
                     for r in rows:
                         print(f"{r.version:06d}  {r.state:8}  {r.name}  {r.applied_at or ''}".rstrip())

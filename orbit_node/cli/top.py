@@ -41,7 +41,7 @@ class TopSnapshot:
             totals[application_id] = totals.get(application_id, 0) + turns
         return totals
 
-    def turn_rates(self, previous: "TopSnapshot | None") -> dict[str, float] | None:
+    def turn_rates(self, previous: TopSnapshot | None) -> dict[str, float] | None:
         """Turns per second per application since ``previous`` (None for the first frame).
 
         Only counters present in both frames count: a node that started or stopped in
@@ -56,7 +56,7 @@ class TopSnapshot:
                 rates[key[1]] = rates.get(key[1], 0.0) + max(turns - before, 0) / elapsed
         return rates
 
-    def as_json(self, previous: "TopSnapshot | None" = None) -> dict[str, Any]:
+    def as_json(self, previous: TopSnapshot | None = None) -> dict[str, Any]:
         totals = self.turns_by_application()
         rates = self.turn_rates(previous) or {}
         return {
@@ -66,7 +66,8 @@ class TopSnapshot:
                     **app,
                     "claim_turns": totals.get(app["application_id"], 0),
                     "claim_turns_per_s": round(rates[app["application_id"]], 3)
-                    if app["application_id"] in rates else None,
+                    if app["application_id"] in rates
+                    else None,
                 }
                 for app in self.applications
             ],
@@ -100,8 +101,16 @@ def render(snapshot: TopSnapshot, previous: TopSnapshot | None = None) -> Group:
     rates = snapshot.turn_rates(previous)
 
     apps = Table(title="applications", title_justify="left", expand=False)
-    for column in ("application", "state", "quota conc/starts", "queued", "reserved", "running", "claim turns",
-                   "turns/s"):
+    for column in (
+        "application",
+        "state",
+        "quota conc/starts",
+        "queued",
+        "reserved",
+        "running",
+        "claim turns",
+        "turns/s",
+    ):
         apps.add_column(column, justify="left" if column in ("application", "state") else "right")
     for app in snapshot.applications:
         rate = "-" if rates is None else f"{rates.get(app['application_id'], 0.0):.1f}"
@@ -124,7 +133,13 @@ def render(snapshot: TopSnapshot, previous: TopSnapshot | None = None) -> Group:
     for q in snapshot.queues:
         name = Text(q.name + (" (paused)" if q.paused else ""), style="yellow" if q.paused else "")
         queues.add_row(
-            q.application, q.namespace, name, str(q.due), str(q.queued - q.due), str(q.reserved), str(q.running),
+            q.application,
+            q.namespace,
+            name,
+            str(q.due),
+            str(q.queued - q.due),
+            str(q.reserved),
+            str(q.running),
             *(str(q.queued_by_priority.get(level, "")) for level in PRIORITY_LEVELS),
         )
 
@@ -133,7 +148,11 @@ def render(snapshot: TopSnapshot, previous: TopSnapshot | None = None) -> Group:
         nodes.add_column(column, justify="right" if column in ("connections", "heartbeat age s") else "left")
     for node in snapshot.nodes:
         nodes.add_row(
-            node["node_id"][:12], node["hostname"], node["http_addr"], node["version"], str(node["connections"]),
+            node["node_id"][:12],
+            node["hostname"],
+            node["http_addr"],
+            node["version"],
+            str(node["connections"]),
             f"{node['heartbeat_age_s']:.1f}",
         )
     return Group(apps, queues, nodes)

@@ -19,7 +19,7 @@ def parse_blocks(text: str, *, source: str = "<sql>") -> dict[str, str]:
     matches = list(_NAME.finditer(text))
     for index, match in enumerate(matches):
         end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
-        body = text[match.end():end]
+        body = text[match.end() : end]
         lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
         sql = "\n".join(lines).strip().rstrip(";").strip()
         name = match.group(1)

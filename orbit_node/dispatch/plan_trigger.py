@@ -42,7 +42,7 @@ class PassStats:
     # There is more to do right away (a full candidate batch, or a plan still due).
     saturated: bool = False
 
-    def __add__(self, other: "PassStats") -> "PassStats":
+    def __add__(self, other: PassStats) -> PassStats:
         return PassStats(
             self.plans_fired + other.plans_fired,
             self.tasks_created + other.tasks_created,

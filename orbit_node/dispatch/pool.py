@@ -65,7 +65,9 @@ class ClaimPool:
     _closed: bool = attrs.field(default=False, init=False)
     _idle: trio.Event = attrs.field(factory=trio.Event, init=False)
     _rounds: int = attrs.field(default=0, init=False)
-    _counts: dict[str, int] = attrs.field(factory=lambda: {"tasks": 0, "empty": 0, "error": 0, "reserved": 0}, init=False)
+    _counts: dict[str, int] = attrs.field(
+        factory=lambda: {"tasks": 0, "empty": 0, "error": 0, "reserved": 0}, init=False
+    )
 
     # -- called by connections (synchronous, never blocks) ---------------------------------
 
@@ -128,9 +130,14 @@ class ClaimPool:
             outcome = "tasks" if result else "empty"
         except Exception as exc:  # the database may be down: the connection retries later
             log.warning(
-                "claim failed for connection %s: %s", grant.request.connection_id, exc,
-                extra={"connection_id": grant.request.connection_id, "application_id": grant.request.application_id,
-                       "queue_id": grant.queue_id},
+                "claim failed for connection %s: %s",
+                grant.request.connection_id,
+                exc,
+                extra={
+                    "connection_id": grant.request.connection_id,
+                    "application_id": grant.request.application_id,
+                    "queue_id": grant.queue_id,
+                },
             )
             result, outcome = exc, "error"
         except BaseException:
@@ -156,7 +163,8 @@ class ClaimPool:
                 except Exception as exc:
                     log.warning(
                         "could not release %d reservations of a closed connection (lease recovery will): %s",
-                        len(result), exc,
+                        len(result),
+                        exc,
                     )
 
     def statistics(self) -> PoolStatistics:

@@ -41,5 +41,9 @@ class Sweeper(PeriodicService):
     def report(self, swept: RecoveryStats) -> None:
         log.info(
             "recovered tasks: requeued=%d retried=%d failed=%d cancelled=%d expired=%d",
-            swept.requeued, swept.retried, swept.failed, swept.cancelled, swept.expired,
+            swept.requeued,
+            swept.retried,
+            swept.failed,
+            swept.cancelled,
+            swept.expired,
         )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, OrderedDict
+
 import attrs
 
 from ..claims import ClaimRequest
@@ -75,13 +76,17 @@ class SchedulerStatistics:
     refused: int
 
 
+def _default_cache(scheduler: FairScheduler) -> EmptyResultCache:
+    return EmptyResultCache(scheduler.limits.scan_cycle_s, scheduler.limits.empty_cache_entries)
+
+
 @attrs.define(eq=False)
 class FairScheduler:
     limits: SchedulerLimits
-    cache: EmptyResultCache = attrs.field(default=None)
+    cache: EmptyResultCache = attrs.field(default=attrs.Factory(_default_cache, takes_self=True))
     _pending: dict[str, ClaimRequest] = attrs.field(factory=dict, init=False)
     _in_flight: dict[str, Grant] = attrs.field(factory=dict, init=False)
-    _app_in_flight: Counter = attrs.field(factory=Counter, init=False)
+    _app_in_flight: Counter[str] = attrs.field(factory=Counter, init=False)
     # Rotation of applications with waiting requests (front = next turn).
     _apps: OrderedDict[str, None] = attrs.field(factory=OrderedDict, init=False)
     # Per application: rotation of its queues with waiting requests.
@@ -90,16 +95,12 @@ class FairScheduler:
     _lines: dict[str, OrderedDict[str, None]] = attrs.field(factory=dict, init=False)
     # Per connection: (cycle number, grants in that cycle).
     _cycle_grants: dict[str, tuple[int, int]] = attrs.field(factory=dict, init=False)
-    _turns: Counter = attrs.field(factory=Counter, init=False)
+    _turns: Counter[str] = attrs.field(factory=Counter, init=False)
     _max_in_flight: int = attrs.field(default=0, init=False)
     _max_app_in_flight: int = attrs.field(default=0, init=False)
     _max_requests: int = attrs.field(default=0, init=False)
     _cached_skips: int = attrs.field(default=0, init=False)
     _refused: int = attrs.field(default=0, init=False)
-
-    def __attrs_post_init__(self):
-        if self.cache is None:
-            self.cache = EmptyResultCache(self.limits.scan_cycle_s, self.limits.empty_cache_entries)
 
     # -- requests ----------------------------------------------------------------------
 

@@ -7,4 +7,12 @@ definition. The node service that creates the tasks is ``dispatch.plan_trigger``
 from .definition import Definition, parse_definition, parse_stored
 from .schedule import CATCH_UP_POLICIES, Firing, Schedule, due_fire_times
 
-__all__ = ["CATCH_UP_POLICIES", "Definition", "Firing", "Schedule", "due_fire_times", "parse_definition", "parse_stored"]
+__all__ = [
+    "CATCH_UP_POLICIES",
+    "Definition",
+    "Firing",
+    "Schedule",
+    "due_fire_times",
+    "parse_definition",
+    "parse_stored",
+]

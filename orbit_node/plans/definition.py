@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -34,7 +34,7 @@ GRACE_S_MAX = 24 * 3600
 CRON_MAX_LENGTH = 200
 CRON_TEXT = re.compile(r"[\x21-\x7e]+(?: +[\x21-\x7e]+){4}")
 # Where the "can it ever fire" check of a cron expression starts looking.
-CRON_CHECK_FROM = datetime(2000, 1, 1, tzinfo=timezone.utc)
+CRON_CHECK_FROM = datetime(2000, 1, 1, tzinfo=UTC)
 # IANA zone names: letters, digits and _ + - / only (no paths such as ../).
 TIME_ZONE_NAME = re.compile(r"[A-Za-z0-9_+-]+(?:/[A-Za-z0-9_+-]+)*")
 
@@ -147,4 +147,3 @@ def _cron(value: Any, field: str, time_zone: str) -> str:
         reason = str(exc).strip() or type(exc).__name__
         raise InvalidArgument(f"{field}: not a valid cron expression {show(value)} ({reason})", field=field) from None
     return expression
-

@@ -20,12 +20,11 @@ policy for fire times that were missed (more than ``grace_s`` late).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import attrs
-from croniter import croniter
-from croniter import CroniterError
+from croniter import CroniterError, croniter
 
 CATCH_UP_SKIP = "skip"
 CATCH_UP_FIRE_ONCE = "fire_once"
@@ -38,7 +37,7 @@ EPOCH = datetime(1970, 1, 1)
 # The last instant a DATETIME(6) column holds; no fire time lies beyond it.
 LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999)
 ONE_US = timedelta(microseconds=1)
-UTC = timezone.utc
+UTC = UTC
 
 
 def _micros(value: datetime) -> int:
@@ -69,7 +68,7 @@ class Schedule:
     grace_s: int = DEFAULT_GRACE_S
     _zone: ZoneInfo = attrs.field(init=False, repr=False, eq=False)
 
-    def __attrs_post_init__(self):
+    def __attrs_post_init__(self) -> None:
         if self.interval_s is None and self.cron is None:
             raise ValueError("a schedule needs interval_s and/or cron")
         if self.catch_up not in CATCH_UP_POLICIES:
@@ -83,7 +82,7 @@ class Schedule:
         lower = max(when, self.start_at) if self.start_at is not None else when
         candidates = []
         if self.interval_s is not None:
-            candidates.append(self._interval_at_or_after(lower))
+            candidates.append(self._interval_at_or_after(lower, self.interval_s))
         if self.cron is not None:
             candidates.append(self._cron_at_or_after(lower))
         found = [c for c in candidates if c is not None]
@@ -105,7 +104,7 @@ class Schedule:
         upper = min(when, self.end_at) if self.end_at is not None else when
         candidates = []
         if self.interval_s is not None:
-            candidates.append(self._interval_at_or_before(upper))
+            candidates.append(self._interval_at_or_before(upper, self.interval_s))
         if self.cron is not None:
             candidates.append(self._cron_at_or_before(upper))
         found = [c for c in candidates if c is not None]
@@ -119,15 +118,15 @@ class Schedule:
     def _anchor(self) -> int:
         return _micros(self.start_at) if self.start_at is not None else 0
 
-    def _interval_at_or_after(self, when: datetime) -> datetime | None:
-        step = self.interval_s * 1_000_000
+    def _interval_at_or_after(self, when: datetime, interval_s: int) -> datetime | None:
+        step = interval_s * 1_000_000
         anchor = self._anchor()
         offset = max(0, _micros(when) - anchor)
         k = -(-offset // step)  # ceiling division
         return _from_micros(anchor + k * step)
 
-    def _interval_at_or_before(self, when: datetime) -> datetime | None:
-        step = self.interval_s * 1_000_000
+    def _interval_at_or_before(self, when: datetime, interval_s: int) -> datetime | None:
+        step = interval_s * 1_000_000
         anchor = self._anchor()
         offset = _micros(when) - anchor
         if offset < 0:
@@ -140,7 +139,7 @@ class Schedule:
     def _cron_at_or_after(self, when: datetime) -> datetime | None:
         # croniter's get_next is strictly after its start; start one microsecond earlier.
         try:
-            found = self._cron(when - ONE_US).get_next(datetime)
+            found: datetime = self._cron(when - ONE_US).get_next(datetime)
         except (CroniterError, OverflowError, ValueError):
             return None
         return found.astimezone(UTC).replace(tzinfo=None)
@@ -149,7 +148,7 @@ class Schedule:
         if when >= LATEST:
             when = LATEST - ONE_US
         try:
-            found = self._cron(when + ONE_US).get_prev(datetime)
+            found: datetime = self._cron(when + ONE_US).get_prev(datetime)
         except (CroniterError, OverflowError, ValueError):
             return None
         result = found.astimezone(UTC).replace(tzinfo=None)

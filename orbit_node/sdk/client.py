@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
-from collections.abc import Mapping
-from datetime import datetime, timezone
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import attrs
 import httpx
@@ -140,10 +140,10 @@ ERRORS_BY_CODE: dict[str, type[ApiError]] = {
 def _rfc3339(value: datetime) -> str:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError("timestamps must be timezone-aware datetimes")
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _aware(instance: Any, attribute: attrs.Attribute, value: datetime | None) -> None:
+def _aware(instance: Any, attribute: attrs.Attribute[datetime | None], value: datetime | None) -> None:
     if value is not None and (value.tzinfo is None or value.utcoffset() is None):
         raise ValueError(f"{attribute.name} must be a timezone-aware datetime")
 
@@ -273,11 +273,18 @@ def _required_time(value: str | datetime) -> datetime:
     return value if isinstance(value, datetime) else datetime.fromisoformat(value)
 
 
+def _backoff(value: Backoff | Mapping[str, Any]) -> Backoff:
+    return value if isinstance(value, Backoff) else Backoff(**value)
+
+
 class _FromJson:
     """``from_json``: every attrs field from the key of its name; absent keys take the default."""
 
+    # Set by attrs on every subclass (all are attrs classes).
+    __attrs_attrs__: ClassVar[tuple[attrs.Attribute[Any], ...]]
+
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Any:
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
         try:
             return cls(
                 **{f.name: data[f.name] for f in attrs.fields(cls) if f.name in data or f.default is attrs.NOTHING}
@@ -309,7 +316,7 @@ class TaskSummary(_FromJson):
 @attrs.frozen(kw_only=True)
 class Task(TaskSummary):
     payload: Any
-    backoff: Backoff = attrs.field(converter=lambda value: value if isinstance(value, Backoff) else Backoff(**value))
+    backoff: Backoff = attrs.field(converter=_backoff)
     reserved_at: datetime | None = _time_field(optional=True)
     started_at: datetime | None = _time_field(optional=True)
     updated_at: datetime = _time_field()
@@ -369,7 +376,7 @@ class Page(Generic[T]):
     next_cursor: str | None
 
     @classmethod
-    def from_document(cls, item_type: Any, document: Mapping[str, Any]) -> "Page[Any]":
+    def from_document(cls, item_type: Any, document: Mapping[str, Any]) -> Page[Any]:
         """A list envelope: ``data`` items of ``item_type`` and the ``next_cursor``."""
         return cls([item_type.from_json(item) for item in document["data"]], document.get("next_cursor"))
 
@@ -394,7 +401,7 @@ class Credentials:
     queues: Mapping[str, str]
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "Credentials":
+    def load(cls, path: str | os.PathLike[str]) -> Credentials:
         where = f"credentials file {os.fspath(path)}"
         try:
             document = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -433,7 +440,7 @@ class OrbitClient:
         token: str,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
-        event_hooks: Mapping[str, list] | None = None,
+        event_hooks: Mapping[str, list[Callable[..., Any]]] | None = None,
     ):
         self.url = url.rstrip("/")
         self._http = httpx.AsyncClient(
@@ -446,11 +453,11 @@ class OrbitClient:
         )
 
     @classmethod
-    def from_credentials(cls, credentials: Credentials, *, url: str | None = None, **kwargs: Any) -> "OrbitClient":
+    def from_credentials(cls, credentials: Credentials, *, url: str | None = None, **kwargs: Any) -> OrbitClient:
         return cls(url or credentials.url, credentials.token, **kwargs)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> "OrbitClient":
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> OrbitClient:
         """ORBIT_CREDENTIALS_FILE (required) and ORBIT_URL (overrides the file's url)."""
         env = os.environ if env is None else env
         path = env.get("ORBIT_CREDENTIALS_FILE")
@@ -458,7 +465,7 @@ class OrbitClient:
             raise ConfigError("ORBIT_CREDENTIALS_FILE is not set", field="ORBIT_CREDENTIALS_FILE")
         return cls.from_credentials(Credentials.load(path), url=env.get("ORBIT_URL") or None, **kwargs)
 
-    async def __aenter__(self) -> "OrbitClient":
+    async def __aenter__(self) -> OrbitClient:
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
@@ -506,7 +513,9 @@ class OrbitClient:
                 request_id=document.get("request_id"),
             )
         if not 200 <= response.status_code < 300 or "data" not in document:
-            raise ProtocolError(f"{method} {path}: HTTP {response.status_code} without data", status=response.status_code)
+            raise ProtocolError(
+                f"{method} {path}: HTTP {response.status_code} without data", status=response.status_code
+            )
         return response.status_code, document
 
     # -- tasks

@@ -122,11 +122,11 @@ class _Session:
     """One live connection: sending, and matching acks to requests by message id."""
 
     ws: Any
-    welcome: dict
+    welcome: dict[str, Any]
     # trio time of the last message from the node (heartbeat answers included).
     last_heard: float = attrs.field(factory=trio.current_time)
-    _ids: Any = attrs.field(factory=lambda: itertools.count(1))
-    _waiting: dict[str, Any] = attrs.field(factory=dict)
+    _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
+    _waiting: dict[str, trio.MemorySendChannel[list[dict[str, Any]]]] = attrs.field(factory=dict)
     running: dict[str, tuple[str, trio.CancelScope]] = attrs.field(factory=dict)
     # Handlers started or about to start (between the start ack and the handler).
     busy: int = 0
@@ -149,13 +149,13 @@ class _Session:
         if self.busy == 0:
             self.idle.set()
 
-    async def send(self, message: dict) -> None:
+    async def send(self, message: dict[str, Any]) -> None:
         await self.ws.send_message(json.dumps(message, separators=(",", ":")))
 
-    async def request(self, kind: str, tasks: list[dict]) -> list[dict]:
+    async def request(self, kind: str, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Send a start/renew/finish/release and wait for its ack's results."""
         message_id = f"m{next(self._ids)}"
-        send, recv = trio.open_memory_channel(1)
+        send, recv = trio.open_memory_channel[list[dict[str, Any]]](1)
         self._waiting[message_id] = send
         try:
             await self.send({"type": kind, "id": message_id, "tasks": tasks})
@@ -163,8 +163,9 @@ class _Session:
         finally:
             self._waiting.pop(message_id, None)
 
-    def resolve(self, ack: dict) -> None:
-        send = self._waiting.pop(ack.get("id"), None)
+    def resolve(self, ack: dict[str, Any]) -> None:
+        message_id = ack.get("id")
+        send = self._waiting.pop(message_id, None) if isinstance(message_id, str) else None
         if send is not None:
             send.send_nowait(ack["results"])
 
@@ -181,14 +182,14 @@ class _Batcher:
     kind: str
     # Messages sent per kind, shared with the Worker (a figure for tests and benchmarks).
     sent: dict[str, int]
-    _queued: list[tuple[dict, trio.MemorySendChannel]] = attrs.field(factory=list)
+    _queued: list[tuple[dict[str, Any], trio.MemorySendChannel[dict[str, Any] | None]]] = attrs.field(factory=list)
     _wake: trio.Event = attrs.field(factory=trio.Event)
 
-    async def submit(self, items: list[dict]) -> list[dict | None]:
+    async def submit(self, items: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
         """Queue ``items``; returns each one's result (None if the ack did not name it)."""
         waits = []
         for item in items:
-            send, recv = trio.open_memory_channel(1)
+            send, recv = trio.open_memory_channel[dict[str, Any] | None](1)
             self._queued.append((item, send))
             waits.append(recv)
         self._wake.set()
@@ -236,7 +237,7 @@ class Worker:
     def worker_drained(self) -> bool:
         return self.drained
 
-    def handler(self, name: str, handler_version: str, payload_version: str):
+    def handler(self, name: str, handler_version: str, payload_version: str) -> Callable[[Handler], Handler]:
         def register(fn: Handler) -> Handler:
             self.register(name, handler_version, payload_version, fn)
             return fn
@@ -249,9 +250,9 @@ class Worker:
     def _ws_url(self) -> str:
         base = self.url.rstrip("/")
         if base.startswith("https://"):
-            base = "wss://" + base[len("https://"):]
+            base = "wss://" + base[len("https://") :]
         elif base.startswith("http://"):
-            base = "ws://" + base[len("http://"):]
+            base = "ws://" + base[len("http://") :]
         return base + "/v1/workers/connect"
 
     async def wait_completed(self, count: int) -> None:
@@ -273,7 +274,7 @@ class Worker:
         self._drain_requested.set()
         await self._stopped.wait()
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until drained (reconnecting as needed). Reports started after the first welcome."""
         if not self._handlers:
             raise ValueError("register at least one handler before running the Worker")
@@ -302,23 +303,31 @@ class Worker:
         finally:
             self._stopped.set()
 
-    async def _session(self, status: list) -> None:
+    async def _session(self, status: list[trio.TaskStatus[None]]) -> None:
         headers = [(b"authorization", f"Bearer {self.token}".encode())]
         try:
             async with open_websocket_url(
-                self._ws_url(), self.ssl_context, extra_headers=headers,
-                connect_timeout=self.connect_timeout_s, disconnect_timeout=DISCONNECT_TIMEOUT_S,
+                self._ws_url(),
+                self.ssl_context,
+                extra_headers=headers,
+                connect_timeout=self.connect_timeout_s,
+                disconnect_timeout=DISCONNECT_TIMEOUT_S,
             ) as ws:
-                await ws.send_message(json.dumps({
-                    "type": "hello",
-                    "queues": self.queues,
-                    "capabilities": [
-                        {"handler": h, "handler_version": hv, "payload_version": pv} for h, hv, pv in self._handlers
-                    ],
-                    "resource_keys": self.resource_keys,
-                    "capacity": self.capacity,
-                    "client": {"name": self.client_name, "version": __version__},
-                }))
+                await ws.send_message(
+                    json.dumps(
+                        {
+                            "type": "hello",
+                            "queues": self.queues,
+                            "capabilities": [
+                                {"handler": h, "handler_version": hv, "payload_version": pv}
+                                for h, hv, pv in self._handlers
+                            ],
+                            "resource_keys": self.resource_keys,
+                            "capacity": self.capacity,
+                            "client": {"name": self.client_name, "version": __version__},
+                        }
+                    )
+                )
                 welcome = json.loads(await ws.get_message())
                 if welcome.get("type") != "welcome":
                     raise WorkerRejected(0, json.dumps(welcome).encode())
@@ -335,9 +344,9 @@ class Worker:
                     await self._receive(session, nursery)
                     nursery.cancel_scope.cancel()
         except HandshakeError as exc:
-            status = getattr(exc, "status_code", None)
-            if status in (401, 403):
-                raise WorkerRejected(status, getattr(exc, "body", b"") or b"") from None
+            code = getattr(exc, "status_code", None)
+            if code in (401, 403):
+                raise WorkerRejected(code, getattr(exc, "body", b"") or b"") from None
             raise
 
     async def _receive(self, session: _Session, nursery: trio.Nursery) -> None:
@@ -365,7 +374,7 @@ class Worker:
             elif kind == "error":
                 log.warning("node refused a message: %s %s", message.get("code"), message.get("message"))
 
-    async def _start_and_run(self, session: _Session, tasks: list[dict]) -> None:
+    async def _start_and_run(self, session: _Session, tasks: list[dict[str, Any]]) -> None:
         refs = [{"task_id": t["task_id"], "token": t["token"]} for t in tasks]
         session.enter()
         try:
@@ -374,18 +383,25 @@ class Worker:
                 return
             results = await session.starts.submit(refs)
             async with trio.open_nursery() as nursery:
-                for t, result in zip(tasks, results):
+                for t, result in zip(tasks, results, strict=False):
                     if result is not None and result.get("ok"):
                         nursery.start_soon(self._run_one, session, t)
         finally:
             session.leave()
 
-    async def _run_one(self, session: _Session, raw: dict) -> None:
+    async def _run_one(self, session: _Session, raw: dict[str, Any]) -> None:
         task = WorkerTask(
-            task_id=raw["task_id"], queue_id=raw["queue_id"], handler=raw["handler"],
-            handler_version=raw["handler_version"], payload_version=raw["payload_version"], payload=raw["payload"],
-            attempt=raw["attempt"], max_attempts=raw["max_attempts"], priority=raw.get("priority", 0),
-            deadline=raw.get("deadline"), resource_key=raw.get("resource_key"),
+            task_id=raw["task_id"],
+            queue_id=raw["queue_id"],
+            handler=raw["handler"],
+            handler_version=raw["handler_version"],
+            payload_version=raw["payload_version"],
+            payload=raw["payload"],
+            attempt=raw["attempt"],
+            max_attempts=raw["max_attempts"],
+            priority=raw.get("priority", 0),
+            deadline=raw.get("deadline"),
+            resource_key=raw.get("resource_key"),
         )
         fn = self._handlers[(task.handler, task.handler_version, task.payload_version)]
         report: dict[str, Any] = {"task_id": task.task_id, "token": raw["token"]}
@@ -396,11 +412,19 @@ class Worker:
                 json.dumps(result)  # must be JSON: a failure here is the handler's
                 report.update(outcome="succeeded", result=result)
             except PermanentError as exc:
-                report.update(outcome="failed", retryable=False, error={"message": str(exc), **({"code": exc.code} if exc.code else {})})
+                report.update(
+                    outcome="failed",
+                    retryable=False,
+                    error={"message": str(exc), **({"code": exc.code} if exc.code else {})},
+                )
             except Exception as exc:
-                report.update(outcome="failed", retryable=True, error={"message": f"{type(exc).__name__}: {exc}"[:4096]})
+                report.update(
+                    outcome="failed", retryable=True, error={"message": f"{type(exc).__name__}: {exc}"[:4096]}
+                )
         if scope.cancelled_caught:
-            report.update(outcome="failed", retryable=False, error={"message": "cancelled by the node", "code": "CANCELLED"})
+            report.update(
+                outcome="failed", retryable=False, error={"message": "cancelled by the node", "code": "CANCELLED"}
+            )
         try:
             (result,) = await session.finishes.submit([report])
         finally:

@@ -119,7 +119,9 @@ class _Claim:
             budget = queue_budgets.get(queue_id)
             if count and budget is not None and budget.window_s is not None:
                 window_s, total = window_after(budget, count, reserved_s)
-                await tx.execute("claim_queue_window", {"queue_id": queue_id, "window_s": window_s, "window_count": total})
+                await tx.execute(
+                    "claim_queue_window", {"queue_id": queue_id, "window_s": window_s, "window_count": total}
+                )
         await self.at("claim.reserved", [r.task_id for r in reservations])
         return reservations
 

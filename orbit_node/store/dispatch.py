@@ -61,7 +61,7 @@ class DispatchStore:
         )
 
     @classmethod
-    def from_config(cls, db: Database, config: Any) -> "DispatchStore":
+    def from_config(cls, db: Database, config: Any) -> DispatchStore:
         """Build from a ``NodeConfig`` (leases and claim batch size)."""
         return cls(
             db,

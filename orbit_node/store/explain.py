@@ -107,9 +107,7 @@ async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
         )
         if keys and not key_free(keys[0]):
             holder = keys[0]["holder_task_id"]
-            reasons.append(
-                _because("RESOURCE_KEY_HELD", f"resource key held by task {holder}", holder_task_id=holder)
-            )
+            reasons.append(_because("RESOURCE_KEY_HELD", f"resource key held by task {holder}", holder_task_id=holder))
     capable = await _capable_connections(tx, task)
     explanation["capable_connections"] = capable
     if capable == 0:
@@ -148,10 +146,24 @@ async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
 async def _quota_reasons(tx: Tx, task: Mapping[str, Any]) -> list[dict[str, Any]]:
     reasons = []
     for scope, max_concurrent, max_starts, window_s, window_count, count_query, key in (
-        ("APPLICATION", task["app_max_concurrent"], task["app_max_starts"], task["app_window_s"],
-         task["app_window_count"], "claim_count_application_live", {"application_id": task["application_id"]}),
-        ("QUEUE", task["queue_max_concurrency"], task["queue_max_starts"], task["queue_window_s"],
-         task["queue_window_count"], "claim_count_queue_live", {"queue_id": task["queue_id"]}),
+        (
+            "APPLICATION",
+            task["app_max_concurrent"],
+            task["app_max_starts"],
+            task["app_window_s"],
+            task["app_window_count"],
+            "claim_count_application_live",
+            {"application_id": task["application_id"]},
+        ),
+        (
+            "QUEUE",
+            task["queue_max_concurrency"],
+            task["queue_max_starts"],
+            task["queue_window_s"],
+            task["queue_window_count"],
+            "claim_count_queue_live",
+            {"queue_id": task["queue_id"]},
+        ),
     ):
         live = 0
         if max_concurrent is not None:
@@ -167,8 +179,12 @@ async def _quota_reasons(tx: Tx, task: Mapping[str, Any]) -> list[dict[str, Any]
                 )
         if max_starts is not None:
             budget = quota_budget(
-                max_concurrent=None, live=0, max_per_second=max_starts,
-                window_s=window_s, window_count=window_count, now_s=task["now_s"],
+                max_concurrent=None,
+                live=0,
+                max_per_second=max_starts,
+                window_s=window_s,
+                window_count=window_count,
+                now_s=task["now_s"],
             )
             if budget.remaining == 0:
                 reasons.append(
@@ -185,9 +201,7 @@ async def _capable_connections(tx: Tx, task: Mapping[str, Any]) -> int:
     """Worker connections of live nodes that could take this task (queue, capability, key support)."""
     wanted = [task["handler"], task["handler_version"], task["payload_version"]]
     count = 0
-    for conn in await tx.fetchall(
-        "explain_workers", {"namespace_id": task["namespace_id"], "stale_s": WORKER_STALE_S}
-    ):
+    for conn in await tx.fetchall("explain_workers", {"namespace_id": task["namespace_id"], "stale_s": WORKER_STALE_S}):
         if not conn["alive"]:
             continue
         if task["resource_key"] is not None and not conn["resource_key_support"]:

@@ -183,7 +183,9 @@ class OperationsStore:
 
     # -- queues ------------------------------------------------------------------------
 
-    async def queue_backlogs(self, *, application: str | None = None, namespace: str | None = None) -> list[QueueBacklog]:
+    async def queue_backlogs(
+        self, *, application: str | None = None, namespace: str | None = None
+    ) -> list[QueueBacklog]:
         if application is not None:
             if namespace is None:
                 await self.application(application)
@@ -215,7 +217,11 @@ class OperationsStore:
                     paused=bool(q["paused"]),
                     max_concurrency=q["max_concurrency"],
                     max_starts_per_second=q["max_starts_per_second"],
-                    **{k: v for k, v in states.get(q["queue_id"], {}).items() if k in ("queued", "due", "reserved", "running")},
+                    **{
+                        k: v
+                        for k, v in states.get(q["queue_id"], {}).items()
+                        if k in ("queued", "due", "reserved", "running")
+                    },
                     queued_by_priority=levels.get(q["queue_id"], {}),
                 )
                 for q in queues

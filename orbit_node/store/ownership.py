@@ -95,7 +95,7 @@ class FinishItem:
             raise ValueError("a finish carries a result or an error, not both")
 
 
-def _applied(result: "TransitionResult") -> bool:
+def _applied(result: TransitionResult) -> bool:
     return result.outcome is not Outcome.OWNERSHIP_LOST
 
 
@@ -144,7 +144,7 @@ class RecoveryStats:
     def total(self) -> int:
         return self.requeued + self.retried + self.failed + self.cancelled + self.expired
 
-    def __add__(self, other: "RecoveryStats") -> "RecoveryStats":
+    def __add__(self, other: RecoveryStats) -> RecoveryStats:
         return RecoveryStats(
             self.requeued + other.requeued,
             self.retried + other.retried,

@@ -54,7 +54,7 @@ class Plan:
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "Plan":
+    def from_row(cls, row: Mapping[str, Any]) -> Plan:
         return cls(**{f.name: row[f.name] for f in attrs.fields(cls)})
 
 
@@ -71,9 +71,12 @@ class PlanVersion:
         return json.loads(self.definition_json)
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "PlanVersion":
+    def from_row(cls, row: Mapping[str, Any]) -> PlanVersion:
         return cls(
-            plan_id=row["plan_id"], version=row["version"], definition_json=row["definition"], created_at=row["created_at"]
+            plan_id=row["plan_id"],
+            version=row["version"],
+            definition_json=row["definition"],
+            created_at=row["created_at"],
         )
 
 
@@ -149,7 +152,9 @@ class PlanStore:
             raise NotFound(f"version: plan {plan_id} has no version {version}", field="version")
         return PlanVersion.from_row(row)
 
-    async def list_versions(self, namespace_id: str, plan_id: str, *, after: int = 0, limit: int = 100) -> list[PlanVersion]:
+    async def list_versions(
+        self, namespace_id: str, plan_id: str, *, after: int = 0, limit: int = 100
+    ) -> list[PlanVersion]:
         await self.get(namespace_id, plan_id)
         rows = await self.db.fetchall("plan_version_list", {"plan_id": plan_id, "after": after, "limit": limit})
         return [PlanVersion.from_row(r) for r in rows]
@@ -346,7 +351,13 @@ class PlanStore:
                 )
                 if recorded:
                     await insert_task(
-                        tx, task_id, row["application_id"], row["namespace_id"], new, plan_id=plan_id, plan_version=version
+                        tx,
+                        task_id,
+                        row["application_id"],
+                        row["namespace_id"],
+                        new,
+                        plan_id=plan_id,
+                        plan_version=version,
                     )
                     created += 1
             await tx.execute(

@@ -64,4 +64,3 @@ def window_after(budget: Budget, reserved: int, reserved_s: int) -> tuple[int, i
     if reserved_s <= budget.window_s:
         return budget.window_s, budget.window_used + reserved
     return reserved_s, reserved
-

@@ -153,7 +153,9 @@ async def insert_task(
 class TaskStore:
     db: Database
 
-    async def submit(self, namespace_id: str, idempotency_key: str, new: NewTask, *, kind: str = KIND_REQUEST) -> Accepted:
+    async def submit(
+        self, namespace_id: str, idempotency_key: str, new: NewTask, *, kind: str = KIND_REQUEST
+    ) -> Accepted:
         """Accept ``new`` under ``idempotency_key`` (per namespace), exactly once.
 
         Raises NotFound when the queue is not in the namespace and IdempotencyConflict

@@ -41,7 +41,7 @@ def hash_secret(secret: str) -> str:
 def split_token(token: str) -> tuple[str, str] | None:
     if len(token) != TOKEN_LENGTH or not token.startswith(TOKEN_PREFIX):
         return None
-    body = token[len(TOKEN_PREFIX):]
+    body = token[len(TOKEN_PREFIX) :]
     credential_id, secret = body[:32], body[32:]
     if not is_hex32(credential_id) or any(c not in "0123456789abcdef" for c in secret):
         return None
@@ -57,11 +57,11 @@ def normalize_scopes(scopes: Mapping[str, Any]) -> dict[str, str | list[str]]:
         if grant == ALL_QUEUES:
             result[name] = ALL_QUEUES
         elif name in NODE_SCOPES:
-            raise InvalidArgument(f"scopes.{name}: a node-wide scope is granted as \"*\" only", field=f"scopes.{name}")
+            raise InvalidArgument(f'scopes.{name}: a node-wide scope is granted as "*" only', field=f"scopes.{name}")
         elif isinstance(grant, (list, tuple)) and all(is_hex32(q) for q in grant):
             result[name] = sorted(set(grant))
         else:
-            raise InvalidArgument(f"scopes.{name}: expected \"*\" or a list of queue ids", field=f"scopes.{name}")
+            raise InvalidArgument(f'scopes.{name}: expected "*" or a list of queue ids', field=f"scopes.{name}")
     return result
 
 
@@ -110,7 +110,7 @@ class Queue:
     created_at: Any
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "Queue":
+    def from_row(cls, row: Mapping[str, Any]) -> Queue:
         return cls(
             queue_id=row["queue_id"],
             namespace_id=row["namespace_id"],
@@ -146,7 +146,12 @@ class TenancyStore:
         async def body(tx: Tx):
             await tx.execute(
                 "ns_insert_ignore",
-                {"namespace_id": random_id(), "application_id": application_id, "name": name, "environment": environment},
+                {
+                    "namespace_id": random_id(),
+                    "application_id": application_id,
+                    "name": name,
+                    "environment": environment,
+                },
             )
             return await tx.fetchone("ns_by_name", {"application_id": application_id, "name": name})
 
@@ -205,7 +210,10 @@ class TenancyStore:
             row, created = await self.db.transaction(body)
         except Exception as exc:  # a concurrent create of the same name
             if getattr(exc, "errno", None) == 1062:
-                row, created = await self.db.fetchone("queue_by_name", {"namespace_id": namespace_id, "name": name}), False
+                row, created = (
+                    await self.db.fetchone("queue_by_name", {"namespace_id": namespace_id, "name": name}),
+                    False,
+                )
             else:
                 raise
         if not created and not exist_ok:
@@ -241,7 +249,9 @@ class TenancyStore:
 
     async def set_queue_paused(self, namespace_id: str, queue_id: str, paused: bool) -> Queue:
         await self.get_queue(namespace_id, queue_id)
-        await self.db.execute("queue_set_paused", {"namespace_id": namespace_id, "queue_id": queue_id, "paused": int(paused)})
+        await self.db.execute(
+            "queue_set_paused", {"namespace_id": namespace_id, "queue_id": queue_id, "paused": int(paused)}
+        )
         return await self.get_queue(namespace_id, queue_id)
 
     async def set_queue_controls(
@@ -292,7 +302,10 @@ class TenancyStore:
         return credential_id, f"{TOKEN_PREFIX}{credential_id}{secret}"
 
     async def revoke_credential(self, credential_id: str) -> None:
-        if not is_hex32(credential_id) or await self.db.fetchone("credential_by_id", {"credential_id": credential_id}) is None:
+        if (
+            not is_hex32(credential_id)
+            or await self.db.fetchone("credential_by_id", {"credential_id": credential_id}) is None
+        ):
             raise NotFound(f"credential_id: credential {credential_id} not found", field="credential_id")
         await self.db.execute("credential_revoke", {"credential_id": credential_id})
 

@@ -89,7 +89,7 @@ class TaskRow:
     now: datetime
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "TaskRow":
+    def from_row(cls, row: Mapping[str, Any]) -> TaskRow:
         return cls(
             task_id=row["task_id"],
             namespace_id=row["namespace_id"],
@@ -277,7 +277,7 @@ async def run_transition(
         writes = Writes()
         first: dict[tuple[str, str], TransitionResult] = {}
         results = []
-        for item, item_key in zip(items, keys):
+        for item, item_key in zip(items, keys, strict=True):
             if item_key in first:
                 # The same (task, token) twice in one batch: applied once.
                 results.append(attrs.evolve(first[item_key], duplicate=True))
@@ -316,8 +316,12 @@ class TransitionRules:
         if row.state == "running":
             # Start repeated for the attempt that is running: answered, nothing written.
             return TransitionResult(
-                task_id=row.task_id, outcome=Outcome.STARTED, duplicate=True, lease_expires_at=row.lease_expires_at,
-                cancel_requested=row.cancel_requested, deadline_passed=row.past_deadline,
+                task_id=row.task_id,
+                outcome=Outcome.STARTED,
+                duplicate=True,
+                lease_expires_at=row.lease_expires_at,
+                cancel_requested=row.cancel_requested,
+                deadline_passed=row.past_deadline,
             )
         if row.past_deadline or row.cancel_requested:
             # A task past its deadline is never started; a cancelled one neither.
@@ -340,8 +344,11 @@ class TransitionRules:
         lease = row.now + timedelta(seconds=lease_s)
         writes.renew(row, lease)
         return TransitionResult(
-            task_id=row.task_id, outcome=Outcome.RENEWED, lease_expires_at=lease,
-            cancel_requested=row.cancel_requested, deadline_passed=row.past_deadline,
+            task_id=row.task_id,
+            outcome=Outcome.RENEWED,
+            lease_expires_at=lease,
+            cancel_requested=row.cancel_requested,
+            deadline_passed=row.past_deadline,
         )
 
     def release(self, row: TaskRow, item: tuple[str, str], writes: Writes, _: Any) -> TransitionResult:
@@ -479,4 +486,3 @@ def _unstarted_back(row: TaskRow, writes: Writes, *, attempt_outcome: str) -> Ou
     writes.close_attempt(row, attempt_outcome)
     writes.back_to_queue(row)
     return Outcome.RELEASED
-

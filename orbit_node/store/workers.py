@@ -11,8 +11,18 @@ class WorkerRegistryStore:
     def __init__(self, db: Database):
         self.db = db
 
-    async def add(self, *, connection_id: str, node_id: str, namespace_id: str, queues, capabilities,
-                  resource_key_support: bool, client_name: str | None, client_version: str | None) -> None:
+    async def add(
+        self,
+        *,
+        connection_id: str,
+        node_id: str,
+        namespace_id: str,
+        queues,
+        capabilities,
+        resource_key_support: bool,
+        client_name: str | None,
+        client_version: str | None,
+    ) -> None:
         await self.db.execute(
             "worker_connection_insert",
             {
@@ -20,7 +30,9 @@ class WorkerRegistryStore:
                 "node_id": node_id,
                 "namespace_id": namespace_id,
                 "queues": json.dumps(list(queues)),
-                "capabilities": json.dumps(sorted([c.handler, c.handler_version, c.payload_version] for c in capabilities)),
+                "capabilities": json.dumps(
+                    sorted([c.handler, c.handler_version, c.payload_version] for c in capabilities)
+                ),
                 "resource_key_support": int(resource_key_support),
                 "client_name": client_name,
                 "client_version": client_version,

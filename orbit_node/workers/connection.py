@@ -33,7 +33,7 @@ from ..config import NodeConfig
 from ..dispatch.pool import ClaimPool, PoolClosed
 from ..dispatch.scheduler import SchedulerRefused
 from ..errors import NotFound, OrbitError
-from ..store.dispatch import FinishItem, Reservation, TransitionResult
+from ..store.ownership import FinishItem, Reservation, TransitionResult
 from ..store.tenancy import Principal
 from . import protocol as p
 from .core import ConnectionCore, TaskHandle, TransitionKind, TransitionMessage, kind_of
@@ -215,8 +215,12 @@ class WorkerConnection:
             try:
                 await self.hub.store.release_many(unstarted)
             except Exception as exc:
-                log.warning("connection %s: could not release %d reservations (lease recovery will): %s",
-                            self.connection_id, len(unstarted), exc)
+                log.warning(
+                    "connection %s: could not release %d reservations (lease recovery will): %s",
+                    self.connection_id,
+                    len(unstarted),
+                    exc,
+                )
         # Running tasks stay with their lease: the Worker may still be running them;
         # if it never reports, lease recovery counts a failed attempt.
         await self.hub.unregister(self)
@@ -245,8 +249,9 @@ class WorkerConnection:
             return
         if self.core.hello is None:
             if not isinstance(message, p.Hello):
-                raise p.ProtocolError("OUT_OF_ORDER", "the first message must be hello", field="type",
-                                      close_code=p.CLOSE_PROTOCOL)
+                raise p.ProtocolError(
+                    "OUT_OF_ORDER", "the first message must be hello", field="type", close_code=p.CLOSE_PROTOCOL
+                )
             await self._accept_hello(message)
             return
         if isinstance(message, p.Hello):
@@ -260,33 +265,45 @@ class WorkerConnection:
         except trio.WouldBlock:
             # Refused as a whole: a negative ack per task (with the message id) so the
             # Worker can retry it; nothing was changed.
-            self.send(p.ack(kind_of(message).value, [p.refused(t.task_id, "RESOURCE_EXHAUSTED") for t in message.tasks],
-                            message.id))
+            self.send(
+                p.ack(
+                    kind_of(message).value,
+                    [p.refused(t.task_id, "RESOURCE_EXHAUSTED") for t in message.tasks],
+                    message.id,
+                )
+            )
 
     async def _accept_hello(self, hello: p.Hello) -> None:
         for index, queue_id in enumerate(hello.queues):
             if not self.principal.allows("workers:consume", queue_id):
-                raise p.ProtocolError("PERMISSION_DENIED", f"credential lacks workers:consume for queue {queue_id}",
-                                      field=f"queues[{index}]", close_code=p.CLOSE_POLICY)
+                raise p.ProtocolError(
+                    "PERMISSION_DENIED",
+                    f"credential lacks workers:consume for queue {queue_id}",
+                    field=f"queues[{index}]",
+                    close_code=p.CLOSE_POLICY,
+                )
             try:
                 await self.hub.tenancy.get_queue(self.principal.namespace_id, queue_id)
             except NotFound:
-                raise p.ProtocolError("NOT_FOUND", f"queue {queue_id} not found", field=f"queues[{index}]",
-                                      close_code=p.CLOSE_POLICY) from None
+                raise p.ProtocolError(
+                    "NOT_FOUND", f"queue {queue_id} not found", field=f"queues[{index}]", close_code=p.CLOSE_POLICY
+                ) from None
             except OrbitError as exc:
                 raise p.ProtocolError("UNAVAILABLE", exc.message, close_code=p.CLOSE_INTERNAL) from None
         self.core.hello_received(hello, node_id=self.hub.node_id)
         await self.hub.register(self)
         config = self.hub.config
-        self.send(p.welcome(
-            connection_id=self.connection_id,
-            node_id=self.hub.node_id,
-            heartbeat_interval_s=config.heartbeat_timeout_s / 3,
-            heartbeat_timeout_s=config.heartbeat_timeout_s,
-            max_message_bytes=config.max_ws_message_bytes,
-            reservation_lease_s=config.reservation_lease_s,
-            run_lease_s=config.run_lease_s,
-        ))
+        self.send(
+            p.welcome(
+                connection_id=self.connection_id,
+                node_id=self.hub.node_id,
+                heartbeat_interval_s=config.heartbeat_timeout_s / 3,
+                heartbeat_timeout_s=config.heartbeat_timeout_s,
+                max_message_bytes=config.max_ws_message_bytes,
+                reservation_lease_s=config.reservation_lease_s,
+                run_lease_s=config.run_lease_s,
+            )
+        )
         self.maybe_request_claim()
 
     # -- claims -----------------------------------------------------------------------
@@ -332,8 +349,9 @@ class WorkerConnection:
             except OrbitError as exc:
                 # The database could not be reached: every task of the message gets a
                 # negative ack the Worker can retry; nothing changed ownership.
-                self.send(p.ack(kind_of(message).value, [p.refused(t.task_id, exc.code) for t in message.tasks],
-                                message.id))
+                self.send(
+                    p.ack(kind_of(message).value, [p.refused(t.task_id, exc.code) for t in message.tasks], message.id)
+                )
             self._held_changed.set()
             self.maybe_request_claim()
 
@@ -357,7 +375,7 @@ class WorkerConnection:
             outcomes = await run([(r.task_id, r.token) for r in mine]) if mine else []
         settled = self.core.settle(kind, mine, outcomes, trio.current_time())
         results = [p.refused(task_id, "NOT_HELD") for task_id in not_held]
-        results += [self.hub.result_json(outcome) for _, outcome in zip(mine, outcomes)]
+        results += [self.hub.result_json(outcome) for _, outcome in zip(mine, outcomes, strict=False)]
         for seconds in settled.started_after_s:
             self.hub.observe_started(seconds)
         if kind is TransitionKind.FINISH:

@@ -35,7 +35,7 @@ from ..claims import ClaimRequest
 from . import protocol as p
 
 if TYPE_CHECKING:
-    from ..store.dispatch import Reservation, TransitionResult
+    from ..store.ownership import Reservation, TransitionResult
 
 
 class TaskState(enum.Enum):
@@ -81,30 +81,36 @@ class TransitionRule:
     notices: bool = False
 
 
-RULES: Mapping[TransitionKind, TransitionRule] = MappingProxyType({
-    TransitionKind.START: TransitionRule(
-        accepts=frozenset({TaskState.RESERVED}), on_ok=Effect.RUN, on_refused=Effect.DROP
-    ),
-    TransitionKind.RENEW: TransitionRule(
-        accepts=frozenset({TaskState.RESERVED, TaskState.RUNNING}), on_ok=Effect.KEEP, on_refused=Effect.DROP,
-        notices=True,
-    ),
-    TransitionKind.FINISH: TransitionRule(
-        accepts=frozenset({TaskState.RUNNING}), on_ok=Effect.DROP, on_refused=Effect.DROP
-    ),
-    TransitionKind.RELEASE: TransitionRule(
-        accepts=frozenset({TaskState.RESERVED}), on_ok=Effect.DROP, on_refused=Effect.DROP
-    ),
-})
+RULES: Mapping[TransitionKind, TransitionRule] = MappingProxyType(
+    {
+        TransitionKind.START: TransitionRule(
+            accepts=frozenset({TaskState.RESERVED}), on_ok=Effect.RUN, on_refused=Effect.DROP
+        ),
+        TransitionKind.RENEW: TransitionRule(
+            accepts=frozenset({TaskState.RESERVED, TaskState.RUNNING}),
+            on_ok=Effect.KEEP,
+            on_refused=Effect.DROP,
+            notices=True,
+        ),
+        TransitionKind.FINISH: TransitionRule(
+            accepts=frozenset({TaskState.RUNNING}), on_ok=Effect.DROP, on_refused=Effect.DROP
+        ),
+        TransitionKind.RELEASE: TransitionRule(
+            accepts=frozenset({TaskState.RESERVED}), on_ok=Effect.DROP, on_refused=Effect.DROP
+        ),
+    }
+)
 
 TransitionMessage = p.Start | p.Renew | p.Finish | p.Release
 
-_KIND_OF_MESSAGE: Mapping[type[TransitionMessage], TransitionKind] = MappingProxyType({
-    p.Start: TransitionKind.START,
-    p.Renew: TransitionKind.RENEW,
-    p.Finish: TransitionKind.FINISH,
-    p.Release: TransitionKind.RELEASE,
-})
+_KIND_OF_MESSAGE: Mapping[type[TransitionMessage], TransitionKind] = MappingProxyType(
+    {
+        p.Start: TransitionKind.START,
+        p.Renew: TransitionKind.RENEW,
+        p.Finish: TransitionKind.FINISH,
+        p.Release: TransitionKind.RELEASE,
+    }
+)
 
 
 def kind_of(message: TransitionMessage) -> TransitionKind:
@@ -247,8 +253,14 @@ class ConnectionCore:
         for the free capacity, at most ``claim_batch_size``.
         """
         free = self.free_capacity
-        if (self._claim is None or self.outstanding or self.worker_draining or self.node_draining
-                or self.closing or free <= 0):
+        if (
+            self._claim is None
+            or self.outstanding
+            or self.worker_draining
+            or self.node_draining
+            or self.closing
+            or free <= 0
+        ):
             return None
         self.outstanding = True
         return attrs.evolve(self._claim, limit=min(free, self.claim_batch_size))
@@ -298,7 +310,7 @@ class ConnectionCore:
         started: list[float] = []
         cancels: list[CancelNotice] = []
         dropped: list[str] = []
-        for ref, result in zip(refs, results):
+        for ref, result in zip(refs, results, strict=False):  # fewer results than refs: the rest stay held
             effect = rule.on_ok if result.ok else rule.on_refused
             if effect is Effect.DROP:
                 if self._held.pop(ref.task_id, None) is not None:

@@ -71,8 +71,11 @@ class WorkerHub:
         self.connections[conn.connection_id] = conn
         self.on_application(conn.principal.application_id, conn.principal.application)
         log.info(
-            "worker connected: %d queues, capacity %d, client %s %s", len(conn.hello.queues), conn.hello.capacity,
-            conn.hello.client_name or "-", conn.hello.client_version or "-",
+            "worker connected: %d queues, capacity %d, client %s %s",
+            len(conn.hello.queues),
+            conn.hello.capacity,
+            conn.hello.client_name or "-",
+            conn.hello.client_version or "-",
         )
         try:
             await self.registry.add(

@@ -27,7 +27,7 @@ from ..rules import HANDLER, QUEUE_ID, VERSION
 from ..wire import rfc3339
 
 if TYPE_CHECKING:
-    from ..store.dispatch import Reservation
+    from ..store.ownership import Reservation
 
 # WebSocket close codes the node uses (documented in docs/worker-protocol.md).
 CLOSE_NORMAL = 1000
@@ -202,7 +202,10 @@ def _task_refs(obj: Mapping[str, Any]) -> tuple[TaskRef, ...]:
         item = _object(item, f"tasks[{i}]")
         _fields(item, {"task_id", "token"}, set(), f"tasks[{i}].")
         refs.append(
-            TaskRef(_string(item["task_id"], _HEX32, f"tasks[{i}].task_id"), _string(item["token"], _TOKEN, f"tasks[{i}].token"))
+            TaskRef(
+                _string(item["task_id"], _HEX32, f"tasks[{i}].task_id"),
+                _string(item["token"], _TOKEN, f"tasks[{i}].token"),
+            )
         )
     return tuple(refs)
 
@@ -324,8 +327,16 @@ def dumps(message: Mapping[str, Any]) -> str:
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def welcome(*, connection_id: str, node_id: str, heartbeat_interval_s: float, heartbeat_timeout_s: float,
-            max_message_bytes: int, reservation_lease_s: float, run_lease_s: float) -> dict[str, Any]:
+def welcome(
+    *,
+    connection_id: str,
+    node_id: str,
+    heartbeat_interval_s: float,
+    heartbeat_timeout_s: float,
+    max_message_bytes: int,
+    reservation_lease_s: float,
+    run_lease_s: float,
+) -> dict[str, Any]:
     return {
         "type": "welcome",
         "connection_id": connection_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from orbit_node.db import Database
@@ -38,7 +39,7 @@ async def assert_attempt_history(db: Database, task_id: str) -> list[dict[str, A
     if open_attempts:
         assert task["state"] in ("reserved", "running"), (task["state"], attempts)
         assert open_attempts[0]["fencing_token"] == task["fencing_token"], attempts
-    for earlier, later in zip(attempts, attempts[1:]):
+    for earlier, later in itertools.pairwise(attempts):
         assert earlier["outcome"] is not None, attempts
         assert earlier["finished_at"] <= later["reserved_at"], (earlier, later)
     finishing = [a for a in attempts if a["outcome"] in TERMINAL]

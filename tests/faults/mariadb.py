@@ -57,8 +57,12 @@ class PrivateMariaDB:
     async def install(self) -> None:
         await trio.run_process(
             [
-                find_bin("mariadb-install-db", "mysql_install_db"), "--no-defaults", f"--datadir={self.datadir}",
-                "--auth-root-authentication-method=normal", "--skip-test-db", f"--user={getpass.getuser()}",
+                find_bin("mariadb-install-db", "mysql_install_db"),
+                "--no-defaults",
+                f"--datadir={self.datadir}",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+                f"--user={getpass.getuser()}",
             ],
             capture_stdout=True,
             capture_stderr=True,
@@ -71,11 +75,19 @@ class PrivateMariaDB:
         try:
             self.process = await trio.lowlevel.open_process(
                 [
-                    find_bin("mariadbd", "mysqld"), "--no-defaults", f"--datadir={self.datadir}",
-                    f"--socket={self.root / 'mysqld.sock'}", f"--port={self.port}", "--bind-address=127.0.0.1",
-                    f"--pid-file={self.root / 'mariadbd.pid'}", f"--user={getpass.getuser()}",
-                    "--innodb-flush-log-at-trx-commit=1", "--innodb-buffer-pool-size=64M",
-                    "--innodb-lock-wait-timeout=10", "--skip-name-resolve", "--max-connections=200",
+                    find_bin("mariadbd", "mysqld"),
+                    "--no-defaults",
+                    f"--datadir={self.datadir}",
+                    f"--socket={self.root / 'mysqld.sock'}",
+                    f"--port={self.port}",
+                    "--bind-address=127.0.0.1",
+                    f"--pid-file={self.root / 'mariadbd.pid'}",
+                    f"--user={getpass.getuser()}",
+                    "--innodb-flush-log-at-trx-commit=1",
+                    "--innodb-buffer-pool-size=64M",
+                    "--innodb-lock-wait-timeout=10",
+                    "--skip-name-resolve",
+                    "--max-connections=200",
                 ],
                 stdout=log,
                 stderr=log,
@@ -122,4 +134,3 @@ class PrivateMariaDB:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
-

@@ -85,7 +85,9 @@ def spawn_env(token: str) -> dict[str, str]:
 async def open_worker_process(mode: str, base_url: str, token: str, *args: str, **kwargs) -> trio.Process:
     return await trio.lowlevel.open_process(
         [sys.executable, "-m", "tests.faults.worker_proc", mode, base_url, *args],
-        env=spawn_env(token), cwd=str(REPO), **kwargs,
+        env=spawn_env(token),
+        cwd=str(REPO),
+        **kwargs,
     )
 
 
@@ -97,7 +99,7 @@ class ProcessSocket:
     _buffer: bytes = b""
 
     @classmethod
-    async def spawn(cls, base_url: str, token: str) -> "ProcessSocket":
+    async def spawn(cls, base_url: str, token: str) -> ProcessSocket:
         process = await open_worker_process("script", base_url, token, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         sock = cls(process)
         with trio.fail_after(SPAWN_TIMEOUT_S):

@@ -247,7 +247,7 @@ async def test_node_shutdown_with_work_in_flight_loses_no_task(node_config, db):
                 running.node.request_shutdown()
                 # The node asks the Worker to drain; running handlers may still finish.
                 hub = running.node.state.services.hub
-                await wait_until(lambda: all(conn.node_draining for conn in hub.connections.values()))
+                await wait_until(lambda: all(conn.core.node_draining for conn in hub.connections.values()))
                 finish.set()
             # The node has exited here.
             await worker.drain()

@@ -47,8 +47,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 async def _stats_loop(node: Node, path: Path, interval_s: float) -> None:
     with path.open("a", buffering=1) as out:
         while True:
-            claims = node.state.services.get("claims")
-            hub = node.state.services.get("workers")
+            claims = node.state.services.pool
+            hub = node.state.services.hub
             if claims is not None and hub is not None:
                 s = claims.statistics()
                 out.write(

@@ -43,6 +43,7 @@ class DispatchRun:
     seconds: float
     transactions: int
     replays: int
+    claims: int = 0
 
     @property
     def tasks_per_s(self) -> float:
@@ -95,9 +96,10 @@ async def seed_tasks(db: Database, owner: dict[str, str], count: int) -> None:
 async def drain(store: DispatchStore, owner: dict[str, str], *, tasks: int, workers: int, batch: int) -> DispatchRun:
     done = 0
     transactions = 0
+    claims = 0
 
     async def worker(index: int):
-        nonlocal done, transactions
+        nonlocal done, transactions, claims
         request = ClaimRequest(
             namespace_id=owner["namespace_id"],
             application_id=owner["application_id"],
@@ -111,6 +113,7 @@ async def drain(store: DispatchStore, owner: dict[str, str], *, tasks: int, work
         while done < tasks:
             reservations = await store.claim(request)
             transactions += 1
+            claims += 1
             if not reservations:
                 continue
             tokens = [(r.task_id, r.fencing_token) for r in reservations]
@@ -129,7 +132,7 @@ async def drain(store: DispatchStore, owner: dict[str, str], *, tasks: int, work
         for index in range(workers):
             nursery.start_soon(worker, index)
     seconds = time.perf_counter() - started
-    return DispatchRun(batch, done, seconds, transactions, store.db.replays - replays_before)
+    return DispatchRun(batch, done, seconds, transactions, store.db.replays - replays_before, claims)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from orbit_node.sdk.client import OrbitClient, SubmitTaskRequest
 from orbit_node.sdk.worker import Worker, WorkerTask
 from orbit_node.store.tenancy import SCOPES, TenancyStore
 
-from .report import profile_summary
+from .report import STATUS_COUNTERS, profile_summary, status_delta
 
 REPO = Path(__file__).resolve().parent.parent
 # The no-op handler every scenario uses.
@@ -90,6 +90,33 @@ async def bench_database(*, pool_size: int = 8) -> AsyncIterator[BenchDb]:
             await db.aclose()
             with trio.move_on_after(60):
                 await admin_sql(server, f"DROP DATABASE IF EXISTS `{name}`")
+
+
+async def server_status(db: Database) -> dict[str, int]:
+    """MariaDB's global status counters of ``STATUS_COUNTERS`` (server-wide: every client counts)."""
+    names = ", ".join(f"'{name}'" for name in STATUS_COUNTERS)
+    rows = await db.run(lambda tx: tx.fetchall_raw(f"SHOW GLOBAL STATUS WHERE Variable_name IN ({names})"))
+    return {_text(r["Variable_name"]): int(_text(r["Value"])) for r in rows}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@attrs.define(eq=False)
+class Statements:
+    """What ``count_statements`` found: the counters' change over the block."""
+
+    delta: dict[str, int] = attrs.field(factory=dict)
+
+
+@asynccontextmanager
+async def count_statements(db: Database) -> AsyncIterator[Statements]:
+    """The server's statement counters before and after the block (``Statements.delta``)."""
+    result = Statements()
+    before = await server_status(db)
+    yield result
+    result.delta = status_delta(before, await server_status(db))
 
 
 # -- tenants ---------------------------------------------------------------------------

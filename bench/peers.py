@@ -5,6 +5,10 @@
   ``concurrency`` = the total Worker concurrency, a pool of 12 connections (the node's
   pool size), ``synchronous_commit=off`` (the same durability class as the development
   MariaDB's ``innodb_flush_log_at_trx_commit=2``).
+* ``pgqueuer``: PgQueuer on the same PostgreSQL (asyncpg pool of 12 connections,
+  ``synchronous_commit=off``), its in-process ``QueueManager`` in drain mode with
+  ``max_concurrent_tasks`` = the concurrency and the largest batch that allows
+  (half of it: PgQueuer requires ``max_concurrent_tasks >= 2 x batch_size``).
 * ``huey``: Huey's SQL storage (``huey.contrib.sql_huey.SqlHuey``, peewee + PyMySQL) on
   the same MariaDB server as Orbit, one consumer process with ``concurrency`` threads.
 
@@ -22,6 +26,8 @@ import secrets
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 # Progress sampling period of the burn-down curves.
@@ -37,19 +43,45 @@ def _cpu() -> float:
     return t.user + t.system
 
 
+def _pg_base() -> str:
+    return os.environ.get("ORBIT_BENCH_PG_DSN", "host=127.0.0.1 port=5432 user=postgres")
+
+
+@contextmanager
+def _pg_database(prefix: str) -> Iterator[str]:
+    """A new PostgreSQL database named ``prefix<random>``, dropped on exit."""
+    import psycopg
+
+    base = _pg_base()
+    name = prefix + secrets.token_hex(4)
+    with psycopg.connect(f"{base} dbname=postgres", autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        with psycopg.connect(f"{base} dbname=postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def _bounded(drain: Awaitable[Any], timeout_s: float) -> bool:
+    """Await an asyncio peer's drain for at most ``timeout_s``; whether it timed out."""
+    import asyncio
+
+    try:
+        await asyncio.wait_for(drain, timeout_s)
+    except TimeoutError:
+        return True
+    return False
+
+
 def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[str, Any]:
     import asyncio
 
     import procrastinate
     import psycopg
 
-    base = os.environ.get("ORBIT_BENCH_PG_DSN", "host=127.0.0.1 port=5432 user=postgres")
-    name = "orbit_bench_pg_" + secrets.token_hex(4)
-    with psycopg.connect(f"{base} dbname=postgres", autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    conninfo = f"{base} dbname={name} options='-c synchronous_commit=off'"
-
-    async def main() -> dict[str, Any]:
+    async def main(name: str) -> dict[str, Any]:
+        conninfo = f"{_pg_base()} dbname={name} options='-c synchronous_commit=off'"
         app = procrastinate.App(
             connector=procrastinate.PsycopgConnector(conninfo=conninfo, min_size=PG_POOL, max_size=PG_POOL)
         )
@@ -80,20 +112,16 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[st
             cpu0 = _cpu()
             start = time.perf_counter()
             sampler = asyncio.create_task(sample(start))
-            timed_out = False
-            try:
-                await asyncio.wait_for(
-                    app.run_worker_async(
-                        concurrency=concurrency,
-                        wait=False,
-                        install_signal_handlers=False,
-                        queues=["bench"],
-                        delete_jobs="never",
-                    ),
-                    timeout_s,
-                )
-            except TimeoutError:
-                timed_out = True
+            timed_out = await _bounded(
+                app.run_worker_async(
+                    concurrency=concurrency,
+                    wait=False,
+                    install_signal_handlers=False,
+                    queues=["bench"],
+                    delete_jobs="never",
+                ),
+                timeout_s,
+            )
             seconds = time.perf_counter() - start
             cpu = _cpu() - cpu0
             stop.set()
@@ -113,11 +141,92 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[st
             "synchronous_commit=off",
         }
 
-    try:
-        return asyncio.run(main())
-    finally:
-        with psycopg.connect(f"{base} dbname=postgres", autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with _pg_database("orbit_bench_pg_") as name:
+        return asyncio.run(main(name))
+
+
+def _pg_keywords(conninfo: str) -> dict[str, Any]:
+    """asyncpg's connect arguments from a libpq ``key=value`` string (no quoting)."""
+    names = {"dbname": "database"}
+    out: dict[str, Any] = {}
+    for part in conninfo.split():
+        key, _, value = part.partition("=")
+        out[names.get(key, key)] = int(value) if key == "port" else value
+    return out
+
+
+def run_pgqueuer(tasks: int, concurrency: int, timeout_s: float) -> dict[str, Any]:
+    import asyncio
+
+    import asyncpg
+    from pgqueuer import AsyncpgPoolDriver, Job, QueueManager
+    from pgqueuer.queries import Queries
+    from pgqueuer.types import QueueExecutionMode
+
+    batch = max(1, concurrency // 2)
+
+    async def main(name: str) -> dict[str, Any]:
+        pool = await asyncpg.create_pool(
+            **_pg_keywords(_pg_base()),
+            database=name,
+            min_size=PG_POOL,
+            max_size=PG_POOL,
+            server_settings={"synchronous_commit": "off"},
+        )
+        try:
+            queries = Queries(AsyncpgPoolDriver(pool))
+            await queries.install()
+            begin = time.perf_counter()
+            for offset in range(0, tasks, DEFER_BATCH):
+                size = min(DEFER_BATCH, tasks - offset)
+                await queries.enqueue(["noop"] * size, [None] * size, [0] * size)
+            enqueue_s = time.perf_counter() - begin
+            manager = QueueManager(Queries(AsyncpgPoolDriver(pool)))
+            done = 0
+
+            @manager.entrypoint("noop")
+            async def noop(job: Job) -> None:
+                nonlocal done
+                done += 1
+
+            progress: list[tuple[float, int]] = []
+
+            async def sample(start: float) -> None:
+                while True:
+                    progress.append((time.perf_counter() - start, done))
+                    await asyncio.sleep(SAMPLE_S)
+
+            cpu0 = _cpu()
+            start = time.perf_counter()
+            sampler = asyncio.create_task(sample(start))
+            timed_out = await _bounded(
+                manager.run(
+                    batch_size=batch,
+                    max_concurrent_tasks=concurrency if concurrency >= 2 else None,
+                    mode=QueueExecutionMode.drain,
+                ),
+                timeout_s,
+            )
+            seconds = time.perf_counter() - start
+            cpu = _cpu() - cpu0
+            sampler.cancel()
+            finished = done
+        finally:
+            await pool.close()
+        return {
+            "tasks": finished,
+            "seconds": seconds,
+            "enqueue_s": enqueue_s,
+            "cpu_s": cpu,
+            "timed_out": timed_out or finished < tasks,
+            "progress": progress + [(seconds, finished)],
+            "version": _dist_version("pgqueuer"),
+            "setup": f"PostgreSQL, 1 QueueManager (drain mode), max_concurrent_tasks {concurrency}, batch {batch}, "
+            f"asyncpg pool {PG_POOL}, synchronous_commit=off",
+        }
+
+    with _pg_database("orbit_bench_pgq_") as name:
+        return asyncio.run(main(name))
 
 
 def run_huey(tasks: int, concurrency: int, timeout_s: float, mysql_url: str) -> dict[str, Any]:
@@ -200,7 +309,7 @@ def _dist_version(name: str) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.peers")
-    parser.add_argument("peer", choices=["procrastinate", "huey"])
+    parser.add_argument("peer", choices=["procrastinate", "pgqueuer", "huey"])
     parser.add_argument("--tasks", type=int, required=True)
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--timeout-s", type=float, default=600)
@@ -209,6 +318,8 @@ def main(argv: list[str]) -> int:
     try:
         if args.peer == "procrastinate":
             result = run_procrastinate(args.tasks, args.concurrency, args.timeout_s)
+        elif args.peer == "pgqueuer":
+            result = run_pgqueuer(args.tasks, args.concurrency, args.timeout_s)
         else:
             result = run_huey(args.tasks, args.concurrency, args.timeout_s, args.mysql_url)
     except Exception as exc:

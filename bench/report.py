@@ -117,6 +117,72 @@ def max_priority_advantage(rows: Sequence[tuple[int, float]], high: int = 9, low
     return best
 
 
+# -- server statement counters ------------------------------------------------------
+
+# MariaDB global status counters read before and after a measured phase.
+STATUS_COUNTERS = (
+    "Questions",
+    "Com_select",
+    "Com_insert",
+    "Com_insert_select",
+    "Com_update",
+    "Com_delete",
+    "Com_replace",
+    "Com_begin",
+    "Com_commit",
+    "Com_rollback",
+    "Com_set_option",
+    "Com_admin_commands",
+    "Com_show_status",
+)
+
+
+def status_delta(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
+    """Per counter, ``after - before`` (0 for a counter one side lacks)."""
+    return {name: int(after.get(name, 0)) - int(before.get(name, 0)) for name in STATUS_COUNTERS}
+
+
+def statement_costs(delta: Mapping[str, int], units: float) -> dict[str, float]:
+    """Server work per unit (task, claim, submit) from a ``status_delta``.
+
+    ``statements``: client statements (``Questions``) less the ``SHOW GLOBAL STATUS`` reads
+    that took the counts; ``round_trips``: those plus ping-like commands
+    (``Com_admin_commands``), which ``Questions`` does not count. NaN when ``units`` is 0.
+    """
+    statements = delta.get("Questions", 0) - delta.get("Com_show_status", 0)
+    totals = {
+        "statements": statements,
+        "round_trips": statements + delta.get("Com_admin_commands", 0),
+        "selects": delta.get("Com_select", 0),
+        "inserts": delta.get("Com_insert", 0) + delta.get("Com_insert_select", 0) + delta.get("Com_replace", 0),
+        "updates": delta.get("Com_update", 0),
+        "deletes": delta.get("Com_delete", 0),
+        "begins": delta.get("Com_begin", 0),
+        "commits": delta.get("Com_commit", 0),
+        "rollbacks": delta.get("Com_rollback", 0),
+    }
+    return {name: (value / units if units else math.nan) for name, value in totals.items()}
+
+
+STATEMENT_COLUMNS = ("statements", "round_trips", "selects", "inserts", "updates", "deletes", "begins", "commits")
+
+
+def statements_table(rows: Sequence[tuple[str, str, Mapping[str, float]]]) -> str:
+    """One row per (phase, unit, ``statement_costs``): server statements per unit of work."""
+    return format_table(
+        ["phase", "per", *(c.replace("_", " ") for c in STATEMENT_COLUMNS)],
+        [[phase, unit, *(costs.get(c, math.nan) for c in STATEMENT_COLUMNS)] for phase, unit, costs in rows],
+        align="ll" + "r" * len(STATEMENT_COLUMNS),
+    )
+
+
+STATEMENTS_NOTE = (
+    "statements: MariaDB's server-wide SHOW GLOBAL STATUS counters (Questions, Com_*) read before and after "
+    "the phase; other databases on the same server add to them, so they are exact only when the benchmark "
+    "runs alone. commits = COMMIT statements (autocommit statements commit without one)."
+)
+
+
 # -- targets --------------------------------------------------------------------------
 
 

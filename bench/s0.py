@@ -18,12 +18,14 @@ from orbit_node.db import Database
 from orbit_node.store.dispatch import DispatchStore
 
 from . import claim
-from .common import App, BenchDb, bench_database, make_app
-from .report import format_table
+from .common import App, BenchDb, bench_database, count_statements, make_app
+from .report import STATEMENTS_NOTE, Target, format_table, ratio, statement_costs, statements_table
 
 # The node's claim batch and claim SQL slots: the floor runs Orbit's SQL the way a node would.
 FLOOR_BATCH = 16
 FLOOR_LOOPS = 4
+# Issue 13 target: floor tasks/s over the raw commit rate of as many connections as floor loops.
+TARGET_TASKS_PER_RAW_COMMIT = 0.6
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +57,8 @@ async def measure_floor(bdb: BenchDb, tasks: int, *, app: App | None = None) -> 
     try:
         await claim.seed_tasks(db, owner, tasks)
         store = DispatchStore(db, reservation_lease_s=30, run_lease_s=60, batch_size=FLOOR_BATCH)
-        run = await claim.drain(store, owner, tasks=tasks, workers=FLOOR_LOOPS, batch=FLOOR_BATCH)
+        async with count_statements(db) as statements:
+            run = await claim.drain(store, owner, tasks=tasks, workers=FLOOR_LOOPS, batch=FLOOR_BATCH)
     finally:
         await db.aclose()
     return {
@@ -66,11 +69,31 @@ async def measure_floor(bdb: BenchDb, tasks: int, *, app: App | None = None) -> 
         "replays": run.replays,
         "batch": FLOOR_BATCH,
         "loops": FLOOR_LOOPS,
+        "claims": run.claims,
+        "statements": statements.delta,
+        "per_task": statement_costs(statements.delta, run.tasks),
+        "per_claim": statement_costs(statements.delta, run.claims),
     }
+
+
+def floor_statement_rows(floor: dict[str, Any]) -> list[tuple[str, str, dict[str, float]]]:
+    """The floor's rows of a ``statements_table``."""
+    return [("SQL floor drain", "task", floor["per_task"]), ("SQL floor drain", "claim", floor["per_claim"])]
+
+
+def floor_target(floor: dict[str, Any], raw_commits_per_s: float) -> Target:
+    return Target.at_least(
+        f"S0 SQL floor tasks per raw commit, batch {FLOOR_BATCH}",
+        ratio(floor["tasks_per_s"], raw_commits_per_s),
+        TARGET_TASKS_PER_RAW_COMMIT,
+        note=f"floor tasks/s over the raw commit rate of {FLOOR_LOOPS} connections ({FLOOR_LOOPS} floor loops)",
+    )
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     connections = [int(c) for c in args.connections.split(",")]
+    if FLOOR_LOOPS not in connections:
+        connections.append(FLOOR_LOOPS)
     async with bench_database() as bdb:
         commits = await raw_commit_rates(bdb, connections, args.commit_seconds)
         floor = await measure_floor(bdb, args.floor_tasks)
@@ -95,16 +118,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ]
     )
     table = format_table(["figure", "value", "unit", f"x raw commits @{connections[0]}"], rows, align="lrlr")
+    per_task = floor["per_task"]
     return {
         "scenario": "s0",
         "server": bdb.server_version,
         "figures": {"raw_commits_per_s": commits, "floor": floor},
-        "tables": [table],
-        "targets": [],
+        "tables": [table, statements_table(floor_statement_rows(floor))],
+        "targets": [floor_target(floor, commits[FLOOR_LOOPS])],
         "notes": [
-            f"4 floor loops of batch {FLOOR_BATCH} commit {floor['tasks_per_s'] / commits.get(4, float('nan')):.2f} "
-            "tasks per raw commit of 4 connections: a dispatch transaction is 6-9 statements, "
-            "and 16 tasks share each."
+            f"{FLOOR_LOOPS} floor loops of batch {FLOOR_BATCH}: {ratio(floor['tasks_per_s'], commits[FLOOR_LOOPS]):.2f} "
+            f"tasks per raw commit of {FLOOR_LOOPS} connections; {per_task['statements']:.2f} statements and "
+            f"{per_task['commits']:.3f} COMMITs per task ({ratio(1.0, per_task['commits']):.1f} tasks per COMMIT).",
+            STATEMENTS_NOTE,
         ],
     }
 

@@ -38,6 +38,8 @@ from .s1 import LIFTED_PACE
 
 # Issue 8 target: Jain's index on claim turns between busy applications.
 TARGET_JAIN = 0.99
+# Issue 13 target: B's p99 wait with A flooding over B's p99 alone.
+TARGET_FLOOD_P99_RATIO = 1.2
 A_QUEUES = 10
 A_CONNECTIONS = 40
 # Turn counts are plotted per this many seconds.
@@ -193,13 +195,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     wait_table = format_table(
         ["app", "alone p50 ms", "alone p99 ms", "with A flooding p50 ms", "p99 ms", "p99 flood/alone"], wait_rows
     )
+    b_alone, b_flood = by["alone"]["waits_s"].get("B", {}), by["flood"]["waits_s"].get("B", {})
     targets = [
+        Target.at_most(
+            "S4 B's p99 wait, A flooding / alone",
+            ratio(b_flood.get("p99"), b_alone.get("p99")),
+            TARGET_FLOOD_P99_RATIO,
+            unit="x",
+            note="available -> start, database clock",
+        ),
         Target.at_least(
             "S4 Jain on claim turns, busy apps",
             by["busy"]["turn_fairness"]["jain"],
             TARGET_JAIN,
             note="A: 40 connections; B, C: 1 connection each, P3 pacing on",
-        )
+        ),
     ]
     if "busy-lifted" in by:
         targets.append(

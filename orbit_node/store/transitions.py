@@ -179,7 +179,6 @@ class Writes:
         if self.started:
             params = {"task_ids": tuple(self.started), "now": self.start_now, "lease_expires_at": self.start_lease}
             await tx.execute("start_tasks", params)
-            await tx.execute("start_attempts", {**params, "pairs": tuple(self.started.items())})
         for lease, task_ids in self.renewals.items():
             await tx.execute("renew_tasks", {"task_ids": tuple(task_ids), "lease_expires_at": lease})
         if self.attempts:

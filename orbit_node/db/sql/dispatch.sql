@@ -169,20 +169,21 @@ SELECT task_id, fencing_token, outcome, started_at
  WHERE task_id IN %(task_ids)s
    AND (task_id, fencing_token) IN %(pairs)s
 
+-- reserved -> running, and the attempt's start, in one statement (the attempt row is the
+-- one of the task's current token; LEFT JOIN: a task is started even if its attempt row
+-- were missing).
 -- name: start_tasks
-UPDATE tasks
-   SET state = 'running',
-       attempts = attempts + 1,
-       started_at = %(now)s,
-       lease_expires_at = %(lease_expires_at)s
- WHERE task_id IN %(task_ids)s
-   AND state = 'reserved'
-
--- name: start_attempts
-UPDATE task_attempts
-   SET started_at = %(now)s
- WHERE task_id IN %(task_ids)s
-   AND (task_id, fencing_token) IN %(pairs)s
+UPDATE tasks t
+  LEFT JOIN task_attempts a
+    ON a.task_id = t.task_id
+   AND a.fencing_token = t.fencing_token
+   SET t.state = 'running',
+       t.attempts = t.attempts + 1,
+       t.started_at = %(now)s,
+       t.lease_expires_at = %(lease_expires_at)s,
+       a.started_at = %(now)s
+ WHERE t.task_id IN %(task_ids)s
+   AND t.state = 'reserved'
 
 -- name: renew_tasks
 UPDATE tasks

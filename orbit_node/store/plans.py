@@ -203,7 +203,7 @@ class PlanStore:
                 locked = await self._lock(tx, namespace_id, plan_id)
                 await self._insert_version(tx, plan_id, 1, definition)
                 await self._set_state(tx, locked, paused=False, active_version=1, definition=definition)
-            return await tx.fetchone("plan_get", {"namespace_id": namespace_id, "plan_id": plan_id})
+            return await tx.fetchrow("plan_get", {"namespace_id": namespace_id, "plan_id": plan_id})
 
         try:
             row = await self.db.transaction(body)
@@ -218,10 +218,10 @@ class PlanStore:
 
         async def body(tx: Tx) -> dict[str, Any]:
             await self._lock(tx, namespace_id, plan_id)
-            latest = await tx.fetchone("plan_version_max", {"plan_id": plan_id})
+            latest = await tx.fetchrow("plan_version_max", {"plan_id": plan_id})
             version = int(latest["version"]) + 1
             await self._insert_version(tx, plan_id, version, definition)
-            return await tx.fetchone("plan_version_get", {"plan_id": plan_id, "version": version})
+            return await tx.fetchrow("plan_version_get", {"plan_id": plan_id, "version": version})
 
         return PlanVersion.from_row(await self.db.transaction(body))
 
@@ -243,7 +243,7 @@ class PlanStore:
                 await self._set_state(
                     tx, locked, paused=bool(locked["paused"]), active_version=version, definition=_stored(row)
                 )
-            return await tx.fetchone("plan_get", {"namespace_id": namespace_id, "plan_id": plan_id})
+            return await tx.fetchrow("plan_get", {"namespace_id": namespace_id, "plan_id": plan_id})
 
         return Plan.from_row(await self.db.transaction(body))
 
@@ -259,14 +259,14 @@ class PlanStore:
             if bool(locked["paused"]) != paused:
                 definition = None
                 if not paused and locked["active_version"] is not None:
-                    row = await tx.fetchone(
+                    row = await tx.fetchrow(
                         "plan_version_get", {"plan_id": plan_id, "version": locked["active_version"]}
                     )
                     definition = _stored(row)
                 await self._set_state(
                     tx, locked, paused=paused, active_version=locked["active_version"], definition=definition
                 )
-            return await tx.fetchone("plan_get", {"namespace_id": namespace_id, "plan_id": plan_id})
+            return await tx.fetchrow("plan_get", {"namespace_id": namespace_id, "plan_id": plan_id})
 
         return Plan.from_row(await self.db.transaction(body))
 

@@ -175,7 +175,7 @@ class TaskStore:
                 raise NotFound(f"queue_id: queue {new.queue_id} not found", field="queue_id")
             await tx.execute("idempotency_insert", {**key, "request_digest": digest, "task_id": task_id})
             await insert_task(tx, task_id, queue["application_id"], namespace_id, new)
-            return await tx.fetchone("task_get", {"namespace_id": namespace_id, "task_id": task_id})
+            return await tx.fetchrow("task_get", {"namespace_id": namespace_id, "task_id": task_id})
 
         try:
             row = await self.db.transaction(body)
@@ -259,6 +259,6 @@ class TaskStore:
                 raise FailedPrecondition(
                     f"task_id: task {task_id} already finished as {state}; it cannot be cancelled", field="task_id"
                 )
-            return await tx.fetchone("task_get", params)
+            return await tx.fetchrow("task_get", params)
 
         return Task.from_row(await self.db.transaction(body))

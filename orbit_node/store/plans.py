@@ -12,6 +12,7 @@ creates a second task, whatever rewinds ``next_fire_at``.
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -154,15 +155,15 @@ class PlanStore:
 
     async def list_versions(
         self, namespace_id: str, plan_id: str, *, after: int = 0, limit: int = 100
-    ) -> list[PlanVersion]:
+    ) -> builtins.list[PlanVersion]:
         await self.get(namespace_id, plan_id)
         rows = await self.db.fetchall("plan_version_list", {"plan_id": plan_id, "after": after, "limit": limit})
         return [PlanVersion.from_row(r) for r in rows]
 
     async def list_tasks(
         self, namespace_id: str, plan_id: str, *, state: str | None = None, before: str | None = None, limit: int = 100
-    ) -> TaskPage:
-        """The tasks the plan created, newest first (``PlanTask`` items)."""
+    ) -> TaskPage[PlanTask]:
+        """The tasks the plan created, newest first."""
         await self.get(namespace_id, plan_id)
         rows = await self.db.fetchall(
             "plan_task_list",
@@ -174,7 +175,7 @@ class PlanStore:
                 "limit": limit + 1,
             },
         )
-        tasks = [PlanTask.from_row(r) for r in rows[:limit]]
+        tasks: list[PlanTask] = [PlanTask.from_row(r) for r in rows[:limit]]
         return TaskPage(tasks, tasks[-1].task_id if len(rows) > limit else None)
 
     # -- writes ----------------------------------------------------------------------
@@ -308,7 +309,7 @@ class PlanStore:
 
     # -- the trigger -----------------------------------------------------------------
 
-    async def due(self, limit: int) -> list[str]:
+    async def due(self, limit: int) -> builtins.list[str]:
         """Ids of plans due on the database clock, oldest fire time first (no locks)."""
         return [r["plan_id"] for r in await self.db.fetchall("plan_due", {"limit": limit})]
 

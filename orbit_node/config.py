@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import urllib.parse
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -217,7 +218,8 @@ class NodeConfig:
         if not dsn_text:
             raise ConfigError("ORBIT_MYSQL_DSN is not set", field="ORBIT_MYSQL_DSN")
         host, port = parse_addr(env.get("ORBIT_HTTP_ADDR", "127.0.0.1:8080"))
-        kwargs = {}
+        # Settings given in the environment; the others keep their defaults (values of several types).
+        kwargs: dict[str, Any] = {}
         metrics = env.get("ORBIT_METRICS", "off").strip().lower()
         if "ORBIT_METRICS_ADDR" in env:
             if metrics != "open":

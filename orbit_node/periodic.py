@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -32,6 +32,12 @@ class PeriodicService(abc.ABC):
 
     passes: int = attrs.field(default=0, init=False)
     _pass_done: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    if TYPE_CHECKING:
+        # Fields of every subclass (its own attrs fields, in its own order): seconds between
+        # rounds, and the sum of every round's statistics.
+        interval_s: float
+        totals: Any
 
     log = logging.getLogger("orbit.periodic")
     failure = "periodic pass failed"

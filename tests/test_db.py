@@ -55,6 +55,14 @@ async def test_statement_errors_are_translated_and_roll_back(db):
     assert rows[0]["n"] == 0
 
 
+async def test_fetchrow_without_a_row_is_a_database_error_naming_the_statement(db):
+    params = {"namespace_id": "0" * 32, "task_id": "0" * 32}
+    assert await db.run(lambda tx: tx.fetchrow("ping")) == {"ok": 1}
+    with pytest.raises(DatabaseError, match="task_get returned no row") as info:
+        await db.run(lambda tx: tx.fetchrow("task_get", params))
+    assert info.value.errno is None
+
+
 async def test_unreachable_server_is_unavailable():
     dead = Database(Dsn.parse("mysql://root@127.0.0.1:1/x"), size=1, connect_timeout_s=1)
     with pytest.raises(Unavailable):

@@ -7,6 +7,7 @@ import logging
 import trio
 from quart import Blueprint, request
 from quart_trio import QuartTrio
+from werkzeug import exceptions as http_exceptions
 from werkzeug.exceptions import HTTPException
 
 from ..db import migrate
@@ -91,7 +92,7 @@ def create_app(state: NodeState) -> QuartTrio:
             mapped = InvalidArgument(f"request: {exc.description or 'bad request'}", field="request")
             mapped.http_status = status
         response = envelope.error(mapped)
-        if status == 405 and getattr(exc, "valid_methods", None):
+        if isinstance(exc, http_exceptions.MethodNotAllowed) and exc.valid_methods:
             response.headers["Allow"] = ", ".join(sorted(exc.valid_methods))
         return response
 

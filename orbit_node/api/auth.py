@@ -78,6 +78,9 @@ def readable_queues() -> list[str] | None:
         raise PermissionDenied(
             "authorization: credential lacks scope queues:manage or tasks:read", field="authorization"
         )
-    if any(grant is None for grant in grants):
-        return None
-    return sorted({queue_id for grant in grants for queue_id in grant})
+    queue_ids: set[str] = set()
+    for grant in grants:
+        if grant is None:
+            return None
+        queue_ids.update(grant)
+    return sorted(queue_ids)

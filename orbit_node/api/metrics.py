@@ -11,12 +11,11 @@ Every request also gets its log context, an HTTP metric and an access-log line h
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
+from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, Scope
 from quart import Blueprint, Response, g, request
 from quart_trio import QuartTrio
 
@@ -28,10 +27,6 @@ from .envelope import current_request_id
 from .state import NodeState
 
 access_log = logging.getLogger("orbit.access")
-
-ASGIApp = Callable[
-    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]
-]
 
 # Routes probed so often that their access-log lines are kept at debug level.
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -92,10 +87,10 @@ def instrument_app(app: QuartTrio, state: NodeState) -> None:
     app.register_blueprint(blueprint)
 
 
-def asgi_app(metrics: NodeMetrics) -> ASGIApp:
+def asgi_app(metrics: NodeMetrics) -> ASGIFramework:
     """The open metrics server: GET /metrics, nothing else."""
 
-    async def app(scope, receive, send):
+    async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
@@ -118,7 +113,9 @@ def asgi_app(metrics: NodeMetrics) -> ASGIApp:
             status = 200
         headers += [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+        await send(
+            {"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body, "more_body": False}
+        )
 
     return app
 

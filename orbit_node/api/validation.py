@@ -60,7 +60,7 @@ async def read_body() -> bytes:
     """The raw body, never more than the configured limit (chunked bodies included)."""
     check_declared_length()
     try:
-        raw = await request.get_data(cache=False)
+        raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
     except RequestEntityTooLarge:
         raise PayloadTooLarge(f"body: request body exceeds {_max_body_bytes()} bytes", field="body") from None
     g.body_read = True

@@ -128,6 +128,14 @@ class Tx:
         cursor = await self._run(name, params)
         return await cursor.fetchone()
 
+    async def fetchrow(self, name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The row of a statement that always returns one (an aggregate, or a row this
+        transaction wrote or locked); no row is a DatabaseError naming the statement."""
+        row = await self.fetchone(name, params)
+        if row is None:
+            raise DatabaseError(f"database error: {name} returned no row")
+        return row
+
     async def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int:
         """Run a named statement and return the number of rows it affected."""
         cursor = await self._run(name, params)

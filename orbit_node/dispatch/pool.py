@@ -128,10 +128,12 @@ class ClaimPool:
 
     async def _run_claim(self, grant: Grant) -> None:
         started = trio.current_time()
+        # result is what the connection is given: the reservations, or the error (reservations then stay empty).
+        reservations: Sequence[Reservation] = ()
         result: Sequence[Reservation] | BaseException
         try:
-            result = await self.claim(grant.claim)
-            outcome = "tasks" if result else "empty"
+            result = reservations = await self.claim(grant.claim)
+            outcome = "tasks" if reservations else "empty"
         except Exception as exc:  # the database may be down: the connection retries later
             log.warning(
                 "claim failed for connection %s: %s",
@@ -153,7 +155,7 @@ class ClaimPool:
         self._changed.set()
         self._counts[outcome] += 1
         if outcome == "tasks":
-            self._counts["reserved"] += len(result)
+            self._counts["reserved"] += len(reservations)
         if self.observe is not None:
             self.observe(grant, outcome, now - started)
         deliver = self._deliver.pop(grant.request.connection_id, None)
@@ -163,11 +165,11 @@ class ClaimPool:
             # The connection left while its claim ran: give the reservations back now.
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:
-                    await self.release([(r.task_id, r.fencing_token) for r in result])
+                    await self.release([(r.task_id, r.fencing_token) for r in reservations])
                 except Exception as exc:
                     log.warning(
                         "could not release %d reservations of a closed connection (lease recovery will): %s",
-                        len(result),
+                        len(reservations),
                         exc,
                     )
 

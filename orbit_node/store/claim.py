@@ -133,7 +133,7 @@ class _Claim:
             return Budget(0)
         live = 0
         if app["max_concurrent_executions"] is not None:
-            row = await self.tx.fetchone("claim_count_application_live", {"application_id": self.req.application_id})
+            row = await self.tx.fetchrow("claim_count_application_live", {"application_id": self.req.application_id})
             live = row["live"]
         return quota_budget(
             max_concurrent=app["max_concurrent_executions"],
@@ -158,7 +158,7 @@ class _Claim:
                 continue
             live = 0
             if row["max_concurrency"] is not None:
-                live = (await self.tx.fetchone("claim_count_queue_live", {"queue_id": queue_id}))["live"]
+                live = (await self.tx.fetchrow("claim_count_queue_live", {"queue_id": queue_id}))["live"]
             budgets[queue_id] = quota_budget(
                 max_concurrent=row["max_concurrency"],
                 live=live,

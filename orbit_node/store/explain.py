@@ -119,7 +119,7 @@ async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
             )
         )
     if task["available_at"] <= now:
-        position = await tx.fetchone(
+        position = await tx.fetchrow(
             "explain_position",
             {
                 "queue_id": task["queue_id"],
@@ -167,7 +167,7 @@ async def _quota_reasons(tx: Tx, task: Mapping[str, Any]) -> list[dict[str, Any]
     ):
         live = 0
         if max_concurrent is not None:
-            live = (await tx.fetchone(count_query, key))["live"]
+            live = (await tx.fetchrow(count_query, key))["live"]
             if live >= max_concurrent:
                 reasons.append(
                     _because(

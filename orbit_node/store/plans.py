@@ -12,6 +12,7 @@ creates a second task, whatever rewinds ``next_fire_at``.
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -154,15 +155,15 @@ class PlanStore:
 
     async def list_versions(
         self, namespace_id: str, plan_id: str, *, after: int = 0, limit: int = 100
-    ) -> list[PlanVersion]:
+    ) -> builtins.list[PlanVersion]:
         await self.get(namespace_id, plan_id)
         rows = await self.db.fetchall("plan_version_list", {"plan_id": plan_id, "after": after, "limit": limit})
         return [PlanVersion.from_row(r) for r in rows]
 
     async def list_tasks(
         self, namespace_id: str, plan_id: str, *, state: str | None = None, before: str | None = None, limit: int = 100
-    ) -> TaskPage:
-        """The tasks the plan created, newest first (``PlanTask`` items)."""
+    ) -> TaskPage[PlanTask]:
+        """The tasks the plan created, newest first."""
         await self.get(namespace_id, plan_id)
         rows = await self.db.fetchall(
             "plan_task_list",
@@ -174,7 +175,7 @@ class PlanStore:
                 "limit": limit + 1,
             },
         )
-        tasks = [PlanTask.from_row(r) for r in rows[:limit]]
+        tasks: list[PlanTask] = [PlanTask.from_row(r) for r in rows[:limit]]
         return TaskPage(tasks, tasks[-1].task_id if len(rows) > limit else None)
 
     # -- writes ----------------------------------------------------------------------
@@ -203,7 +204,7 @@ class PlanStore:
                 locked = await self._lock(tx, namespace_id, plan_id)
                 await self._insert_version(tx, plan_id, 1, definition)
                 await self._set_state(tx, locked, paused=False, active_version=1, definition=definition)
-            return await tx.fetchone("plan_get", {"namespace_id": namespace_id, "plan_id": plan_id})
+            return await tx.fetchrow("plan_get", {"namespace_id": namespace_id, "plan_id": plan_id})
 
         try:
             row = await self.db.transaction(body)
@@ -218,10 +219,10 @@ class PlanStore:
 
         async def body(tx: Tx) -> dict[str, Any]:
             await self._lock(tx, namespace_id, plan_id)
-            latest = await tx.fetchone("plan_version_max", {"plan_id": plan_id})
+            latest = await tx.fetchrow("plan_version_max", {"plan_id": plan_id})
             version = int(latest["version"]) + 1
             await self._insert_version(tx, plan_id, version, definition)
-            return await tx.fetchone("plan_version_get", {"plan_id": plan_id, "version": version})
+            return await tx.fetchrow("plan_version_get", {"plan_id": plan_id, "version": version})
 
         return PlanVersion.from_row(await self.db.transaction(body))
 
@@ -243,7 +244,7 @@ class PlanStore:
                 await self._set_state(
                     tx, locked, paused=bool(locked["paused"]), active_version=version, definition=_stored(row)
                 )
-            return await tx.fetchone("plan_get", {"namespace_id": namespace_id, "plan_id": plan_id})
+            return await tx.fetchrow("plan_get", {"namespace_id": namespace_id, "plan_id": plan_id})
 
         return Plan.from_row(await self.db.transaction(body))
 
@@ -259,14 +260,14 @@ class PlanStore:
             if bool(locked["paused"]) != paused:
                 definition = None
                 if not paused and locked["active_version"] is not None:
-                    row = await tx.fetchone(
+                    row = await tx.fetchrow(
                         "plan_version_get", {"plan_id": plan_id, "version": locked["active_version"]}
                     )
                     definition = _stored(row)
                 await self._set_state(
                     tx, locked, paused=paused, active_version=locked["active_version"], definition=definition
                 )
-            return await tx.fetchone("plan_get", {"namespace_id": namespace_id, "plan_id": plan_id})
+            return await tx.fetchrow("plan_get", {"namespace_id": namespace_id, "plan_id": plan_id})
 
         return Plan.from_row(await self.db.transaction(body))
 
@@ -308,7 +309,7 @@ class PlanStore:
 
     # -- the trigger -----------------------------------------------------------------
 
-    async def due(self, limit: int) -> list[str]:
+    async def due(self, limit: int) -> builtins.list[str]:
         """Ids of plans due on the database clock, oldest fire time first (no locks)."""
         return [r["plan_id"] for r in await self.db.fetchall("plan_due", {"limit": limit})]
 

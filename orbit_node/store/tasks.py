@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import attrs
 
@@ -97,9 +97,13 @@ class Accepted:
     created: bool
 
 
+# The item type of a page: TaskSummary, or a subclass (a plan's listing gives PlanTask).
+S = TypeVar("S", bound=TaskSummary)
+
+
 @attrs.frozen
-class TaskPage:
-    tasks: list[TaskSummary]
+class TaskPage(Generic[S]):
+    tasks: list[S]
     # The last task id of this page when another page may follow, else None.
     last: str | None
 
@@ -175,7 +179,7 @@ class TaskStore:
                 raise NotFound(f"queue_id: queue {new.queue_id} not found", field="queue_id")
             await tx.execute("idempotency_insert", {**key, "request_digest": digest, "task_id": task_id})
             await insert_task(tx, task_id, queue["application_id"], namespace_id, new)
-            return await tx.fetchone("task_get", {"namespace_id": namespace_id, "task_id": task_id})
+            return await tx.fetchrow("task_get", {"namespace_id": namespace_id, "task_id": task_id})
 
         try:
             row = await self.db.transaction(body)
@@ -216,7 +220,7 @@ class TaskStore:
         state: str | None = None,
         before: str | None = None,
         limit: int = 100,
-    ) -> TaskPage:
+    ) -> TaskPage[TaskSummary]:
         """Summaries, newest first. ``queue_ids`` None means every queue of the namespace."""
         if queue_ids is not None and not queue_ids:
             return TaskPage([], None)
@@ -259,6 +263,6 @@ class TaskStore:
                 raise FailedPrecondition(
                     f"task_id: task {task_id} already finished as {state}; it cannot be cancelled", field="task_id"
                 )
-            return await tx.fetchone("task_get", params)
+            return await tx.fetchrow("task_get", params)
 
         return Task.from_row(await self.db.transaction(body))

@@ -40,8 +40,8 @@ MAX_ERROR_MESSAGE_CHARS = 4096
 FINISH_OUTCOMES = frozenset({"succeeded", "retry", "failed", "cancelled", "expired"})
 
 
-def _hex(text: str | None) -> str | None:
-    return None if text is None else text.encode("utf-8").hex()
+def _hex(text: str) -> str:
+    return text.encode("utf-8").hex()
 
 
 def error_json(error: Mapping[str, Any]) -> str:

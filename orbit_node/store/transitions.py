@@ -119,6 +119,10 @@ ERROR_KEY = "e"  # the error JSON text, hex
 STATE_KEY = "s"  # the terminal state
 RESULT_KEY = "r"  # the result JSON text, hex
 AVAILABLE_AT_KEY = "a"  # the next available_at as DATETIME(6) text; absent keeps it
+# The attempt a terminal or requeue statement closes in the same statement: its token,
+# and its error (hex) when it differs from the task's.
+ATTEMPT_TOKEN_KEY = "t"
+ATTEMPT_ERROR_KEY = "x"
 
 
 @attrs.define(eq=False)
@@ -181,13 +185,16 @@ class Writes:
             await tx.execute("start_tasks", params)
         for lease, task_ids in self.renewals.items():
             await tx.execute("renew_tasks", {"task_ids": tuple(task_ids), "lease_expires_at": lease})
-        if self.attempts:
+        # A row that is settled or requeued closes its attempt in the same statement;
+        # an attempt closed without either (none today) has a statement of its own.
+        alone = {task_id: v for task_id, v in self.attempts.items() if task_id not in self.terminal | self.requeue}
+        if alone:
             await tx.execute(
                 "settle_attempts",
                 {
-                    "values": json.dumps(self.attempts),
-                    "task_ids": tuple(self.attempts),
-                    "pairs": tuple(self.attempt_pairs),
+                    "values": json.dumps(alone),
+                    "task_ids": tuple(alone),
+                    "pairs": tuple(pair for pair in self.attempt_pairs if pair[0] in alone),
                 },
             )
         if self.keys:
@@ -196,9 +203,25 @@ class Writes:
                 {"keys": tuple(sorted(set(self.keys.values()))), "task_ids": tuple(self.keys)},
             )
         if self.terminal:
-            await tx.execute("settle_terminal", {"values": json.dumps(self.terminal), "task_ids": tuple(self.terminal)})
+            values = self._with_attempts(self.terminal)
+            await tx.execute("settle_terminal", {"values": json.dumps(values), "task_ids": tuple(self.terminal)})
         if self.requeue:
-            await tx.execute("settle_requeue", {"values": json.dumps(self.requeue), "task_ids": tuple(self.requeue)})
+            values = self._with_attempts(self.requeue)
+            await tx.execute("settle_requeue", {"values": json.dumps(values), "task_ids": tuple(self.requeue)})
+
+    def _with_attempts(self, rows: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        """The rows' settle values, each with the attempt it closes (token, outcome, error)."""
+        tokens = dict(self.attempt_pairs)
+        merged = {}
+        for task_id, values in rows.items():
+            attempt = self.attempts.get(task_id)
+            if attempt is None:
+                merged[task_id] = values
+                continue
+            merged[task_id] = {**values, ATTEMPT_TOKEN_KEY: tokens[task_id], OUTCOME_KEY: attempt[OUTCOME_KEY]}
+            if ERROR_KEY in attempt:
+                merged[task_id][ATTEMPT_ERROR_KEY] = attempt[ERROR_KEY]
+        return merged
 
 
 def _lost(task_id: str, reason: LostReason) -> TransitionResult:

@@ -265,12 +265,13 @@ class ConnectionCore:
         (``claim_threshold``); it asks for the free capacity, at most ``claim_batch_size``.
         """
         free = self.free_capacity
-        if not self._may_claim() or self.outstanding or free <= 0:
+        claim = self._claim
+        if claim is None or not self._may_claim() or self.outstanding or free <= 0:
             return None
         if self._held and free < self.claim_threshold:
             return None
         self.outstanding = True
-        return attrs.evolve(self._claim, limit=min(free, self.claim_batch_size))
+        return attrs.evolve(claim, limit=min(free, self.claim_batch_size))
 
     def claim_limit(self) -> int | None:
         """With a request outstanding, the limit it may have now (capacity freed since it

@@ -140,8 +140,8 @@ class NodeConfig:
     # Lease of a reservation not yet started, and of a running attempt (renewed by the Worker).
     reservation_lease_s: float = attrs.field(default=30.0, validator=_positive)
     run_lease_s: float = attrs.field(default=60.0, validator=_positive)
-    # Tasks reserved by one claim at most.
-    claim_batch_size: int = attrs.field(default=16, validator=_positive)
+    # Tasks reserved by one claim at most (ORBIT_CLAIM_BATCH_SIZE).
+    claim_batch_size: int = attrs.field(default=64, validator=_positive)
     # A Worker connection silent for this long is closed.
     heartbeat_timeout_s: float = attrs.field(default=30.0, validator=_positive)
     # Recovery sweeper period.
@@ -202,6 +202,7 @@ class NodeConfig:
             "ORBIT_HEARTBEAT_TIMEOUT_S",
             "ORBIT_SHUTDOWN_GRACE_S",
             "ORBIT_DB_POOL_SIZE",
+            "ORBIT_CLAIM_BATCH_SIZE",
             "ORBIT_URL",
             "ORBIT_CREDENTIALS_FILE",
             "ORBIT_LOG_FORMAT",
@@ -233,6 +234,7 @@ class NodeConfig:
             ("heartbeat_timeout_s", "ORBIT_HEARTBEAT_TIMEOUT_S", float),
             ("shutdown_grace_s", "ORBIT_SHUTDOWN_GRACE_S", float),
             ("db_pool_size", "ORBIT_DB_POOL_SIZE", int),
+            ("claim_batch_size", "ORBIT_CLAIM_BATCH_SIZE", int),
         ):
             if key in env:
                 try:

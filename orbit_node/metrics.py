@@ -26,6 +26,7 @@ from prometheus_client.exposition import choose_encoder
 
 from . import __version__
 from .db import Database
+from .dispatch.commit import GroupCommitter
 from .dispatch.pool import ClaimPool
 from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import Grant
@@ -94,9 +95,16 @@ class NodeMetrics:
             self.claim_seconds.labels(outcome)
         ProcessCollector(registry=r)
 
-    def collect_from(self, *, hub: WorkerHub | None, pool: ClaimPool | None, sweeper: Sweeper | None) -> None:
+    def collect_from(
+        self,
+        *,
+        hub: WorkerHub | None,
+        pool: ClaimPool | None,
+        sweeper: Sweeper | None,
+        commits: GroupCommitter | None = None,
+    ) -> None:
         """Read the node's services at every scrape (called once, when the node is built)."""
-        self.registry.register(NodeCollector(self, hub, pool, sweeper))
+        self.registry.register(NodeCollector(self, hub, pool, sweeper, commits))
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -128,11 +136,19 @@ class NodeMetrics:
 class NodeCollector:
     """Values the node keeps anyway, read at scrape time (nothing is copied in between)."""
 
-    def __init__(self, metrics: NodeMetrics, hub: WorkerHub | None, pool: ClaimPool | None, sweeper: Sweeper | None):
+    def __init__(
+        self,
+        metrics: NodeMetrics,
+        hub: WorkerHub | None,
+        pool: ClaimPool | None,
+        sweeper: Sweeper | None,
+        commits: GroupCommitter | None = None,
+    ):
         self.metrics = metrics
         self.hub = hub
         self.pool = pool
         self.sweeper = sweeper
+        self.commits = commits
 
     def collect(self) -> Iterator[Metric]:
         metrics = self.metrics
@@ -164,6 +180,21 @@ class NodeCollector:
             for outcome in ("succeeded", "retry", "failed", "cancelled", "expired", "ownership_lost"):
                 finished.add_metric([outcome], hub.finished.get(outcome, 0))
             yield finished
+
+        commits = self.commits
+        if commits is not None:
+            group = commits.statistics()
+            yield CounterMetricFamily(
+                "orbit_transition_groups", "Group transactions of Worker transitions.", value=group.groups
+            )
+            yield CounterMetricFamily(
+                "orbit_transition_batches",
+                "Transition batches (one per Worker message) committed in groups.",
+                value=group.batches,
+            )
+            yield CounterMetricFamily(
+                "orbit_transition_items", "Task transitions decided in group transactions.", value=group.items
+            )
 
         pool = self.pool
         if pool is not None:

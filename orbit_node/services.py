@@ -1,7 +1,7 @@
 """The node's dispatch services, built once per node and shared, typed, by everything.
 
 ``DispatchServices`` is one frozen value: the node's one ``DispatchStore`` and, when the
-node runs them, the fair claim pool, the Worker hub, the claim-turn recorder, the
+node runs them, the group commit of Worker transitions, the fair claim pool, the Worker hub, the claim-turn recorder, the
 recovery sweeper and the plan trigger. The API reads it (``NodeState.services``);
 nothing writes into it after it is built.
 """
@@ -13,6 +13,7 @@ import trio
 
 from .config import NodeConfig
 from .db import Database
+from .dispatch.commit import GroupCommitter
 from .dispatch.plan_trigger import PlanTrigger
 from .dispatch.pool import ClaimPool
 from .dispatch.recovery import Sweeper
@@ -47,6 +48,8 @@ def default_services() -> ServiceSet:
 @attrs.frozen(kw_only=True)
 class DispatchServices:
     store: DispatchStore
+    # The group commit of Worker transitions (Start/renew/Finish/release).
+    commits: GroupCommitter | None = None
     pool: ClaimPool | None = None
     hub: WorkerHub | None = None
     turns: TurnRecorder | None = None
@@ -66,8 +69,9 @@ class DispatchServices:
         run: ServiceSet,
     ) -> DispatchServices:
         store = DispatchStore.from_config(db, config)
-        pool = hub = turns = sweeper = plans = None
+        commits = pool = hub = turns = sweeper = plans = None
         if run.workers:
+            commits = GroupCommitter(store)
             pool = ClaimPool(
                 FairScheduler(config.scheduler),
                 claim=store.claim,
@@ -77,7 +81,7 @@ class DispatchServices:
             hub = WorkerHub(
                 config=config,
                 node_id=node_id,
-                store=store,
+                store=commits,
                 pool=pool,
                 tenancy=tenancy,
                 registry=WorkerRegistryStore(db),
@@ -92,8 +96,8 @@ class DispatchServices:
             sweeper = Sweeper(store, config.sweep_interval_s)
         if run.plans:
             plans = PlanTrigger(PlanStore(db), config.plan_interval_s)
-        metrics.collect_from(hub=hub, pool=pool, sweeper=sweeper)
-        return cls(store=store, pool=pool, hub=hub, turns=turns, sweeper=sweeper, plans=plans)
+        metrics.collect_from(hub=hub, pool=pool, sweeper=sweeper, commits=commits)
+        return cls(store=store, commits=commits, pool=pool, hub=hub, turns=turns, sweeper=sweeper, plans=plans)
 
     async def run(self, shutdown_requested: trio.Event, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run every built service until cancelled; reports when all have started.
@@ -102,6 +106,8 @@ class DispatchServices:
         (pending claims are cancelled, in-flight ones finish and deliver); connections are
         told to drain by their own shutdown watch."""
         async with trio.open_nursery() as nursery:
+            if self.commits is not None:
+                await nursery.start(self.commits.run)
             if self.pool is not None:
                 await nursery.start(self.pool.run)
             if self.hub is not None:

@@ -386,6 +386,37 @@ def test_a_due_retry_is_cleared_even_when_no_claim_may_be_made():
     assert c.claim_retry(3.0) is None and c.retry_claim_at is None
 
 
+def test_a_busy_connection_asks_when_half_a_claim_is_free_an_idle_one_at_once():
+    c = core(capacity=16, batch=8)
+    assert c.claim_threshold == 4
+    first = c.next_claim()
+    assert first is not None and first.limit == 8
+    c.claim_delivered([reservation(i) for i in range(1, 9)], now=0.0)
+    second = c.next_claim()  # 8 free of 16: worth a claim
+    assert second is not None and second.limit == 8
+    c.claim_delivered([reservation(i) for i in range(9, 14)], now=0.0)  # 13 held, 3 free
+    assert c.next_claim() is None
+    release = c.split(RELEASE, [p.TaskRef(task_id(1), token(1))])
+    c.settle(RELEASE, release.mine, [ok(RELEASE, 1)], now=1.0)  # 4 free
+    request = c.next_claim()
+    assert request is not None and request.limit == 4
+    # While the request waits, freed capacity raises the limit it may have.
+    release = c.split(RELEASE, [p.TaskRef(task_id(i), token(i)) for i in (2, 3)])
+    c.settle(RELEASE, release.mine, [ok(RELEASE, 2), ok(RELEASE, 3)], now=1.0)
+    assert c.claim_limit() == 6
+    c.node_drain()
+    assert c.claim_limit() is None
+    idle = core(capacity=16, batch=8)
+    assert idle.claim_limit() is None
+    assert idle.next_claim() is not None  # idle: asks at once, whatever the threshold
+
+
+def test_a_capacity_one_connection_asks_as_soon_as_its_slot_is_free():
+    c = core(capacity=1, batch=8)
+    assert c.claim_threshold == 1
+    assert c.next_claim() is not None
+
+
 def test_a_closed_pool_is_not_retried():
     c = core()
     c.next_claim()
@@ -475,11 +506,24 @@ class ConnectionLife(RuleBasedStateMachine):
     def ask(self) -> None:
         request = self.core.next_claim()
         free = self.capacity - len(self.model)
-        if self.outstanding or self.draining or free <= 0:
+        threshold = -(-min(self.capacity, self.batch) // 2)
+        if self.outstanding or self.draining or free <= 0 or (self.model and free < threshold):
             assert request is None
             return
         assert request is not None and request.limit == min(free, self.batch)
         self.outstanding, self.limit = True, request.limit
+
+    @rule()
+    def widen(self) -> None:
+        limit = self.core.claim_limit()
+        free = self.capacity - len(self.model)
+        if not self.outstanding or self.draining or free <= 0:
+            assert limit is None
+            return
+        assert limit == min(free, self.batch)
+        # Capacity only grows while a request is outstanding: a widened limit never
+        # exceeds what is free when the claim delivers.
+        self.limit = max(self.limit, limit)
 
     @precondition(lambda self: self.outstanding)
     @rule(data=st.data())

@@ -77,6 +77,36 @@ async def test_sessions_run_in_utc(db):
     assert rows[0]["utc"] == 1
 
 
+async def test_transactions_read_committed_by_default_repeatable_read_when_asked(dsn):
+    """The session default is READ COMMITTED (no per-transaction statement for it); a
+    REPEATABLE READ transaction does not change what the next one on the connection gets."""
+    one = Database(dsn, size=1)
+    other = Database(dsn, size=1)
+    try:
+        await one.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY, v INT) ENGINE=InnoDB"))
+        await one.run(lambda tx: tx.execute_raw("INSERT INTO t VALUES (1, 0)"))
+
+        def reads_twice(tx_values):
+            async def body(tx):
+                tx_values.append((await tx.fetchall_raw("SELECT v FROM t"))[0]["v"])
+                await other.run(lambda o: o.execute_raw("UPDATE t SET v = v + 1"))
+                tx_values.append((await tx.fetchall_raw("SELECT v FROM t"))[0]["v"])
+
+            return body
+
+        for isolation, fresh in (("REPEATABLE READ", False), ("READ COMMITTED", True), (None, True)):
+            seen: list[int] = []
+            if isolation is None:
+                await one.transaction(reads_twice(seen))
+            else:
+                await one.transaction(reads_twice(seen), isolation=isolation)
+            assert (seen[1] == seen[0] + 1) is fresh, (isolation, seen)
+        assert one.statistics().open == 1  # the same connection throughout
+    finally:
+        await one.aclose()
+        await other.aclose()
+
+
 async def test_cancelled_transaction_leaves_no_broken_connection_in_the_pool(db):
     await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY) ENGINE=InnoDB"))
 

@@ -77,7 +77,14 @@ async def test_cancel_requested_tasks_whose_lease_expired_are_cancelled(db, star
     await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET cancel_requested = 1"))
     await expire_lease(db, r.task_id)
     assert await store.recover() == RecoveryStats(cancelled=1)
-    assert (await task_row(db, r.task_id))["state"] == "cancelled"
+    row = await task_row(db, r.task_id)
+    assert row["state"] == "cancelled"
+    assert json.loads(row["error"])["code"] == "CANCELLED"
+    # The attempt is closed in the same statement, with its own outcome and error.
+    (attempt,) = await attempt_rows(db, r.task_id)
+    expected = ("lease_expired", "LEASE_EXPIRED") if start else ("reservation_expired", "CANCELLED")
+    assert (attempt["outcome"], json.loads(attempt["error"])["code"]) == expected
+    assert attempt["finished_at"] is not None
 
 
 async def test_queued_tasks_past_their_deadline_expire(db):

@@ -255,3 +255,15 @@ def test_cache_bound_and_expiry():
     assert cache.is_empty(keys[-1], 0.1)
     assert not cache.is_empty(keys[-1], 1.0)  # expired after one cycle
     assert not cache.is_empty(CacheKey("ns", "q199", CAPS, True), 0.1)  # resource-key support differs
+
+
+def test_widen_raises_a_waiting_request_and_keeps_its_place():
+    s = FairScheduler(SchedulerLimits(sql_slots=1))
+    s.submit(ticket("c1", "a1", "q1"))
+    s.submit(ticket("c2", "a1", "q1"))
+    assert s.widen("c1", 5)
+    assert not s.widen("c1", 4)  # never lowered
+    assert not s.widen("nobody", 9)
+    (grant,) = s.grant(0.0)
+    assert grant.request.connection_id == "c1" and grant.claim.limit == 5
+    assert not s.widen("c1", 9)  # running: left alone

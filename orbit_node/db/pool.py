@@ -48,6 +48,9 @@ REPLAY_BACKOFF_S = 0.005
 # A rollback that takes longer than this means the connection is stuck; close it.
 ROLLBACK_TIMEOUT_S = 2.0
 
+# Transactions run at READ COMMITTED unless they ask otherwise; set once per session so
+# a transaction costs no extra round trip for it.
+DEFAULT_ISOLATION = "READ COMMITTED"
 SESSION_SETUP = (
     "SET time_zone = '+00:00', "
     "sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
@@ -207,6 +210,7 @@ class Database:
         try:
             with trio.fail_after(self.connect_timeout_s):
                 await conn.connect()
+                await conn.query(f"SET SESSION TRANSACTION ISOLATION LEVEL {DEFAULT_ISOLATION}")
         except trio.TooSlowError:
             hard_close(conn)
             raise Unavailable("database unavailable: connect timed out") from None
@@ -275,7 +279,7 @@ class Database:
         self,
         fn: Callable[[Tx], Awaitable[T]],
         *,
-        isolation: str = "READ COMMITTED",
+        isolation: str = DEFAULT_ISOLATION,
         replays: int = MAX_REPLAYS,
     ) -> T:
         """Run ``fn(tx)`` in one transaction; replay it on deadlock or lock-wait errors."""
@@ -287,7 +291,9 @@ class Database:
             try:
                 async with self.connection() as conn:
                     try:
-                        await conn.query(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
+                        if isolation != DEFAULT_ISOLATION:
+                            # For the next transaction only; the session default stays.
+                            await conn.query(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
                         await conn.begin()
                         result = await fn(Tx(conn))
                         await conn.commit()

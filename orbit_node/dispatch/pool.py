@@ -81,6 +81,10 @@ class ClaimPool:
             self.on_request(request)
         self._changed.set()
 
+    def widen(self, connection_id: str, limit: int) -> None:
+        """Raise the limit of the connection's waiting request (``FairScheduler.widen``)."""
+        self.scheduler.widen(connection_id, limit)
+
     def leave(self, connection_id: str) -> None:
         """The connection is gone: drop its pending request; in-flight results get released."""
         self.scheduler.forget_connection(connection_id)

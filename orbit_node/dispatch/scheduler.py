@@ -125,6 +125,16 @@ class FairScheduler:
             app_queues.setdefault(queue_id, None)
         self._max_requests = max(self._max_requests, len(self._pending) + len(self._in_flight))
 
+    def widen(self, connection_id: str, limit: int) -> bool:
+        """Raise the limit of a connection's request that still waits for its turn (its
+        Worker freed capacity meanwhile). Its place in line does not change; a request
+        already running, or none, is left alone (False)."""
+        request = self._pending.get(connection_id)
+        if request is None or limit <= request.limit:
+            return False
+        self._pending[connection_id] = attrs.evolve(request, limit=limit)
+        return True
+
     def withdraw(self, connection_id: str) -> ClaimRequest | None:
         """Drop a connection's pending request (connection closed). In-flight claims finish normally."""
         request = self._pending.pop(connection_id, None)

@@ -20,7 +20,7 @@ and ``backoff``.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -32,12 +32,13 @@ from .explain import read_explanation
 from .ownership import FinishItem, Hook, Outcome, OwnershipLost, RecoveryStats, Reservation, TransitionResult
 from .transitions import (
     RECOVERY_BATCH,
+    TransitionPart,
     TransitionRules,
     finish_key,
     pair_key,
     recorded_finishes,
     run_recovery,
-    run_transition,
+    run_transitions,
 )
 
 
@@ -87,23 +88,37 @@ class DispatchStore:
 
     # -- transitions, each a batch in one transaction ----------------------------------
 
+    def start_part(self, items: Iterable[tuple[str, str]]) -> TransitionPart:
+        """reserved -> running for each (task_id, token) with a run lease."""
+        return TransitionPart("start.locked", list(items), pair_key, self._rules.start)
+
+    def renew_part(self, items: Iterable[tuple[str, str]]) -> TransitionPart:
+        """Extend leases that are still valid: running by the run lease, reserved by the reservation lease."""
+        return TransitionPart("renew.locked", list(items), pair_key, self._rules.renew)
+
+    def release_part(self, items: Iterable[tuple[str, str]]) -> TransitionPart:
+        """Give back reservations that will not be started: queued again, no attempt used."""
+        return TransitionPart("release.locked", list(items), pair_key, self._rules.release)
+
+    def finish_part(self, items: Iterable[FinishItem]) -> TransitionPart:
+        """Record results and failures; retry with backoff or settle; release the resource key."""
+        return TransitionPart("finish.locked", list(items), finish_key, self._rules.finish, recorded_finishes)
+
+    async def transition(self, parts: Sequence[TransitionPart]) -> list[list[TransitionResult]]:
+        """Run several batches (of any kinds, naming distinct tasks) in one transaction."""
+        return await run_transitions(self.db, self._at, parts)
+
     async def start_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]:
-        """reserved -> running for each (task_id, token) with a run lease; one transaction."""
-        return await run_transition(self.db, self._at, "start.locked", list(items), pair_key, self._rules.start)
+        return (await self.transition([self.start_part(items)]))[0]
 
     async def renew_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]:
-        """Extend leases that are still valid: running by the run lease, reserved by the reservation lease."""
-        return await run_transition(self.db, self._at, "renew.locked", list(items), pair_key, self._rules.renew)
+        return (await self.transition([self.renew_part(items)]))[0]
 
     async def release_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]:
-        """Give back reservations that will not be started: queued again, no attempt used."""
-        return await run_transition(self.db, self._at, "release.locked", list(items), pair_key, self._rules.release)
+        return (await self.transition([self.release_part(items)]))[0]
 
     async def finish_many(self, items: Iterable[FinishItem]) -> list[TransitionResult]:
-        """Record results and failures; retry with backoff or settle; release the resource key."""
-        return await run_transition(
-            self.db, self._at, "finish.locked", list(items), finish_key, self._rules.finish, recorded_finishes
-        )
+        return (await self.transition([self.finish_part(items)]))[0]
 
     # Single-item conveniences: OwnershipLost instead of an outcome.
 

@@ -119,6 +119,10 @@ ERROR_KEY = "e"  # the error JSON text, hex
 STATE_KEY = "s"  # the terminal state
 RESULT_KEY = "r"  # the result JSON text, hex
 AVAILABLE_AT_KEY = "a"  # the next available_at as DATETIME(6) text; absent keeps it
+# The attempt a terminal or requeue statement closes in the same statement: its token,
+# and its error (hex) when it differs from the task's.
+ATTEMPT_TOKEN_KEY = "t"
+ATTEMPT_ERROR_KEY = "x"
 
 
 @attrs.define(eq=False)
@@ -179,16 +183,18 @@ class Writes:
         if self.started:
             params = {"task_ids": tuple(self.started), "now": self.start_now, "lease_expires_at": self.start_lease}
             await tx.execute("start_tasks", params)
-            await tx.execute("start_attempts", {**params, "pairs": tuple(self.started.items())})
         for lease, task_ids in self.renewals.items():
             await tx.execute("renew_tasks", {"task_ids": tuple(task_ids), "lease_expires_at": lease})
-        if self.attempts:
+        # A row that is settled or requeued closes its attempt in the same statement;
+        # an attempt closed without either (none today) has a statement of its own.
+        alone = {task_id: v for task_id, v in self.attempts.items() if task_id not in self.terminal | self.requeue}
+        if alone:
             await tx.execute(
                 "settle_attempts",
                 {
-                    "values": json.dumps(self.attempts),
-                    "task_ids": tuple(self.attempts),
-                    "pairs": tuple(self.attempt_pairs),
+                    "values": json.dumps(alone),
+                    "task_ids": tuple(alone),
+                    "pairs": tuple(pair for pair in self.attempt_pairs if pair[0] in alone),
                 },
             )
         if self.keys:
@@ -197,9 +203,25 @@ class Writes:
                 {"keys": tuple(sorted(set(self.keys.values()))), "task_ids": tuple(self.keys)},
             )
         if self.terminal:
-            await tx.execute("settle_terminal", {"values": json.dumps(self.terminal), "task_ids": tuple(self.terminal)})
+            values = self._with_attempts(self.terminal)
+            await tx.execute("settle_terminal", {"values": json.dumps(values), "task_ids": tuple(self.terminal)})
         if self.requeue:
-            await tx.execute("settle_requeue", {"values": json.dumps(self.requeue), "task_ids": tuple(self.requeue)})
+            values = self._with_attempts(self.requeue)
+            await tx.execute("settle_requeue", {"values": json.dumps(values), "task_ids": tuple(self.requeue)})
+
+    def _with_attempts(self, rows: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        """The rows' settle values, each with the attempt it closes (token, outcome, error)."""
+        tokens = dict(self.attempt_pairs)
+        merged = {}
+        for task_id, values in rows.items():
+            attempt = self.attempts.get(task_id)
+            if attempt is None:
+                merged[task_id] = values
+                continue
+            merged[task_id] = {**values, ATTEMPT_TOKEN_KEY: tokens[task_id], OUTCOME_KEY: attempt[OUTCOME_KEY]}
+            if ERROR_KEY in attempt:
+                merged[task_id][ATTEMPT_ERROR_KEY] = attempt[ERROR_KEY]
+        return merged
 
 
 def _lost(task_id: str, reason: LostReason) -> TransitionResult:
@@ -250,47 +272,77 @@ def finish_key(item: FinishItem) -> tuple[str, str]:
 
 T = TypeVar("T")
 # decide(row, item, writes, context) -> result; context comes from the optional prepare step.
-Decide = Callable[[TaskRow, T, Writes, Any], TransitionResult]
+Decide = Callable[[TaskRow, Any, Writes, Any], TransitionResult]
 Prepare = Callable[[Tx, Mapping[str, TaskRow], Sequence[tuple[str, str]]], Awaitable[Any]]
 
 
-async def run_transition(
-    db: Database,
-    at: At,
-    point: str,
-    items: Sequence[T],
-    key: Callable[[T], tuple[str, str]],
-    decide: Decide,
-    prepare: Prepare | None = None,
-) -> list[TransitionResult]:
-    """Lock the named tasks, decide each item (a compare-and-set on token, state and
-    lease), then write all decisions with a few batch statements; one transaction."""
-    if not items:
-        return []
-    keys = [key(item) for item in items]
+@attrs.frozen
+class TransitionPart:
+    """One batch of one transition kind: its items and the rule that decides each.
 
-    async def body(tx: Tx) -> list[TransitionResult]:
-        task_ids = tuple(sorted({task_id for task_id, _ in keys}))
+    Several parts (from several Worker connections) can share one transaction
+    (``run_transitions``) as long as no task is named by two of them.
+    """
+
+    # The hook point reached once the rows are locked ("start.locked", ...).
+    point: str
+    items: Sequence[Any]
+    # (task_id, token) of an item.
+    key: Callable[[Any], tuple[str, str]]
+    decide: Decide
+    # Read once per transaction for all parts that name it; its result is their context.
+    prepare: Prepare | None = None
+
+    def keys(self) -> list[tuple[str, str]]:
+        return [self.key(item) for item in self.items]
+
+
+async def run_transitions(db: Database, at: At, parts: Sequence[TransitionPart]) -> list[list[TransitionResult]]:
+    """Lock every task the parts name, decide each item (a compare-and-set on token,
+    state and lease), then write all decisions with a few batch statements; one
+    transaction. Returns each part's results, in its items' order.
+
+    An item that loses its compare-and-set is an outcome of its own and never fails the
+    others. The parts must not name the same task twice (one decision per row per
+    transaction); within one part, the same (task, token) twice is applied once.
+    """
+    if not any(part.items for part in parts):
+        return [[] for _ in parts]
+    keys = [part.keys() for part in parts]
+
+    async def body(tx: Tx) -> list[list[TransitionResult]]:
+        task_ids = tuple(sorted({task_id for part_keys in keys for task_id, _ in part_keys}))
         rows = {r["task_id"]: TaskRow.from_row(r) for r in await tx.fetchall("transition_lock", {"task_ids": task_ids})}
-        await at(point, task_ids)
-        context = None if prepare is None else await prepare(tx, rows, keys)
+        for part, part_keys in zip(parts, keys, strict=True):
+            if part_keys:
+                await at(part.point, sorted({task_id for task_id, _ in part_keys}))
+        contexts: dict[Prepare, Any] = {}
+        for prepare in {part.prepare for part in parts if part.prepare is not None}:
+            prepared = [
+                k for part, part_keys in zip(parts, keys, strict=True) if part.prepare is prepare for k in part_keys
+            ]
+            contexts[prepare] = await prepare(tx, rows, prepared)
         writes = Writes()
-        first: dict[tuple[str, str], TransitionResult] = {}
-        results = []
-        for item, item_key in zip(items, keys, strict=True):
-            if item_key in first:
-                # The same (task, token) twice in one batch: applied once.
-                results.append(attrs.evolve(first[item_key], duplicate=True))
-                continue
-            row = rows.get(item_key[0])
-            if row is None:
-                result = _lost(item_key[0], LostReason.NOT_FOUND)
-            else:
-                result = _with_state(decide(row, item, writes, context), row)
-            first[item_key] = result
-            results.append(result)
+        answers = []
+        for part, part_keys in zip(parts, keys, strict=True):
+            context = None if part.prepare is None else contexts[part.prepare]
+            first: dict[tuple[str, str], TransitionResult] = {}
+            results = []
+            for item, item_key in zip(part.items, part_keys, strict=True):
+                if item_key in first:
+                    # The same (task, token) twice in one batch: applied once.
+                    results.append(attrs.evolve(first[item_key], duplicate=True))
+                    continue
+                row = rows.get(item_key[0])
+                if row is None:
+                    result = _lost(item_key[0], LostReason.NOT_FOUND)
+                else:
+                    result = _with_state(part.decide(row, item, writes, context), row)
+                first[item_key] = result
+                results.append(result)
+            answers.append(results)
         await writes.apply(tx)
-        return results
+        return answers
 
     return await db.transaction(body)
 

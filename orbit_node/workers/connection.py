@@ -309,10 +309,15 @@ class WorkerConnection:
     # -- claims -----------------------------------------------------------------------
 
     def maybe_request_claim(self) -> None:
-        """Hand the pool the claim request the core asks for, if any."""
+        """Hand the pool the claim request the core asks for, if any; or let a request
+        that waits for its turn take the capacity freed since it was made."""
         request = self.core.next_claim()
         if request is not None:
             self._submit(request)
+            return
+        limit = self.core.claim_limit()
+        if limit is not None:
+            self.hub.pool.widen(self.connection_id, limit)
 
     def _submit(self, request: ClaimRequest) -> None:
         try:

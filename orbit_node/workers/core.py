@@ -245,25 +245,40 @@ class ConnectionCore:
     def free_capacity(self) -> int:
         return 0 if self.hello is None else self.hello.capacity - len(self._held)
 
+    @property
+    def claim_threshold(self) -> int:
+        """Free slots worth a claim while the connection holds tasks: half of what one
+        claim can take (``min(capacity, claim_batch_size)``), at least one."""
+        if self.hello is None:
+            return 1
+        return max(1, -(-min(self.hello.capacity, self.claim_batch_size) // 2))
+
+    def _may_claim(self) -> bool:
+        return not (self._claim is None or self.worker_draining or self.node_draining or self.closing)
+
     def next_claim(self) -> ClaimRequest | None:
         """The claim request to submit now, or None; a returned request is outstanding.
 
         A request is made after hello, when none is outstanding, neither the Worker nor
-        the node drains, the connection is not closing and it has free capacity; it asks
-        for the free capacity, at most ``claim_batch_size``.
+        the node drains and the connection is not closing, and either it holds nothing
+        (an idle Worker asks at once) or a worthwhile share of it is free
+        (``claim_threshold``); it asks for the free capacity, at most ``claim_batch_size``.
         """
         free = self.free_capacity
-        if (
-            self._claim is None
-            or self.outstanding
-            or self.worker_draining
-            or self.node_draining
-            or self.closing
-            or free <= 0
-        ):
+        claim = self._claim
+        if claim is None or not self._may_claim() or self.outstanding or free <= 0:
+            return None
+        if self._held and free < self.claim_threshold:
             return None
         self.outstanding = True
-        return attrs.evolve(self._claim, limit=min(free, self.claim_batch_size))
+        return attrs.evolve(claim, limit=min(free, self.claim_batch_size))
+
+    def claim_limit(self) -> int | None:
+        """With a request outstanding, the limit it may have now (capacity freed since it
+        was made); the pool raises a request that still waits for its turn to this."""
+        if not self.outstanding or not self._may_claim() or self.free_capacity <= 0:
+            return None
+        return min(self.free_capacity, self.claim_batch_size)
 
     def claim_delivered(self, reservations: Sequence[Reservation], now: float) -> None:
         """The claim ran: its reservations are held, reserved, dispatched at ``now``."""

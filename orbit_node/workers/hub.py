@@ -13,13 +13,12 @@ import trio
 from ..config import NodeConfig
 from ..dispatch.pool import ClaimPool
 from ..store import ownership as ds
-from ..store.dispatch import DispatchStore
 from ..store.tenancy import TenancyStore
 from ..store.workers import WorkerRegistryStore
 from . import protocol as p
 
 if TYPE_CHECKING:
-    from .connection import WorkerConnection
+    from .connection import TransitionStore, WorkerConnection
 
 log = logging.getLogger("orbit.workers")
 
@@ -35,7 +34,8 @@ def _ignore(*args: object) -> None:
 class WorkerHub:
     config: NodeConfig
     node_id: str
-    store: DispatchStore
+    # The node's group commit (``dispatch.commit.GroupCommitter``) or the dispatch store.
+    store: TransitionStore
     pool: ClaimPool
     tenancy: TenancyStore
     registry: WorkerRegistryStore

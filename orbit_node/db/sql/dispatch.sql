@@ -169,20 +169,21 @@ SELECT task_id, fencing_token, outcome, started_at
  WHERE task_id IN %(task_ids)s
    AND (task_id, fencing_token) IN %(pairs)s
 
+-- reserved -> running, and the attempt's start, in one statement (the attempt row is the
+-- one of the task's current token; LEFT JOIN: a task is started even if its attempt row
+-- were missing).
 -- name: start_tasks
-UPDATE tasks
-   SET state = 'running',
-       attempts = attempts + 1,
-       started_at = %(now)s,
-       lease_expires_at = %(lease_expires_at)s
- WHERE task_id IN %(task_ids)s
-   AND state = 'reserved'
-
--- name: start_attempts
-UPDATE task_attempts
-   SET started_at = %(now)s
- WHERE task_id IN %(task_ids)s
-   AND (task_id, fencing_token) IN %(pairs)s
+UPDATE tasks t
+  LEFT JOIN task_attempts a
+    ON a.task_id = t.task_id
+   AND a.fencing_token = t.fencing_token
+   SET t.state = 'running',
+       t.attempts = t.attempts + 1,
+       t.started_at = %(now)s,
+       t.lease_expires_at = %(lease_expires_at)s,
+       a.started_at = %(now)s
+ WHERE t.task_id IN %(task_ids)s
+   AND t.state = 'reserved'
 
 -- name: renew_tasks
 UPDATE tasks
@@ -202,35 +203,53 @@ UPDATE task_attempts
    AND outcome IS NULL
 
 -- Terminal states. %(values)s: task id -> {"s": state, "r": hex result, "e": hex error}
--- (result and error are NULL when absent).
+-- (result and error are NULL when absent), and when the row's attempt closes with it,
+-- {"t": its token, "o": its outcome, "x": its hex error}: one statement for both rows.
+-- The attempt row is joined on the token given, not on the task's column (which the
+-- requeue below clears in the same statement); LEFT JOIN: rows without "t" close none.
 -- The fencing token stays on the row, so a late Start/Finish of that attempt can be
 -- told what happened to it.
 -- name: settle_terminal
-UPDATE tasks
-   SET state = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".s'))),
-       result = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".r')))) USING utf8mb4),
-       error = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".e')))) USING utf8mb4),
-       finished_at = NOW(6),
-       lease_expires_at = NULL
- WHERE task_id IN %(task_ids)s
+UPDATE tasks t
+  LEFT JOIN task_attempts a
+    ON a.task_id = t.task_id
+   AND a.fencing_token = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".t')))
+   AND a.outcome IS NULL
+   SET t.state = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".s'))),
+       t.result = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".r')))) USING utf8mb4),
+       t.error = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".e')))) USING utf8mb4),
+       t.finished_at = NOW(6),
+       t.lease_expires_at = NULL,
+       a.outcome = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".o'))),
+       a.error = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".x')))) USING utf8mb4),
+       a.finished_at = NOW(6)
+ WHERE t.task_id IN %(task_ids)s
 
 -- Back to the queue (release, expired reservation, retry). %(values)s: task id ->
--- {"a": next available_at or absent to keep it, "e": hex error or absent}. dispatch_at
--- is generated from available_at and follows by itself; priority never changes.
+-- {"a": next available_at or absent to keep it, "e": hex error or absent}, and the
+-- attempt it closes as in settle_terminal. dispatch_at is generated from available_at
+-- and follows by itself; priority never changes.
 -- name: settle_requeue
-UPDATE tasks
-   SET state = 'queued',
-       available_at = COALESCE(
-         CAST(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".a'))) AS DATETIME(6)),
-         available_at),
-       error = COALESCE(
-         CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".e')))) USING utf8mb4),
-         error),
-       owner_node_id = NULL,
-       connection_id = NULL,
-       fencing_token = NULL,
-       lease_expires_at = NULL
- WHERE task_id IN %(task_ids)s
+UPDATE tasks t
+  LEFT JOIN task_attempts a
+    ON a.task_id = t.task_id
+   AND a.fencing_token = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".t')))
+   AND a.outcome IS NULL
+   SET t.state = 'queued',
+       t.available_at = COALESCE(
+         CAST(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".a'))) AS DATETIME(6)),
+         t.available_at),
+       t.error = COALESCE(
+         CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".e')))) USING utf8mb4),
+         t.error),
+       t.owner_node_id = NULL,
+       t.connection_id = NULL,
+       t.fencing_token = NULL,
+       t.lease_expires_at = NULL,
+       a.outcome = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".o'))),
+       a.error = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".x')))) USING utf8mb4),
+       a.finished_at = NOW(6)
+ WHERE t.task_id IN %(task_ids)s
 
 -- name: settle_release_keys
 UPDATE resource_keys

@@ -45,7 +45,11 @@ TARGET_NODE_CPU_US_PER_TASK = 200.0
 # The P3 pacing: at most this many claims per connection per 1 s scan cycle.
 PACE_CLAIMS_PER_S = 4
 # Largest claim batch of a node (config.claim_batch_size).
-CLAIM_BATCH = 16
+# The node's default claim batch (ORBIT_CLAIM_BATCH_SIZE).
+CLAIM_BATCH = 64
+# S1 runs Orbit with this many Worker connections at each concurrency (capacity =
+# concurrency / connections, at most the claim batch).
+S1_CONNECTIONS = 8
 # Time a peer process may take beyond its drain bound (creating its database, pre-submitting).
 PEER_SETUP_S = 180.0
 # Claims per connection per cycle of the diagnostic runs: high enough never to bind.
@@ -55,7 +59,13 @@ LIFTED_PACE = 1000
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", type=int, default=20_000, help="S1: tasks burned down per system (default 20000)")
     parser.add_argument(
-        "--concurrency", type=int, default=128, help="S1: total Worker concurrency of every system (default 128)"
+        "--concurrency", type=int, default=128, help="S2: total Worker concurrency of Orbit (default 128)"
+    )
+    parser.add_argument(
+        "--orbit-concurrency",
+        default="128,512",
+        help="S1: Orbit runs at each of these total Worker concurrencies, 8 connections each; its best counts "
+        "(default 128,512: P3's pace of 4 claims per connection per second bounds a no-op drain to 4 x concurrency)",
     )
     parser.add_argument(
         "--capacity",
@@ -244,27 +254,39 @@ def orbit_targets(orbit: dict[str, Any], floor: dict[str, Any], peers: dict[str,
     return targets
 
 
+def s1_shape(concurrency: int) -> tuple[int, int]:
+    """(connections, capacity) of S1's Orbit run at ``concurrency``."""
+    capacity = max(1, min(CLAIM_BATCH, concurrency // S1_CONNECTIONS))
+    return max(1, concurrency // capacity), capacity
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    connections = max(1, args.concurrency // args.capacity)
     peers_wanted = [p for p in args.peers.split(",") if p and p != "none"]
     peer_concurrency = [int(c) for c in args.peer_concurrency.split(",") if c]
+    orbit_concurrencies = [int(c) for c in args.orbit_concurrency.split(",") if c]
     async with bench_database() as bdb:
         floor = await measure_floor(bdb, args.floor_tasks)
-        orbit = await orbit_burndown(
-            bdb,
-            tasks=args.tasks,
-            connections=connections,
-            capacity=args.capacity,
-            submit_concurrency=args.submit_concurrency,
-            profile=not args.no_profile,
-        )
+        orbit_runs: dict[int, dict[str, Any]] = {}
+        for concurrency in orbit_concurrencies:
+            shape_connections, shape_capacity = s1_shape(concurrency)
+            orbit_runs[concurrency] = await orbit_burndown(
+                bdb,
+                tasks=args.tasks,
+                connections=shape_connections,
+                capacity=shape_capacity,
+                submit_concurrency=args.submit_concurrency,
+                profile=not args.no_profile,
+                app_name=f"s1-{concurrency}",
+            )
+        orbit = best_run(orbit_runs)
+        connections, capacity = orbit["connections"], orbit["capacity"]
         lifted = None
         if not args.no_diagnose:
             lifted = await orbit_burndown(
                 bdb,
                 tasks=args.tasks,
                 connections=connections,
-                capacity=args.capacity,
+                capacity=capacity,
                 submit_concurrency=args.submit_concurrency,
                 profile=False,
                 app_name="s1-lifted",
@@ -278,7 +300,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 result = await run_peer(name, args.tasks, concurrency, bdb.dsn, args.peer_timeout_s)
                 peer_runs[name][concurrency] = {**result, "concurrency": concurrency}
     peers = {name: best_run(runs) for name, runs in peer_runs.items()}
-    orbit_concurrency = connections * args.capacity
+    orbit_concurrency = connections * capacity
     rows = [
         [
             "Orbit",
@@ -327,7 +349,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     table = format_table(
         ["system", "tasks/s", "Orbit / this", "seconds", "python cpu s", "setup"], rows, align="lrrrrl"
     )
-    concurrency_rows = [["Orbit", orbit_concurrency, orbit["tasks_per_s"], "best (only run)", ""]]
+    concurrency_rows = [
+        [
+            "Orbit",
+            concurrency,
+            result["tasks_per_s"],
+            "best" if result is orbit else "",
+            f"{result['connections']} connections x capacity {result['capacity']}, "
+            f"pacing bound {result['pacing_bound_tasks_per_s']:,.0f} tasks/s, "
+            f"node {result['node_cpu_us_per_task']:,.0f} us CPU per task",
+        ]
+        for concurrency, result in orbit_runs.items()
+    ]
     for name, runs in peer_runs.items():
         best = peers[name]
         for concurrency, result in runs.items():
@@ -360,11 +393,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         *floor_statement_rows(floor),
     ]
     notes = [
-        f"{args.tasks:,} no-op tasks per run; Orbit at total Worker concurrency {orbit_concurrency}, each peer at "
-        f"{', '.join(str(c) for c in peer_concurrency)} (its best counts).",
+        f"{args.tasks:,} no-op tasks per run; Orbit at total Worker concurrency "
+        f"{', '.join(str(c) for c in orbit_concurrencies)} (best: {orbit_concurrency}), each peer at "
+        f"{', '.join(str(c) for c in peer_concurrency)} (each system's best counts).",
         f"Orbit pre-submit over HTTP: {orbit['submit']['tasks_per_s']:,.0f} tasks/s "
         f"({args.submit_concurrency} clients, p99 {orbit['submit']['latency_s']['p99'] * 1000:.1f} ms).",
-        f"Orbit's P3 pacing (4 claims per connection per second, <= 16 tasks a claim) bounds {connections} connections "
+        f"Orbit's P3 pacing (4 claims per connection per second, <= {CLAIM_BATCH} tasks a claim) bounds "
+        f"{connections} connections of capacity {capacity} "
         f"to {orbit['pacing_bound_tasks_per_s']:,.0f} tasks/s; mean claim batch {orbit['mean_claim_batch']:.1f} tasks; "
         f"machine busy {orbit['cpu']['machine_utilisation']:.0%} of both cores, node process "
         f"{orbit['cpu']['node_cpu_s'] / orbit['seconds']:.0%} of one core during the burn-down "
@@ -379,6 +414,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "server": bdb.server_version,
         "figures": {
             "orbit": orbit,
+            "orbit_runs": orbit_runs,
             "orbit_pacing_lifted": lifted,
             "peers": peers,
             "peer_runs": peer_runs,

@@ -82,6 +82,10 @@ TEMPLATE_EXCLUDED = {
 }
 TEMPLATE_FIELDS = tuple(f for f in SUBMIT_FIELDS if f not in TEMPLATE_EXCLUDED)
 TEMPLATE_REQUIRED = tuple(f for f in SUBMIT_REQUIRED if f not in TEMPLATE_EXCLUDED)
+# POST /v1/tasks/batch: {"tasks": [...]}, each item a submission plus its own key.
+MAX_BATCH_TASKS = 1000
+BATCH_FIELDS = ("tasks",)
+BATCH_ITEM_FIELDS = ("idempotency_key", *SUBMIT_FIELDS)
 BACKOFF_FIELDS = ("initial_ms", "max_ms", "multiplier")
 QUEUE_CONTROL_FIELDS = ("max_concurrency", "max_starts_per_second")
 QUEUE_CREATE_FIELDS = ("name", *QUEUE_CONTROL_FIELDS)
@@ -275,6 +279,42 @@ def resource_key(value: Any, field: str = "resource_key") -> str:
 def submit_task(body: Mapping[str, Any]) -> NewTask:
     """The body of POST /v1/tasks -> a validated NewTask."""
     return NewTask(**task_fields(body, allowed=SUBMIT_FIELDS, required=SUBMIT_REQUIRED))
+
+
+def batch_tasks(body: Mapping[str, Any]) -> list[Any]:
+    """The body of POST /v1/tasks/batch -> its items, not yet validated (see ``batch_item``).
+
+    Refusals here are the whole request's: no ``tasks`` array, or one of no or too many items.
+    """
+    reject_unknown(body, BATCH_FIELDS)
+    items = require(body, "tasks")
+    if not isinstance(items, list):
+        raise InvalidArgument(f"tasks: must be an array, got {kind(items)}", field="tasks")
+    if not 1 <= len(items) <= MAX_BATCH_TASKS:
+        raise InvalidArgument(f"tasks: must hold 1 to {MAX_BATCH_TASKS} tasks, got {len(items)}", field="tasks")
+    return items
+
+
+def batch_item(value: Any, index: int) -> tuple[str, NewTask]:
+    """Item ``index`` of a batch -> (its idempotency key, the validated NewTask).
+
+    The POST /v1/tasks rules exactly, plus ``idempotency_key`` (the header's rule); every
+    refusal names ``tasks[index].`` + the field.
+    """
+    field = f"tasks[{index}]"
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{field}: must be an object, got {kind(value)}", field=field)
+    prefix = field + "."
+    fields = task_fields(
+        value, allowed=BATCH_ITEM_FIELDS, required=("idempotency_key", *SUBMIT_REQUIRED), prefix=prefix
+    )
+    key = string(
+        value["idempotency_key"],
+        prefix + "idempotency_key",
+        IDEMPOTENCY_KEY,
+        "1-255 visible ASCII characters (0x21-0x7E)",
+    )
+    return key, NewTask(**fields)
 
 
 def task_template(value: Any, field: str) -> dict[str, Any]:

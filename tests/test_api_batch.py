@@ -52,7 +52,15 @@ def item_error(result: dict, status: int, code: str, field: str) -> None:
 
 async def test_created_in_request_order_then_repeated(running_node, db):
     tenant = await make_tenant(db)
-    items = [task(tenant.queue_id, f"k{i}", priority=i % 10) for i in range(5)]
+    items = [task(tenant.queue_id, f"k{i}", priority=i % 10) for i in range(4)]
+    every_field = {
+        "available_at": "2030-01-01T01:00:00.123456+01:00",
+        "deadline": "2031-01-01T00:00:00Z",
+        "max_attempts": 7,
+        "backoff": {"initial_ms": 10, "max_ms": 20, "multiplier": 1.1},
+        "resource_key": "objects/r",
+    }
+    items.append(task(tenant.queue_id, "k4", priority=4, **every_field))
     async with running_node.client(tenant.token) as client:
         first = results(await batch(client, items))
         assert [r["status"] for r in first] == [201] * 5
@@ -60,13 +68,16 @@ async def test_created_in_request_order_then_repeated(running_node, db):
         assert first[0]["task"]["payload"]["n"] == 2**70
         # Every task of one batch carries the one database clock reading.
         assert len({r["task"]["created_at"] for r in first}) == 1
-        fetched = await client.get(f"/v1/tasks/{first[3]['task']['task_id']}")
-        assert fetched.json()["data"] == first[3]["task"]
+        # The answer is the stored task, exactly as a read returns it.
+        for result in first:
+            fetched = await client.get(f"/v1/tasks/{result['task']['task_id']}")
+            assert fetched.json()["data"] == result["task"]
+        assert first[4]["task"]["available_at"] == "2030-01-01T00:00:00.123456Z"
 
         again = results(await batch(client, items))
         assert [r["status"] for r in again] == [200] * 5
         assert [r["task"]["task_id"] for r in again] == [r["task"]["task_id"] for r in first]
-    assert await stored_counts(db) == {"tasks": 5, "idempotency_records": 5, "resource_keys": 0}
+    assert await stored_counts(db) == {"tasks": 5, "idempotency_records": 5, "resource_keys": 1}
 
 
 async def test_keys_are_shared_with_the_single_submit(running_node, db):

@@ -37,6 +37,17 @@ KIND_REQUEST = "request"
 ER_DUP_ENTRY = 1062
 # Runs of one acceptance transaction that concurrent submissions of its keys may cost.
 KEY_RACE_RUNS = 5
+# The columns of a new task row that task_insert leaves to their defaults (000005).
+NEW_TASK_COLUMNS: dict[str, Any] = {
+    "state": "queued",
+    "attempts": 0,
+    "cancel_requested": 0,
+    "reserved_at": None,
+    "started_at": None,
+    "finished_at": None,
+    "result": None,
+    "error": None,
+}
 # Sorts above every 32-hex task id: the "before" bound of a listing's first page.
 LIST_START = "g"
 
@@ -228,6 +239,7 @@ class TaskStore:
             submissions, digests, records, {q["queue_id"]: q["application_id"] for q in queues}, time_ordered_id
         )
         created = [(s, d) for s, d in zip(submissions, decisions, strict=True) if isinstance(d, Create)]
+        rows: list[dict[str, Any]] = []
         if created:
             now = queues[0]["db_now"]
             await tx.execute_rows(
@@ -246,14 +258,15 @@ class TaskStore:
                     key=lambda record: record["idempotency_key"],
                 ),
             )
-            await insert_tasks(
-                tx, namespace_id, [task_row(d.task_id, d.application_id, namespace_id, s.new, now) for s, d in created]
-            )
-        task_ids = tuple(sorted({d.task_id for d in decisions if isinstance(d, (Create, Repeat))}))
-        tasks: dict[str, Task] = {}
-        if task_ids:
-            rows = await tx.fetchall("task_get_many", {"namespace_id": namespace_id, "task_ids": task_ids})
-            tasks = {row["task_id"]: Task.from_row(row) for row in rows}
+            rows = [task_row(d.task_id, d.application_id, namespace_id, s.new, now) for s, d in created]
+            await insert_tasks(tx, namespace_id, rows)
+        # A created task is answered from the values just written (every column is exact:
+        # DATETIME(6), DOUBLE, the payload's JSON text); only repeats are read back.
+        tasks = {row["task_id"]: Task.from_row({**row, **NEW_TASK_COLUMNS, "updated_at": now}) for row in rows}
+        repeated = tuple(sorted({d.task_id for d in decisions if isinstance(d, Repeat)} - tasks.keys()))
+        if repeated:
+            found = await tx.fetchall("task_get_many", {"namespace_id": namespace_id, "task_ids": repeated})
+            tasks.update((row["task_id"], Task.from_row(row)) for row in found)
         outcomes: list[Accepted | OrbitError] = []
         for decision in decisions:
             if isinstance(decision, OrbitError):

@@ -133,8 +133,12 @@ def _int(text: str) -> int:
         raise _Refused(f"body: integer literal of {len(text.lstrip('-'))} digits is too long") from None
 
 
-def _check_tree(value: Any) -> None:
-    """Depth limit and lone surrogates, without recursion."""
+def _check_tree(value: Any, *, strings: bool) -> None:
+    """Depth limit and (with ``strings``) lone surrogates, without recursion.
+
+    A surrogate can only come from a ``\\u`` escape (strict UTF-8 decoding refuses encoded
+    ones), so a text without one needs only its containers visited.
+    """
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
@@ -144,11 +148,13 @@ def _check_tree(value: Any) -> None:
         elif isinstance(item, (dict, list)):
             if depth >= MAX_JSON_DEPTH:
                 raise _Refused(f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels")
-            if isinstance(item, dict):
-                stack.extend((k, depth + 1) for k in item)
-                stack.extend((v, depth + 1) for v in item.values())
+            children = item.values() if isinstance(item, dict) else item
+            if strings:
+                if isinstance(item, dict):
+                    stack.extend((k, depth + 1) for k in item)
+                stack.extend((v, depth + 1) for v in children)
             else:
-                stack.extend((v, depth + 1) for v in item)
+                stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
 
 
 def parse_json(raw: bytes) -> Any:
@@ -161,7 +167,7 @@ def parse_json(raw: bytes) -> Any:
         value = json.loads(
             text, object_pairs_hook=_object, parse_constant=_constant, parse_float=_float, parse_int=_int
         )
-        _check_tree(value)
+        _check_tree(value, strings="\\u" in text)
     except _Refused as exc:
         raise InvalidArgument(str(exc), field="body") from None
     except json.JSONDecodeError as exc:

@@ -82,6 +82,10 @@ TEMPLATE_EXCLUDED = {
 }
 TEMPLATE_FIELDS = tuple(f for f in SUBMIT_FIELDS if f not in TEMPLATE_EXCLUDED)
 TEMPLATE_REQUIRED = tuple(f for f in SUBMIT_REQUIRED if f not in TEMPLATE_EXCLUDED)
+# POST /v1/tasks/batch: {"tasks": [...]}, each item a submission plus its own key.
+MAX_BATCH_TASKS = 1000
+BATCH_FIELDS = ("tasks",)
+BATCH_ITEM_FIELDS = ("idempotency_key", *SUBMIT_FIELDS)
 BACKOFF_FIELDS = ("initial_ms", "max_ms", "multiplier")
 QUEUE_CONTROL_FIELDS = ("max_concurrency", "max_starts_per_second")
 QUEUE_CREATE_FIELDS = ("name", *QUEUE_CONTROL_FIELDS)
@@ -129,8 +133,12 @@ def _int(text: str) -> int:
         raise _Refused(f"body: integer literal of {len(text.lstrip('-'))} digits is too long") from None
 
 
-def _check_tree(value: Any) -> None:
-    """Depth limit and lone surrogates, without recursion."""
+def _check_tree(value: Any, *, strings: bool) -> None:
+    """Depth limit and (with ``strings``) lone surrogates, without recursion.
+
+    A surrogate can only come from a ``\\u`` escape (strict UTF-8 decoding refuses encoded
+    ones), so a text without one needs only its containers visited.
+    """
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
@@ -140,11 +148,13 @@ def _check_tree(value: Any) -> None:
         elif isinstance(item, (dict, list)):
             if depth >= MAX_JSON_DEPTH:
                 raise _Refused(f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels")
-            if isinstance(item, dict):
-                stack.extend((k, depth + 1) for k in item)
-                stack.extend((v, depth + 1) for v in item.values())
+            children = item.values() if isinstance(item, dict) else item
+            if strings:
+                if isinstance(item, dict):
+                    stack.extend((k, depth + 1) for k in item)
+                stack.extend((v, depth + 1) for v in children)
             else:
-                stack.extend((v, depth + 1) for v in item)
+                stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
 
 
 def parse_json(raw: bytes) -> Any:
@@ -157,7 +167,7 @@ def parse_json(raw: bytes) -> Any:
         value = json.loads(
             text, object_pairs_hook=_object, parse_constant=_constant, parse_float=_float, parse_int=_int
         )
-        _check_tree(value)
+        _check_tree(value, strings="\\u" in text)
     except _Refused as exc:
         raise InvalidArgument(str(exc), field="body") from None
     except json.JSONDecodeError as exc:
@@ -275,6 +285,42 @@ def resource_key(value: Any, field: str = "resource_key") -> str:
 def submit_task(body: Mapping[str, Any]) -> NewTask:
     """The body of POST /v1/tasks -> a validated NewTask."""
     return NewTask(**task_fields(body, allowed=SUBMIT_FIELDS, required=SUBMIT_REQUIRED))
+
+
+def batch_tasks(body: Mapping[str, Any]) -> list[Any]:
+    """The body of POST /v1/tasks/batch -> its items, not yet validated (see ``batch_item``).
+
+    Refusals here are the whole request's: no ``tasks`` array, or one of no or too many items.
+    """
+    reject_unknown(body, BATCH_FIELDS)
+    items = require(body, "tasks")
+    if not isinstance(items, list):
+        raise InvalidArgument(f"tasks: must be an array, got {kind(items)}", field="tasks")
+    if not 1 <= len(items) <= MAX_BATCH_TASKS:
+        raise InvalidArgument(f"tasks: must hold 1 to {MAX_BATCH_TASKS} tasks, got {len(items)}", field="tasks")
+    return items
+
+
+def batch_item(value: Any, index: int) -> tuple[str, NewTask]:
+    """Item ``index`` of a batch -> (its idempotency key, the validated NewTask).
+
+    The POST /v1/tasks rules exactly, plus ``idempotency_key`` (the header's rule); every
+    refusal names ``tasks[index].`` + the field.
+    """
+    field = f"tasks[{index}]"
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{field}: must be an object, got {kind(value)}", field=field)
+    prefix = field + "."
+    fields = task_fields(
+        value, allowed=BATCH_ITEM_FIELDS, required=("idempotency_key", *SUBMIT_REQUIRED), prefix=prefix
+    )
+    key = string(
+        value["idempotency_key"],
+        prefix + "idempotency_key",
+        IDEMPOTENCY_KEY,
+        "1-255 visible ASCII characters (0x21-0x7E)",
+    )
+    return key, NewTask(**fields)
 
 
 def task_template(value: Any, field: str) -> dict[str, Any]:

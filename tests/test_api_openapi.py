@@ -144,6 +144,7 @@ async def test_real_responses_match_the_document(running_node, db):
         check(await anonymous.get("/v1/tasks"), "/v1/tasks")
     async with running_node.client(read_only) as client:
         check(await client.post("/v1/tasks", json=body, headers={"Idempotency-Key": "k"}), "/v1/tasks")
+        check(await client.post("/v1/tasks/batch", json={"tasks": [body]}), "/v1/tasks/batch")
     async with running_node.client(tenant.token) as client:
         created = check(await client.post("/v1/tasks", json=body, headers={"Idempotency-Key": "k"}), "/v1/tasks")
         task_id = created["data"]["task_id"]
@@ -156,6 +157,18 @@ async def test_real_responses_match_the_document(running_node, db):
         )
         foreign = {**body, "queue_id": other.queue_id}
         check(await client.post("/v1/tasks", json=foreign, headers={"Idempotency-Key": "y"}), "/v1/tasks")
+        items = [
+            {**body, "idempotency_key": "k"},
+            {**body, "idempotency_key": "k", "priority": 1},
+            {**body, "idempotency_key": "b1", "priority": 10},
+            {**foreign, "idempotency_key": "b2"},
+            {**body, "idempotency_key": "b3"},
+        ]
+        for item in items[:2] + items[3:]:
+            component("SubmitTasksItem").validate(item)
+        batch = check(await client.post("/v1/tasks/batch", json={"tasks": items}), "/v1/tasks/batch")
+        assert [r["status"] for r in batch["data"]["results"]] == [200, 409, 400, 404, 201]
+        check(await client.post("/v1/tasks/batch", json={"tasks": []}), "/v1/tasks/batch")
         check(
             await client.post(
                 "/v1/tasks", content=b"{}", headers={"Idempotency-Key": "z", "Content-Type": "text/plain"}

@@ -233,3 +233,29 @@ def test_credentials_file_errors_are_config_errors(tmp_path):
     partial.write_text("[]")
     with pytest.raises(ConfigError, match="expected a JSON object"):
         Credentials.load(partial)
+
+
+async def test_sdk_submit_many_round_trip(running_node, db):
+    tenant = await make_tenant(db)
+    q = tenant.queue_id
+    pairs = [(f"sdk-{i}", request(q, priority=i % 10, delay_s=1.5)) for i in range(25)]
+    pairs.append(("sdk-bad", request(q, priority=10)))
+    pairs.append(("sdk-3", request(q, priority=4)))  # sdk-3 was sent with priority 3
+    pairs.append(("sdk-missing", request("e" * 32)))
+    async with OrbitClient(running_node.base_url, tenant.token) as client:
+        got = await client.submit_many(pairs, batch_size=10)
+        assert len(got) == 28
+        assert all(r.created and r.accepted for r in got[:25])
+        assert [r.task.priority for r in got[:25] if r.task] == [i % 10 for i in range(25)]
+        assert got[0].task is not None and got[0].task.payload == {"object_ref": "objects/example"}
+        assert got[0].task.available_at - got[0].task.created_at == timedelta(seconds=1.5)
+        assert isinstance(got[25].error, InvalidArgumentError) and got[25].error.field == "tasks[5].priority"
+        assert isinstance(got[26].error, IdempotencyConflictError) and got[26].status == 409
+        assert got[26].error.field == "tasks[6].idempotency_key" and got[26].error.request_id.startswith("req_")
+        assert isinstance(got[27].error, NotFoundError) and not got[27].accepted
+
+        again = await client.submit_many(pairs[:25])
+        assert [r.status for r in again] == [200] * 25
+        assert [r.task for r in again] == [r.task for r in got[:25]]
+        fetched = await client.get_task(got[7].task.task_id)  # type: ignore[union-attr]
+        assert fetched == got[7].task

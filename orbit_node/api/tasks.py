@@ -7,6 +7,8 @@ from typing import Any
 from quart import Blueprint
 
 from .. import logs, rules
+from ..errors import OrbitError, PermissionDenied
+from ..store.acceptance import Submission
 from ..store.tasks import Task, TaskSummary
 from ..store.tenancy import Principal
 from ..wire import stored_json
@@ -86,6 +88,55 @@ async def submit_task():
         # their empty-result cache entry expires (a latency shortcut; it decides nothing).
         claims.task_arrived(new.queue_id)
     return envelope.ok(task_json(accepted.task), 201 if accepted.created else 200)
+
+
+def item_error(exc: OrbitError) -> dict[str, Any]:
+    return {"code": exc.code, "message": exc.message, "field": exc.field}
+
+
+@bp.post("/tasks/batch")
+async def submit_batch():
+    """Up to 1,000 submissions, each with its own key and the single submit's rules, in one
+    transaction; one result per item, in request order (docs/api.md)."""
+    who = require_any("tasks:submit")
+    validation.no_idempotency_header()
+    items = rules.batch_tasks(await validation.json_object(required=True))
+    # Item index -> its refusal before the store (invalid, or outside the credential's grant).
+    refused: dict[int, OrbitError] = {}
+    submissions: list[Submission] = []
+    for index, item in enumerate(items):
+        try:
+            key, new = rules.batch_item(item, index)
+            field = f"tasks[{index}].queue_id"
+            if not who.allows("tasks:submit", new.queue_id):
+                raise PermissionDenied(
+                    f"{field}: credential lacks scope tasks:submit for queue {new.queue_id}", field=field
+                )
+        except OrbitError as exc:
+            refused[index] = exc
+            continue
+        submissions.append(Submission(key, new, key_field=f"tasks[{index}].idempotency_key", queue_field=field))
+    state = node_state()
+    outcomes = iter(await state.tasks.submit_many(who.namespace_id, submissions))
+    results: list[dict[str, Any]] = []
+    arrived: set[str] = set()
+    counts = {"created": 0, "existing": 0, "refused": 0}
+    for index in range(len(items)):
+        outcome = refused[index] if index in refused else next(outcomes)
+        if isinstance(outcome, OrbitError):
+            counts["refused"] += 1
+            results.append({"index": index, "status": outcome.http_status, "error": item_error(outcome)})
+            continue
+        counts["created" if outcome.created else "existing"] += 1
+        if outcome.created:
+            arrived.add(outcome.task.queue_id)
+        results.append({"index": index, "status": 201 if outcome.created else 200, "task": task_json(outcome.task)})
+    logs.bind(tasks=len(items), **counts)
+    claims = state.services.pool
+    if claims is not None:
+        for queue_id in sorted(arrived):
+            claims.task_arrived(queue_id)
+    return envelope.ok({**counts, "results": results})
 
 
 @bp.get("/tasks/<task_id>")

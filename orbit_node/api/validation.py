@@ -102,6 +102,16 @@ def idempotency_key() -> str:
     return values[0]
 
 
+def no_idempotency_header() -> None:
+    """Routes whose keys are in the body (POST /v1/tasks/batch) refuse the header: it would
+    suggest an idempotency the route does not give the request as a whole."""
+    if request.headers.get("Idempotency-Key") is not None:
+        raise InvalidArgument(
+            "Idempotency-Key: not used by this route; give each task its own idempotency_key",
+            field="Idempotency-Key",
+        )
+
+
 # -- query strings and cursors -----------------------------------------------------
 
 

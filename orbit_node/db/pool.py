@@ -51,6 +51,11 @@ ROLLBACK_TIMEOUT_S = 2.0
 # Transactions run at READ COMMITTED unless they ask otherwise; set once per session so
 # a transaction costs no extra round trip for it.
 DEFAULT_ISOLATION = "READ COMMITTED"
+
+# The statements the driver's executemany joins into multi-row INSERTs (any other is run
+# once per row, which Tx.execute_rows refuses).
+MULTI_ROW_INSERT = trio_mysql.cursors.RE_INSERT_VALUES
+
 SESSION_SETUP = (
     "SET time_zone = '+00:00', "
     "sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
@@ -139,6 +144,24 @@ class Tx:
     async def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int:
         """Run a named statement and return the number of rows it affected."""
         cursor = await self._run(name, params)
+        return cursor.rowcount
+
+    async def execute_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Run a named ``INSERT ... VALUES (%(a)s, ...)`` for every row, as multi-row INSERTs.
+
+        The driver escapes each row's parameters like any other statement's and joins the
+        value lists into as few statements as its size limit allows (all inside the
+        caller's transaction). A statement that is not a plain INSERT with a VALUES list of
+        placeholders only would be run row by row: it is refused instead. Returns the rows
+        affected.
+        """
+        if not rows:
+            return 0
+        sql = QUERIES[name]
+        if not MULTI_ROW_INSERT.match(sql):
+            raise ValueError(f"query {name!r} is not an INSERT whose VALUES list holds only placeholders")
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        await cursor.executemany(sql, rows)
         return cursor.rowcount
 
     async def execute_raw(self, sql: str, params: Any = None) -> int:

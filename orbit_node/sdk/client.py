@@ -5,6 +5,8 @@
             queue_id=queue_id, handler="object.prepare", handler_version="v1",
             payload_version="v1", payload={"object_ref": "objects/example"}, priority=9))
         accepted.task.priority, accepted.created
+        results = await client.submit_many([("prepare-002", request_2), ("prepare-003", request_3)])
+        [r.status for r in results]                        # 201, 200, 409, 400, ... per item
 
 Every error the server reports is raised as an ``ApiError`` subclass carrying the
 server's ``code``, ``field`` and ``request_id``. Timeouts are the caller's: wrap a
@@ -16,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Self, TypeVar
@@ -30,6 +32,8 @@ T = TypeVar("T")
 
 # Keys every credentials file has (the format orbit-admin bootstrap writes).
 CREDENTIALS_KEYS = ("url", "token", "application", "namespace", "environment", "scopes", "queues")
+# Items of one POST /v1/tasks/batch at most.
+MAX_BATCH_TASKS = 1000
 
 
 # -- errors ------------------------------------------------------------------------
@@ -132,6 +136,14 @@ ERRORS_BY_CODE: dict[str, type[ApiError]] = {
     "UNAVAILABLE": UnavailableError,
     "INTERNAL": InternalError,
 }
+
+
+def api_error(error: Mapping[str, Any], status: int, request_id: str | None) -> ApiError:
+    """The ``ApiError`` subclass of an error object of the envelope (or of a batch item)."""
+    code = str(error.get("code", "UNKNOWN"))
+    return ERRORS_BY_CODE.get(code, ApiError)(
+        str(error.get("message", "")), status=status, code=code, field=error.get("field"), request_id=request_id
+    )
 
 
 # -- values ------------------------------------------------------------------------
@@ -388,6 +400,25 @@ class SubmitResult:
     created: bool
 
 
+@attrs.frozen
+class BatchItemResult:
+    """One item of ``submit_many``: its task (created or repeated) or the server's refusal."""
+
+    # 201 created, 200 repeat of an identical earlier request, else the refusal's status.
+    status: int
+    task: Task | None = None
+    # The refusal as the single submit would raise it (field named ``tasks[i]....``).
+    error: ApiError | None = None
+
+    @property
+    def created(self) -> bool:
+        return self.status == 201
+
+    @property
+    def accepted(self) -> bool:
+        return self.error is None
+
+
 @attrs.frozen(kw_only=True)
 class Credentials:
     """The credentials file ``orbit-admin bootstrap`` writes."""
@@ -504,14 +535,7 @@ class OrbitClient:
             )
         error = document.get("error")
         if isinstance(error, dict):
-            code = str(error.get("code", "UNKNOWN"))
-            raise ERRORS_BY_CODE.get(code, ApiError)(
-                str(error.get("message", "")),
-                status=response.status_code,
-                code=code,
-                field=error.get("field"),
-                request_id=document.get("request_id"),
-            )
+            raise api_error(error, response.status_code, document.get("request_id"))
         if not 200 <= response.status_code < 300 or "data" not in document:
             raise ProtocolError(
                 f"{method} {path}: HTTP {response.status_code} without data", status=response.status_code
@@ -529,6 +553,32 @@ class OrbitClient:
             "POST", "/v1/tasks", body=request.to_json(), headers={"Idempotency-Key": acceptance_key}
         )
         return SubmitResult(Task.from_json(document["data"]), created=status == 201)
+
+    async def submit_many(
+        self, requests: Iterable[tuple[str, SubmitTaskRequest]], *, batch_size: int = MAX_BATCH_TASKS
+    ) -> list[BatchItemResult]:
+        """Submit (acceptance key, request) pairs, ``batch_size`` (1-1,000) per ``POST /v1/tasks/batch``.
+
+        One result per pair, in order. An item the server refuses (invalid, conflict,
+        unknown queue, ...) is a result with ``error``; the other items are accepted. A
+        failure of a whole batch raises: the batches sent before it are committed, the
+        failing one committed nothing. Like ``submit_task``, safe to retry with the same
+        keys and requests.
+        """
+        if not 1 <= batch_size <= MAX_BATCH_TASKS:
+            raise ValueError(f"batch_size must be from 1 to {MAX_BATCH_TASKS}")
+        items = [{"idempotency_key": key, **request.to_json()} for key, request in requests]
+        results: list[BatchItemResult] = []
+        for start in range(0, len(items), batch_size):
+            _, document = await self._call("POST", "/v1/tasks/batch", body={"tasks": items[start : start + batch_size]})
+            request_id = document.get("request_id")
+            for item in document["data"]["results"]:
+                status = int(item["status"])
+                if "error" in item:
+                    results.append(BatchItemResult(status, error=api_error(item["error"], status, request_id)))
+                else:
+                    results.append(BatchItemResult(status, task=Task.from_json(item["task"])))
+        return results
 
     async def get_task(self, task_id: str) -> Task:
         _, document = await self._call("GET", f"/v1/tasks/{_segment(task_id)}")

@@ -27,7 +27,7 @@ from ..ids import is_hex32, random_id, time_ordered_id
 from ..plans.definition import Definition, parse_stored
 from ..plans.schedule import due_fire_times
 from ..wire import rfc3339
-from .tasks import ER_DUP_ENTRY, LIST_START, TaskPage, TaskSummary, insert_task
+from .tasks import ER_DUP_ENTRY, LIST_START, TaskPage, TaskSummary, insert_tasks, task_row
 
 log = logging.getLogger("orbit.plans")
 
@@ -351,14 +351,20 @@ class PlanStore:
                     },
                 )
                 if recorded:
-                    await insert_task(
+                    await insert_tasks(
                         tx,
-                        task_id,
-                        row["application_id"],
                         row["namespace_id"],
-                        new,
-                        plan_id=plan_id,
-                        plan_version=version,
+                        [
+                            task_row(
+                                task_id,
+                                row["application_id"],
+                                row["namespace_id"],
+                                new,
+                                row["db_now"],
+                                plan_id=plan_id,
+                                plan_version=version,
+                            )
+                        ],
                     )
                     created += 1
             await tx.execute(

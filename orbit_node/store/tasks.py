@@ -1,24 +1,27 @@
 """Tasks as the task interface sees them: acceptance (idempotent), reads, listing, cancel.
 
-Acceptance writes the idempotency record first, in the same transaction as the task.
-Concurrent submissions with one key serialise on that record's primary key: the
-first commits, the others fail with a duplicate key and return (or refuse) the task
-the first created, so one key never creates two tasks.
+Acceptance (one task or a batch, one code path) runs in one transaction: it reads the
+records of its keys and its queues, decides each submission (``store/acceptance.py``),
+then writes the idempotency records first and the tasks after them, as multi-row
+INSERTs. Concurrent submissions with one key serialise on that record's primary key:
+the first commits, the others fail with a duplicate key, run again and return (or
+refuse) the task the first created, so one key never creates two tasks.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 import attrs
 
 from ..db import Database, Tx
-from ..errors import DatabaseError, FailedPrecondition, IdempotencyConflict, NotFound
+from ..errors import DatabaseError, FailedPrecondition, NotFound, OrbitError
 from ..ids import is_hex32, time_ordered_id
 from ..rules import NewTask
+from .acceptance import Create, Record, Repeat, Submission, decide
 
 STATES = ("queued", "reserved", "running", "succeeded", "failed", "cancelled", "expired")
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
@@ -32,6 +35,19 @@ PRIORITY_STEP_S = 30
 KIND_REQUEST = "request"
 # MySQL's duplicate-key error.
 ER_DUP_ENTRY = 1062
+# Runs of one acceptance transaction that concurrent submissions of its keys may cost.
+KEY_RACE_RUNS = 5
+# The columns of a new task row that task_insert leaves to their defaults (000005).
+NEW_TASK_COLUMNS: dict[str, Any] = {
+    "state": "queued",
+    "attempts": 0,
+    "cancel_requested": 0,
+    "reserved_at": None,
+    "started_at": None,
+    "finished_at": None,
+    "result": None,
+    "error": None,
+}
 # Sorts above every 32-hex task id: the "before" bound of a listing's first page.
 LIST_START = "g"
 
@@ -108,49 +124,61 @@ class TaskPage(Generic[S]):
     last: str | None
 
 
-async def insert_task(
-    tx: Tx,
+def task_row(
     task_id: str,
     application_id: str,
     namespace_id: str,
     new: NewTask,
+    now: datetime,
     *,
     plan_id: str | None = None,
     plan_version: int | None = None,
-) -> None:
-    """Write one accepted task (and its resource key's occupancy row) inside ``tx``.
+) -> dict[str, Any]:
+    """The ``task_insert`` parameters of one accepted task.
 
-    The caller has written the idempotency record first, in the same transaction: the
-    API's acceptance and a plan's fire both go through here.
+    ``now`` is the database clock read in the accepting transaction: the task's
+    created_at, and its available_at (plus the delay) unless the request names one.
     """
-    await tx.execute(
-        "task_insert",
-        {
-            "task_id": task_id,
-            "application_id": application_id,
-            "namespace_id": namespace_id,
-            "queue_id": new.queue_id,
-            "handler": new.handler,
-            "handler_version": new.handler_version,
-            "payload_version": new.payload_version,
-            "payload": json.dumps(new.payload, ensure_ascii=False, allow_nan=False),
-            "priority": new.priority,
-            "available_at": new.available_at,
-            "delay_us": new.delay_us,
-            "deadline": new.deadline,
-            "max_attempts": new.max_attempts,
-            "backoff_initial_ms": new.backoff_initial_ms,
-            "backoff_max_ms": new.backoff_max_ms,
-            "backoff_multiplier": new.backoff_multiplier,
-            "resource_key": new.resource_key,
-            "plan_id": plan_id,
-            "plan_version": plan_version,
-        },
-    )
-    if new.resource_key is not None:
-        rk = {"namespace_id": namespace_id, "resource_key": new.resource_key}
-        if await tx.fetchone("resource_key_exists", rk) is None:
-            await tx.execute("resource_key_ensure", rk)
+    return {
+        "task_id": task_id,
+        "application_id": application_id,
+        "namespace_id": namespace_id,
+        "queue_id": new.queue_id,
+        "handler": new.handler,
+        "handler_version": new.handler_version,
+        "payload_version": new.payload_version,
+        "payload": json.dumps(new.payload, ensure_ascii=False, allow_nan=False),
+        "priority": new.priority,
+        "available_at": now + timedelta(microseconds=new.delay_us) if new.available_at is None else new.available_at,
+        "deadline": new.deadline,
+        "max_attempts": new.max_attempts,
+        "backoff_initial_ms": new.backoff_initial_ms,
+        "backoff_max_ms": new.backoff_max_ms,
+        "backoff_multiplier": new.backoff_multiplier,
+        "resource_key": new.resource_key,
+        "plan_id": plan_id,
+        "plan_version": plan_version,
+        "created_at": now,
+    }
+
+
+async def insert_tasks(tx: Tx, namespace_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Write accepted tasks (``task_row``) and their resource keys' occupancy rows inside ``tx``.
+
+    Multi-row INSERTs; the caller has written the idempotency records first, in the same
+    transaction. The API's acceptance and a plan's fire both go through here.
+    """
+    await tx.execute_rows("task_insert", rows)
+    wanted = sorted({row["resource_key"] for row in rows if row["resource_key"] is not None})
+    if wanted:
+        present = await tx.fetchall(
+            "resource_keys_present", {"namespace_id": namespace_id, "resource_keys": tuple(wanted)}
+        )
+        have = {row["resource_key"] for row in present}
+        await tx.execute_rows(
+            "resource_key_ensure",
+            [{"namespace_id": namespace_id, "resource_key": key} for key in wanted if key not in have],
+        )
 
 
 @attrs.define(eq=False)
@@ -165,43 +193,94 @@ class TaskStore:
         Raises NotFound when the queue is not in the namespace and IdempotencyConflict
         when the key already accepted a request with another digest.
         """
-        digest = new.digest()
-        key = {"namespace_id": namespace_id, "kind": kind, "idempotency_key": idempotency_key}
-        # Fast path for retries: the record is already there.
-        previous = await self._replay(key, digest)
-        if previous is not None:
-            return Accepted(previous, created=False)
-        task_id = time_ordered_id()
+        (outcome,) = await self.submit_many(namespace_id, [Submission(idempotency_key, new)], kind=kind)
+        if isinstance(outcome, OrbitError):
+            raise outcome
+        return outcome
 
-        async def body(tx: Tx) -> dict[str, Any]:
-            queue = await tx.fetchone("task_submit_queue", {"namespace_id": namespace_id, "queue_id": new.queue_id})
-            if queue is None:
-                raise NotFound(f"queue_id: queue {new.queue_id} not found", field="queue_id")
-            await tx.execute("idempotency_insert", {**key, "request_digest": digest, "task_id": task_id})
-            await insert_task(tx, task_id, queue["application_id"], namespace_id, new)
-            return await tx.fetchrow("task_get", {"namespace_id": namespace_id, "task_id": task_id})
+    async def submit_many(
+        self, namespace_id: str, submissions: Sequence[Submission], *, kind: str = KIND_REQUEST
+    ) -> list[Accepted | OrbitError]:
+        """Accept each submission under its key (per namespace), exactly once, in one transaction.
 
-        try:
-            row = await self.db.transaction(body)
-        except DatabaseError as exc:
-            if exc.errno != ER_DUP_ENTRY:
-                raise
-            # Another submission with this key committed first.
-            previous = await self._replay(key, digest)
-            if previous is None:
-                raise
-            return Accepted(previous, created=False)
-        return Accepted(Task.from_row(row), created=True)
+        One answer per submission, in order: ``Accepted`` (created, or the repeat of the
+        key's earlier identical request) or the refusal (``NotFound`` queue,
+        ``IdempotencyConflict``); ``orbit_node.store.acceptance`` decides which. Either
+        every created task of the call is committed or none is.
+        """
+        if not submissions:
+            return []
+        digests = [s.new.digest() for s in submissions]
 
-    async def _replay(self, key: Mapping[str, str], digest: str) -> Task | None:
-        record = await self.db.fetchone("idempotency_get", key)
-        if record is None:
-            return None
-        if record["request_digest"] != digest:
-            raise IdempotencyConflict(
-                "Idempotency-Key: this key already accepted a different request", field="Idempotency-Key"
+        async def body(tx: Tx) -> list[Accepted | OrbitError]:
+            return await self._accept(tx, namespace_id, kind, submissions, digests)
+
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self.db.transaction(body)
+            except DatabaseError as exc:
+                # A concurrent submission committed one of the keys between this
+                # transaction's read and its insert: run it again, and the read sees it.
+                if exc.errno != ER_DUP_ENTRY or attempt >= KEY_RACE_RUNS:
+                    raise
+
+    async def _accept(
+        self,
+        tx: Tx,
+        namespace_id: str,
+        kind: str,
+        submissions: Sequence[Submission],
+        digests: Sequence[str],
+    ) -> list[Accepted | OrbitError]:
+        keys = tuple(sorted({s.idempotency_key for s in submissions}))
+        found = await tx.fetchall("idempotency_get_many", {"namespace_id": namespace_id, "kind": kind, "keys": keys})
+        records = {r["idempotency_key"]: Record(r["request_digest"], r["task_id"]) for r in found}
+        queue_ids = tuple(sorted({s.new.queue_id for s in submissions}))
+        queues = await tx.fetchall("task_submit_queues", {"namespace_id": namespace_id, "queue_ids": queue_ids})
+        decisions = decide(
+            submissions, digests, records, {q["queue_id"]: q["application_id"] for q in queues}, time_ordered_id
+        )
+        created = [(s, d) for s, d in zip(submissions, decisions, strict=True) if isinstance(d, Create)]
+        rows: list[dict[str, Any]] = []
+        if created:
+            now = queues[0]["db_now"]
+            await tx.execute_rows(
+                "idempotency_insert",
+                sorted(
+                    (
+                        {
+                            "namespace_id": namespace_id,
+                            "kind": kind,
+                            "idempotency_key": s.idempotency_key,
+                            "request_digest": d.digest,
+                            "task_id": d.task_id,
+                        }
+                        for s, d in created
+                    ),
+                    key=lambda record: record["idempotency_key"],
+                ),
             )
-        return await self.get(key["namespace_id"], record["task_id"])
+            rows = [task_row(d.task_id, d.application_id, namespace_id, s.new, now) for s, d in created]
+            await insert_tasks(tx, namespace_id, rows)
+        # A created task is answered from the values just written (every column is exact:
+        # DATETIME(6), DOUBLE, the payload's JSON text); only repeats are read back.
+        tasks = {row["task_id"]: Task.from_row({**row, **NEW_TASK_COLUMNS, "updated_at": now}) for row in rows}
+        repeated = tuple(sorted({d.task_id for d in decisions if isinstance(d, Repeat)} - tasks.keys()))
+        if repeated:
+            found = await tx.fetchall("task_get_many", {"namespace_id": namespace_id, "task_ids": repeated})
+            tasks.update((row["task_id"], Task.from_row(row)) for row in found)
+        outcomes: list[Accepted | OrbitError] = []
+        for decision in decisions:
+            if isinstance(decision, OrbitError):
+                outcomes.append(decision)
+            elif decision.task_id not in tasks:
+                # A record whose task is gone (never the case while tasks are kept).
+                outcomes.append(NotFound(f"task_id: task {decision.task_id} not found", field="task_id"))
+            else:
+                outcomes.append(Accepted(tasks[decision.task_id], created=isinstance(decision, Create)))
+        return outcomes
 
     async def get(self, namespace_id: str, task_id: str) -> Task:
         row = None

@@ -1,44 +1,57 @@
 -- Tasks as the task interface sees them: acceptance, reads, listing, cancellation.
 -- Every time written here comes from the database clock (NOW(6) in a UTC session).
 
--- The queue a submission names, with the application that owns it (tasks copy it).
+-- The queue a plan names, with the application that owns it (tasks copy it).
 -- name: task_submit_queue
 SELECT queue_id, application_id
   FROM queues
  WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s
 
--- The acceptance record goes in first: a concurrent submission with the same key
--- waits on it and then fails with a duplicate key, so only one task is ever created.
+-- The queues a batch of submissions names, with the application that owns each (tasks
+-- copy it), and the database clock every task of the acceptance transaction is stamped with.
+-- name: task_submit_queues
+SELECT queue_id, application_id, NOW(6) AS db_now
+  FROM queues
+ WHERE namespace_id = %(namespace_id)s AND queue_id IN %(queue_ids)s
+
+-- The acceptance records go in first (one multi-row INSERT, keys in sorted order): a
+-- concurrent submission with one of the keys waits on it and then fails with a duplicate
+-- key, so only one task is ever created per key.
 -- name: idempotency_insert
 INSERT INTO idempotency_records (namespace_id, kind, idempotency_key, request_digest, task_id)
 VALUES (%(namespace_id)s, %(kind)s, %(idempotency_key)s, %(request_digest)s, %(task_id)s)
 
--- name: idempotency_get
-SELECT request_digest, task_id
+-- name: idempotency_get_many
+SELECT idempotency_key, request_digest, task_id
   FROM idempotency_records
- WHERE namespace_id = %(namespace_id)s AND kind = %(kind)s AND idempotency_key = %(idempotency_key)s
+ WHERE namespace_id = %(namespace_id)s AND kind = %(kind)s AND idempotency_key IN %(keys)s
 
+-- Tasks, one multi-row INSERT (Tx.execute_rows): the VALUES list holds placeholders only.
 -- available_at is the client's UTC timestamp (a plan's fire time), or the database clock
--- plus the delay. plan_id/plan_version are NULL except for tasks a plan created.
+-- read at the start of the acceptance transaction plus the delay; created_at and
+-- updated_at are that same clock. plan_id/plan_version are NULL except for tasks a plan
+-- created.
 -- name: task_insert
 INSERT INTO tasks (
   task_id, application_id, namespace_id, queue_id,
   handler, handler_version, payload_version, payload, priority,
   available_at, deadline, max_attempts,
-  backoff_initial_ms, backoff_max_ms, backoff_multiplier, resource_key, plan_id, plan_version
+  backoff_initial_ms, backoff_max_ms, backoff_multiplier, resource_key, plan_id, plan_version,
+  created_at, updated_at
 ) VALUES (
   %(task_id)s, %(application_id)s, %(namespace_id)s, %(queue_id)s,
   %(handler)s, %(handler_version)s, %(payload_version)s, %(payload)s, %(priority)s,
-  COALESCE(%(available_at)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND), %(deadline)s, %(max_attempts)s,
-  %(backoff_initial_ms)s, %(backoff_max_ms)s, %(backoff_multiplier)s, %(resource_key)s, %(plan_id)s, %(plan_version)s
+  %(available_at)s, %(deadline)s, %(max_attempts)s,
+  %(backoff_initial_ms)s, %(backoff_max_ms)s, %(backoff_multiplier)s, %(resource_key)s, %(plan_id)s, %(plan_version)s,
+  %(created_at)s, %(created_at)s
 )
 
 -- The dispatch core needs an occupancy row for every resource key a task names.
 -- A plain read first, so a hot key's row is not locked by every submission.
--- name: resource_key_exists
-SELECT 1 AS present
+-- name: resource_keys_present
+SELECT resource_key
   FROM resource_keys
- WHERE namespace_id = %(namespace_id)s AND resource_key = %(resource_key)s
+ WHERE namespace_id = %(namespace_id)s AND resource_key IN %(resource_keys)s
 
 -- name: resource_key_ensure
 INSERT IGNORE INTO resource_keys (namespace_id, resource_key)
@@ -51,6 +64,14 @@ SELECT task_id, application_id, namespace_id, queue_id, handler, handler_version
        reserved_at, started_at, finished_at, result, error, plan_id, plan_version, created_at, updated_at
   FROM tasks
  WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
+
+-- name: task_get_many
+SELECT task_id, application_id, namespace_id, queue_id, handler, handler_version, payload_version,
+       payload, state, priority, available_at, deadline, attempts, max_attempts,
+       backoff_initial_ms, backoff_max_ms, backoff_multiplier, resource_key, cancel_requested,
+       reserved_at, started_at, finished_at, result, error, plan_id, plan_version, created_at, updated_at
+  FROM tasks
+ WHERE namespace_id = %(namespace_id)s AND task_id IN %(task_ids)s
 
 -- Newest first. Optional filters are NULL when absent (the server folds the constant
 -- test away); queue-scoped credentials pass the queue ids they may read. The

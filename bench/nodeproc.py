@@ -44,6 +44,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _commit_stats(node: Node) -> dict[str, int]:
+    commits = node.state.services.commits
+    if commits is None:
+        return {}
+    c = commits.statistics()
+    return {"transition_groups": c.groups, "transition_batches": c.batches, "transition_items": c.items}
+
+
 async def _stats_loop(node: Node, path: Path, interval_s: float) -> None:
     with path.open("a", buffering=1) as out:
         while True:
@@ -64,6 +72,7 @@ async def _stats_loop(node: Node, path: Path, interval_s: float) -> None:
                             "pending": s.pending,
                             "in_flight": s.in_flight,
                             "dispatched": hub.dispatched,
+                            **_commit_stats(node),
                             "connections": len(hub.connections),
                         }
                     )

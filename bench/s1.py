@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from .bulk import submit_bulk
 from .common import (
     REPO,
     admin_sql,
@@ -30,7 +31,6 @@ from .common import (
     measured_phase,
     node_process,
     seed_tasks,
-    submit_closed_loop,
     wait_until,
     worker_fleet,
 )
@@ -45,6 +45,9 @@ TARGET_NODE_CPU_US_PER_TASK = 200.0
 # The P3 pacing: at most this many claims per connection per 1 s scan cycle.
 PACE_CLAIMS_PER_S = 4
 # Largest claim batch of a node (config.claim_batch_size).
+# S1 pre-submits its tasks with POST /v1/tasks/batch: batches of this many, this many clients.
+BULK_BATCH = 1000
+BULK_CLIENTS = 2
 # The node's default claim batch (ORBIT_CLAIM_BATCH_SIZE).
 CLAIM_BATCH = 64
 # S1 runs Orbit with this many Worker connections at each concurrency (capacity =
@@ -125,8 +128,9 @@ async def orbit_burndown(
                 await seed_tasks(bdb.db, app, tasks)
                 submit_lat: list[float] = []
             else:
-                submit_lat = await submit_closed_loop(
-                    node.url, app.token, app.queue_id, tasks, concurrency=submit_concurrency
+                # Bulk: the drain is what S1 measures (single submits: `python -m bench http`).
+                submit_lat = await submit_bulk(
+                    node.url, app.token, app.queue_id, tasks, batch=BULK_BATCH, clients=BULK_CLIENTS
                 )
         submit_s = time.perf_counter() - submit_started
         progress: list[tuple[float, int]] = []
@@ -165,7 +169,8 @@ async def orbit_burndown(
         "submit": {
             "tasks_per_s": tasks / submit_s,
             "latency_s": summarize(submit_lat),
-            "concurrency": submit_concurrency,
+            "concurrency": BULK_CLIENTS,
+            "batch": BULK_BATCH,
             "statements": submit_statements.delta,
             "per_submit": statement_costs(submit_statements.delta, 0 if seed_sql else tasks),
         },
@@ -389,15 +394,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     statement_rows = [
         ("Orbit burn-down (node)", "task", orbit["per_task"]),
         ("Orbit burn-down (node)", "claim", orbit["per_claim"]),
-        ("Orbit submit over HTTP", "submit", orbit["submit"]["per_submit"]),
+        ("Orbit bulk submit over HTTP", "task", orbit["submit"]["per_submit"]),
         *floor_statement_rows(floor),
     ]
     notes = [
         f"{args.tasks:,} no-op tasks per run; Orbit at total Worker concurrency "
         f"{', '.join(str(c) for c in orbit_concurrencies)} (best: {orbit_concurrency}), each peer at "
         f"{', '.join(str(c) for c in peer_concurrency)} (each system's best counts).",
-        f"Orbit pre-submit over HTTP: {orbit['submit']['tasks_per_s']:,.0f} tasks/s "
-        f"({args.submit_concurrency} clients, p99 {orbit['submit']['latency_s']['p99'] * 1000:.1f} ms).",
+        f"Orbit pre-submit over HTTP in bulk: {orbit['submit']['tasks_per_s']:,.0f} tasks/s "
+        f"({BULK_CLIENTS} clients, batches of {BULK_BATCH}, p99 {orbit['submit']['latency_s']['p99'] * 1000:.1f} ms "
+        "per batch).",
         f"Orbit's P3 pacing (4 claims per connection per second, <= {CLAIM_BATCH} tasks a claim) bounds "
         f"{connections} connections of capacity {capacity} "
         f"to {orbit['pacing_bound_tasks_per_s']:,.0f} tasks/s; mean claim batch {orbit['mean_claim_batch']:.1f} tasks; "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 import trio
 
@@ -158,3 +160,21 @@ async def test_a_discarded_connection_is_closed_at_once_so_its_locks_go(db):
 
     with trio.fail_after(10):
         assert await db.run(update) == 1
+
+
+async def test_datetimes_read_back_exactly(db):
+    rows = await db.run(
+        lambda tx: tx.fetchall_raw(
+            "SELECT CAST('2026-12-01 10:49:02.000001' AS DATETIME(6)) AS micro, "
+            "CAST('2026-12-01 10:49:02' AS DATETIME) AS whole, CAST(NULL AS DATETIME(6)) AS missing, "
+            "TIMESTAMP('2026-02-28 23:59:59.5') AS stamp"
+        )
+    )
+    assert rows == [
+        {
+            "micro": datetime(2026, 12, 1, 10, 49, 2, 1),
+            "whole": datetime(2026, 12, 1, 10, 49, 2),
+            "missing": None,
+            "stamp": datetime(2026, 2, 28, 23, 59, 59, 500000),
+        }
+    ]

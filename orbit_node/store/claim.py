@@ -285,8 +285,7 @@ class _Claim:
         changed = await self.tx.execute(
             "claim_reserve",
             {
-                "values": json.dumps(tokens),
-                "task_ids": task_ids,
+                "values": json.dumps([{"i": task_id, "t": token} for task_id, token in tokens.items()]),
                 "node_id": self.req.node_id,
                 "connection_id": self.req.connection_id,
                 "now": now,

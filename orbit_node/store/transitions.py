@@ -110,18 +110,18 @@ class TaskRow:
         )
 
 
-# Keys of the per-task objects in the ``values`` JSON of the settle statements
+# Keys of the per-task objects in the ``values`` JSON array of the settle statements
 # (``settle_attempts``, ``settle_terminal``, ``settle_requeue`` in db/sql/dispatch.sql,
-# which read them as ``$."<task id>".<key>``). One letter each: a batch sends an object
-# per task in one statement parameter. Result and error texts travel as hex.
-OUTCOME_KEY = "o"  # task_attempts.outcome of the closed attempt
-ERROR_KEY = "e"  # the error JSON text, hex
+# which read it once with JSON_TABLE). One letter each: a batch sends an object per task
+# in one statement parameter. Result and error texts travel as hex.
+TASK_KEY = "i"  # the task id
 STATE_KEY = "s"  # the terminal state
 RESULT_KEY = "r"  # the result JSON text, hex
+ERROR_KEY = "e"  # the task's error JSON text, hex
 AVAILABLE_AT_KEY = "a"  # the next available_at as DATETIME(6) text; absent keeps it
-# The attempt a terminal or requeue statement closes in the same statement: its token,
-# and its error (hex) when it differs from the task's.
+# The attempt closed with the row: its token, outcome and error JSON text (hex).
 ATTEMPT_TOKEN_KEY = "t"
+OUTCOME_KEY = "o"
 ATTEMPT_ERROR_KEY = "x"
 
 
@@ -134,8 +134,8 @@ class Writes:
     start_now: datetime | None = None
     start_lease: datetime | None = None
     renewals: dict[datetime, list[str]] = attrs.field(factory=dict)
+    # Attempts closed: task id -> token, outcome and error (hex).
     attempts: dict[str, dict[str, str]] = attrs.field(factory=dict)
-    attempt_pairs: list[tuple[str, str]] = attrs.field(factory=list)
     terminal: dict[str, dict[str, str]] = attrs.field(factory=dict)
     requeue: dict[str, dict[str, str]] = attrs.field(factory=dict)
     keys: dict[str, tuple[str, str]] = attrs.field(factory=dict)
@@ -151,11 +151,10 @@ class Writes:
         """Record the outcome of the row's current attempt (the one its token names)."""
         if row.fencing_token is None:
             return
-        values = {OUTCOME_KEY: outcome}
+        values = {ATTEMPT_TOKEN_KEY: row.fencing_token, OUTCOME_KEY: outcome}
         if error is not None:
-            values[ERROR_KEY] = _hex(error)
+            values[ATTEMPT_ERROR_KEY] = _hex(error)
         self.attempts[row.task_id] = values
-        self.attempt_pairs.append((row.task_id, row.fencing_token))
 
     def settle(self, row: TaskRow, state: str, *, result: str | None = None, error: str | None = None) -> None:
         values = {STATE_KEY: state}
@@ -189,39 +188,23 @@ class Writes:
         # an attempt closed without either (none today) has a statement of its own.
         alone = {task_id: v for task_id, v in self.attempts.items() if task_id not in self.terminal | self.requeue}
         if alone:
-            await tx.execute(
-                "settle_attempts",
-                {
-                    "values": json.dumps(alone),
-                    "task_ids": tuple(alone),
-                    "pairs": tuple(pair for pair in self.attempt_pairs if pair[0] in alone),
-                },
-            )
+            await tx.execute("settle_attempts", {"values": _rows_json(alone)})
         if self.keys:
             await tx.execute(
                 "settle_release_keys",
                 {"keys": tuple(sorted(set(self.keys.values()))), "task_ids": tuple(self.keys)},
             )
         if self.terminal:
-            values = self._with_attempts(self.terminal)
-            await tx.execute("settle_terminal", {"values": json.dumps(values), "task_ids": tuple(self.terminal)})
+            await tx.execute("settle_terminal", {"values": _rows_json(self.terminal, self.attempts)})
         if self.requeue:
-            values = self._with_attempts(self.requeue)
-            await tx.execute("settle_requeue", {"values": json.dumps(values), "task_ids": tuple(self.requeue)})
+            await tx.execute("settle_requeue", {"values": _rows_json(self.requeue, self.attempts)})
 
-    def _with_attempts(self, rows: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-        """The rows' settle values, each with the attempt it closes (token, outcome, error)."""
-        tokens = dict(self.attempt_pairs)
-        merged = {}
-        for task_id, values in rows.items():
-            attempt = self.attempts.get(task_id)
-            if attempt is None:
-                merged[task_id] = values
-                continue
-            merged[task_id] = {**values, ATTEMPT_TOKEN_KEY: tokens[task_id], OUTCOME_KEY: attempt[OUTCOME_KEY]}
-            if ERROR_KEY in attempt:
-                merged[task_id][ATTEMPT_ERROR_KEY] = attempt[ERROR_KEY]
-        return merged
+
+def _rows_json(rows: Mapping[str, Mapping[str, str]], attempts: Mapping[str, Mapping[str, str]] | None = None) -> str:
+    """The ``values`` array of a settle statement: each row's values with its task id and,
+    when ``attempts`` has one for the row, the attempt it closes."""
+    attempts = attempts or {}
+    return json.dumps([{TASK_KEY: task_id, **values, **attempts.get(task_id, {})} for task_id, values in rows.items()])
 
 
 def _lost(task_id: str, reason: LostReason) -> TransitionResult:

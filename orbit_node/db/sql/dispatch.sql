@@ -62,7 +62,7 @@ SELECT COUNT(*) AS live
 -- index range even with millions of future tasks; available_at <= NOW(6) is the real
 -- eligibility rule. No row is locked here.
 -- name: claim_candidates
-SELECT task_id, resource_key, deadline, attempts, max_attempts
+SELECT task_id, resource_key
   FROM tasks FORCE INDEX (ix_tasks_dispatch)
  WHERE queue_id = %(queue_id)s
    AND state = 'queued'
@@ -116,18 +116,23 @@ UPDATE resource_keys
    AND resource_key = %(resource_key)s
 
 -- Claim, step 3: the reservation. %(values)s maps task id -> fencing token.
+-- %(values)s: a JSON array of {"i": task id, "t": its new fencing token}, read once by
+-- JSON_TABLE and joined to the task rows by primary key (a JSON lookup per row would
+-- parse the whole document for every row).
 -- name: claim_reserve
-UPDATE tasks
-   SET state = 'reserved',
-       owner_node_id = %(node_id)s,
-       connection_id = %(connection_id)s,
-       fencing_token = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '"'))),
-       reserved_at = %(now)s,
-       lease_expires_at = %(lease_expires_at)s,
-       started_at = NULL,
-       finished_at = NULL
- WHERE task_id IN %(task_ids)s
-   AND state = 'queued'
+UPDATE JSON_TABLE(%(values)s, '$[*]' COLUMNS (
+         task_id CHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.i',
+         token VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.t')) v
+  STRAIGHT_JOIN tasks t ON t.task_id = v.task_id
+   SET t.state = 'reserved',
+       t.owner_node_id = %(node_id)s,
+       t.connection_id = %(connection_id)s,
+       t.fencing_token = v.token,
+       t.reserved_at = %(now)s,
+       t.lease_expires_at = %(lease_expires_at)s,
+       t.started_at = NULL,
+       t.finished_at = NULL
+ WHERE t.state = 'queued'
 
 -- name: claim_insert_attempts
 INSERT INTO task_attempts (task_id, attempt, fencing_token, owner_node_id, connection_id, reserved_at)
@@ -190,66 +195,79 @@ UPDATE tasks
    SET lease_expires_at = %(lease_expires_at)s
  WHERE task_id IN %(task_ids)s
 
--- Close the open attempt rows. %(values)s: task id -> {"o": outcome, "e": hex error}.
--- The one-letter keys of these settle statements are named in orbit_node/store/transitions.py
--- (OUTCOME_KEY, ERROR_KEY, STATE_KEY, RESULT_KEY, AVAILABLE_AT_KEY).
--- name: settle_attempts
-UPDATE task_attempts
-   SET outcome = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".o'))),
-       error = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', task_id, '".e')))) USING utf8mb4),
-       finished_at = NOW(6)
- WHERE task_id IN %(task_ids)s
-   AND (task_id, fencing_token) IN %(pairs)s
-   AND outcome IS NULL
+-- The settle statements read %(values)s, a JSON array with one object per task, once
+-- through JSON_TABLE and join the rows by primary key. Keys (named in
+-- orbit_node/store/transitions.py): "i" task id; "s" terminal state; "r" result and "e"
+-- error JSON text, hex; "a" next available_at; and for the attempt closed with the row:
+-- "t" its token, "o" its outcome, "x" its error, hex. Absent keys read as NULL.
 
--- Terminal states. %(values)s: task id -> {"s": state, "r": hex result, "e": hex error}
--- (result and error are NULL when absent), and when the row's attempt closes with it,
--- {"t": its token, "o": its outcome, "x": its hex error}: one statement for both rows.
--- The attempt row is joined on the token given, not on the task's column (which the
--- requeue below clears in the same statement); LEFT JOIN: rows without "t" close none.
+-- Close open attempt rows (an attempt closed without a settle or requeue of its task).
+-- name: settle_attempts
+UPDATE JSON_TABLE(%(values)s, '$[*]' COLUMNS (
+         task_id CHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.i',
+         token VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.t',
+         outcome VARCHAR(32) PATH '$.o',
+         error_hex LONGTEXT CHARACTER SET ascii PATH '$.x')) v
+  STRAIGHT_JOIN task_attempts a ON a.task_id = v.task_id AND a.fencing_token = v.token
+   SET a.outcome = v.outcome,
+       a.error = CONVERT(UNHEX(v.error_hex) USING utf8mb4),
+       a.finished_at = NOW(6)
+ WHERE a.outcome IS NULL
+
+-- Terminal states, and the attempt closed with each (LEFT JOIN: a row without "t"
+-- closes none). The attempt is joined on the token given, not on the task's column.
 -- The fencing token stays on the row, so a late Start/Finish of that attempt can be
 -- told what happened to it.
 -- name: settle_terminal
-UPDATE tasks t
+UPDATE JSON_TABLE(%(values)s, '$[*]' COLUMNS (
+         task_id CHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.i',
+         state VARCHAR(16) PATH '$.s',
+         result_hex LONGTEXT CHARACTER SET ascii PATH '$.r',
+         error_hex LONGTEXT CHARACTER SET ascii PATH '$.e',
+         token VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.t',
+         outcome VARCHAR(32) PATH '$.o',
+         attempt_error_hex LONGTEXT CHARACTER SET ascii PATH '$.x')) v
+  STRAIGHT_JOIN tasks t ON t.task_id = v.task_id
   LEFT JOIN task_attempts a
-    ON a.task_id = t.task_id
-   AND a.fencing_token = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".t')))
+    ON a.task_id = v.task_id
+   AND a.fencing_token = v.token
    AND a.outcome IS NULL
-   SET t.state = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".s'))),
-       t.result = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".r')))) USING utf8mb4),
-       t.error = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".e')))) USING utf8mb4),
+   SET t.state = v.state,
+       t.result = CONVERT(UNHEX(v.result_hex) USING utf8mb4),
+       t.error = CONVERT(UNHEX(v.error_hex) USING utf8mb4),
        t.finished_at = NOW(6),
        t.lease_expires_at = NULL,
-       a.outcome = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".o'))),
-       a.error = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".x')))) USING utf8mb4),
+       a.outcome = v.outcome,
+       a.error = CONVERT(UNHEX(v.attempt_error_hex) USING utf8mb4),
        a.finished_at = NOW(6)
- WHERE t.task_id IN %(task_ids)s
 
--- Back to the queue (release, expired reservation, retry). %(values)s: task id ->
--- {"a": next available_at or absent to keep it, "e": hex error or absent}, and the
--- attempt it closes as in settle_terminal. dispatch_at is generated from available_at
--- and follows by itself; priority never changes.
+-- Back to the queue (release, expired reservation, retry): "a" absent keeps
+-- available_at, "e" absent keeps the last error; the attempt as in settle_terminal.
+-- dispatch_at is generated from available_at and follows by itself; priority never
+-- changes.
 -- name: settle_requeue
-UPDATE tasks t
+UPDATE JSON_TABLE(%(values)s, '$[*]' COLUMNS (
+         task_id CHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.i',
+         available_at VARCHAR(32) CHARACTER SET ascii PATH '$.a',
+         error_hex LONGTEXT CHARACTER SET ascii PATH '$.e',
+         token VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.t',
+         outcome VARCHAR(32) PATH '$.o',
+         attempt_error_hex LONGTEXT CHARACTER SET ascii PATH '$.x')) v
+  STRAIGHT_JOIN tasks t ON t.task_id = v.task_id
   LEFT JOIN task_attempts a
-    ON a.task_id = t.task_id
-   AND a.fencing_token = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".t')))
+    ON a.task_id = v.task_id
+   AND a.fencing_token = v.token
    AND a.outcome IS NULL
    SET t.state = 'queued',
-       t.available_at = COALESCE(
-         CAST(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".a'))) AS DATETIME(6)),
-         t.available_at),
-       t.error = COALESCE(
-         CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".e')))) USING utf8mb4),
-         t.error),
+       t.available_at = COALESCE(CAST(v.available_at AS DATETIME(6)), t.available_at),
+       t.error = COALESCE(CONVERT(UNHEX(v.error_hex) USING utf8mb4), t.error),
        t.owner_node_id = NULL,
        t.connection_id = NULL,
        t.fencing_token = NULL,
        t.lease_expires_at = NULL,
-       a.outcome = JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".o'))),
-       a.error = CONVERT(UNHEX(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', t.task_id, '".x')))) USING utf8mb4),
+       a.outcome = v.outcome,
+       a.error = CONVERT(UNHEX(v.attempt_error_hex) USING utf8mb4),
        a.finished_at = NOW(6)
- WHERE t.task_id IN %(task_ids)s
 
 -- name: settle_release_keys
 UPDATE resource_keys

@@ -231,3 +231,33 @@ async def test_a_silent_connection_is_closed_after_the_heartbeat_timeout(autojum
     assert trio.current_time() - start == pytest.approx(50, abs=1.5)
     assert [p.loads_strict(t)["type"] for t in transport.sent] == ["heartbeat", "error"]
     assert hub.unregistered == 1
+
+
+async def test_a_paced_out_request_widened_while_it_waits_claims_the_freed_capacity(autojump_clock):
+    """Full claims: a request waiting for the next cycle takes what was freed meanwhile."""
+    limits: list[int] = []
+    times: list[float] = []
+
+    async def claim(request):
+        limits.append(request.limit)
+        times.append(trio.current_time())
+        return ["task"] * request.limit
+
+    pool = ClaimPool(FairScheduler(SchedulerLimits()), claim=claim, release=None)
+    delivered: list[object] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            start = trio.current_time()
+            for _ in range(4):  # the connection's four claims of this cycle
+                pool.request(ticket(), delivered.append)
+                await trio.testing.wait_all_tasks_blocked()
+            pool.request(attrs.evolve(ticket(), limit=2), delivered.append)
+            await trio.sleep(0.3)
+            pool.widen("c1", 5)  # capacity freed while it waits for the next cycle
+            pool.widen("c1", 3)  # never lowered
+            while len(delivered) < 5:
+                await trio.sleep(0.05)
+            pool.close()
+    assert limits == [1, 1, 1, 1, 5]
+    assert times[4] - start >= 1.0  # still paced: the fifth claim waited for the next cycle

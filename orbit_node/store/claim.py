@@ -10,7 +10,6 @@ quotas are read from their locked rows and enforced by ``orbit_node.store.quota`
 from __future__ import annotations
 
 import json
-import random
 import secrets
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -27,17 +26,16 @@ from .quota import Budget, epoch_second, quota_budget, window_after
 from .transitions import ATTEMPTS_ERROR, CANCELLED_ERROR, DEADLINE_ERROR, TaskRow, Writes
 
 # A claim re-reads candidates of a queue at most this often when rows it picked were
-# taken by concurrent claims or settled: enough to fill a batch under contention, while
-# the transaction stays short.
+# locked by another transaction (a concurrent claim, an operator's query, a cancel) or
+# settled meanwhile: enough to fill a batch under contention, while the transaction
+# stays short. Each round takes the next free candidates in dispatch order, after the
+# ones already tried, so a claim takes exactly the first free eligible rows in order
+# (docs/dispatch.md, "Order under contention").
 MAX_CLAIM_ROUNDS = 4
-# Once concurrent claims won some of the rows a claim picked, its next rounds read this
-# many times further ahead and pick at random there, so contending claims stop chasing the
-# same rows in lockstep. An uncontended claim always takes exactly the head, in order.
-CONTENDED_LOOKAHEAD = 4
 
 
 async def run_claim(
-    db: Database, req: ClaimRequest, *, limit: int, reservation_lease_s: float, rng: random.Random, at: At
+    db: Database, req: ClaimRequest, *, limit: int, reservation_lease_s: float, at: At
 ) -> list[Reservation]:
     """Reserve up to ``limit`` due tasks in one short transaction."""
     queue_ids = tuple(dict.fromkeys(q for q in req.queue_ids if is_hex32(q)))
@@ -46,7 +44,7 @@ async def run_claim(
         return []
 
     async def body(tx: Tx) -> list[Reservation]:
-        return await _Claim(tx, req, queue_ids, capabilities, limit, reservation_lease_s, rng, at).run()
+        return await _Claim(tx, req, queue_ids, capabilities, limit, reservation_lease_s, at).run()
 
     return await db.transaction(body)
 
@@ -61,7 +59,6 @@ class _Claim:
     capabilities: tuple[tuple[str, str, str], ...]
     limit: int
     reservation_lease_s: float
-    rng: random.Random
     at: At
     # Candidates already considered in this transaction (locked, skipped or blocked by a key).
     tried: set[str] = attrs.field(factory=set)
@@ -172,12 +169,12 @@ class _Claim:
     async def _claim_queue(self, queue_id: str, want: int) -> list[Mapping[str, Any]]:
         """Lock and keep up to ``want`` due tasks of one queue, in dispatch order."""
         taken: list[Mapping[str, Any]] = []
-        contended = False
         for _ in range(MAX_CLAIM_ROUNDS):
             need = want - len(taken)
             if need <= 0:
                 break
-            read_limit = (need + len(self.tried)) * (CONTENDED_LOOKAHEAD if contended else 1)
+            # The candidates already tried come first in order: read past them.
+            read_limit = need + len(self.tried)
             candidates = await self.tx.fetchall(
                 "claim_candidates",
                 {
@@ -188,12 +185,9 @@ class _Claim:
                 },
             )
             fresh = [c for c in candidates if c["task_id"] not in self.tried]
-            if contended:
-                fresh = self.rng.sample(fresh, len(fresh))
             picked = await self._pick(fresh, need)
             if picked:
                 rows = await self.tx.fetchall("claim_lock_tasks", {"task_ids": tuple(c["task_id"] for c in picked)})
-                contended = contended or len(rows) < len(picked)
                 # The lock statement returns rows in primary-key order; keep dispatch order.
                 by_id = {r["task_id"]: r for r in rows}
                 locked = [by_id[c["task_id"]] for c in candidates if c["task_id"] in by_id]

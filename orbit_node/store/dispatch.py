@@ -82,7 +82,6 @@ class DispatchStore:
             req,
             limit=min(req.limit, self.batch_size),
             reservation_lease_s=self.reservation_lease_s,
-            rng=self.rng,
             at=self._at,
         )
 

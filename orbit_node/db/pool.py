@@ -187,6 +187,21 @@ class Tx:
         await cursor.executemany(sql, rows)
         return cursor.rowcount
 
+    async def fetchall_union(
+        self, branch: str, tail: str, branches: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        """Named query ``branch`` once per item of ``branches`` joined with UNION ALL, then
+        ``tail``. ``{i}`` in the branch's text numbers its own parameters: the keys of
+        ``branches[i]`` are passed as ``<key>_<i>``; ``params`` are shared by all."""
+        template = QUERIES[branch]
+        sql = " UNION ALL ".join(template.replace("{i}", str(i)) for i in range(len(branches)))
+        values = dict(params)
+        for i, branch_params in enumerate(branches):
+            values.update({f"{key}_{i}": value for key, value in branch_params.items()})
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        await cursor.execute(f"{sql} {QUERIES[tail]}", values)
+        return list(await cursor.fetchall())
+
     async def execute_raw(self, sql: str, params: Any = None) -> int:
         """Run literal SQL. Only the migration runner and test fixtures use this."""
         cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)

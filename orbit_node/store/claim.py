@@ -21,8 +21,10 @@ from ..claims import ClaimRequest
 from ..db import Database, Tx
 from ..errors import DatabaseError
 from ..ids import is_hex32
+from ..rules import MAX_PRIORITY
 from .ownership import LIVE_STATES, At, Reservation
 from .quota import Budget, epoch_second, quota_budget, window_after
+from .tasks import PRIORITY_STEP_S
 from .transitions import ATTEMPTS_ERROR, CANCELLED_ERROR, DEADLINE_ERROR, TaskRow, Writes
 
 # A claim re-reads candidates of a queue at most this often when rows it picked were
@@ -32,6 +34,8 @@ from .transitions import ATTEMPTS_ERROR, CANCELLED_ERROR, DEADLINE_ERROR, TaskRo
 # ones already tried, so a claim takes exactly the first free eligible rows in order
 # (docs/dispatch.md, "Order under contention").
 MAX_CLAIM_ROUNDS = 4
+# Every priority level a task can have (rules.MAX_PRIORITY).
+PRIORITY_LEVELS = tuple(range(MAX_PRIORITY + 1))
 
 
 async def run_claim(
@@ -66,6 +70,24 @@ class _Claim:
     keys_taken: set[str] = attrs.field(factory=set)
     keys_missing: set[str] = attrs.field(factory=set)
     writes: Writes = attrs.field(factory=Writes)
+
+    @property
+    def branches(self) -> list[dict[str, Any]]:
+        """One candidate range per (capability, keyed, priority level)."""
+        keyed = (0, 1) if self.req.resource_key_support else (0,)
+        return [
+            {
+                "handler": handler,
+                "handler_version": handler_version,
+                "payload_version": payload_version,
+                "keyed": k,
+                "priority": priority,
+                "window_s": priority * PRIORITY_STEP_S,
+            }
+            for handler, handler_version, payload_version in self.capabilities
+            for k in keyed
+            for priority in PRIORITY_LEVELS
+        ]
 
     async def run(self) -> list[Reservation]:
         tx, req = self.tx, self.req
@@ -175,14 +197,11 @@ class _Claim:
                 break
             # The candidates already tried come first in order: read past them.
             read_limit = need + len(self.tried)
-            candidates = await self.tx.fetchall(
-                "claim_candidates",
-                {
-                    "queue_id": queue_id,
-                    "capabilities": self.capabilities,
-                    "resource_keys": 1 if self.req.resource_key_support else 0,
-                    "limit": read_limit,
-                },
+            candidates = await self.tx.fetchall_union(
+                "claim_candidates_branch",
+                "claim_candidates_order",
+                self.branches,
+                {"queue_id": queue_id, "limit": read_limit},
             )
             fresh = [c for c in candidates if c["task_id"] not in self.tried]
             picked = await self._pick(fresh, need)

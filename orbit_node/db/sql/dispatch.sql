@@ -57,21 +57,30 @@ SELECT COUNT(*) AS live
  WHERE queue_id = %(queue_id)s
    AND state IN ('reserved', 'running')
 
--- Claim, step 1: a non-locking ordered read of candidates through the dispatch index.
--- dispatch_at <= available_at always holds, so "dispatch_at <= NOW(6)" bounds the
--- index range even with millions of future tasks; available_at <= NOW(6) is the real
--- eligibility rule. No row is locked here.
--- name: claim_candidates
-SELECT task_id, resource_key
-  FROM tasks FORCE INDEX (ix_tasks_dispatch)
- WHERE queue_id = %(queue_id)s
-   AND state = 'queued'
-   AND dispatch_at <= NOW(6)
-   AND available_at <= NOW(6)
-   AND (handler, handler_version, payload_version) IN %(capabilities)s
-   AND (%(resource_keys)s OR resource_key IS NULL)
- ORDER BY dispatch_at, available_at, task_id
- LIMIT %(limit)s
+-- Claim, step 1: a non-locking ordered read of candidates. One branch per
+-- (capability, keyed, priority level) of the claiming connection, each an ordered range
+-- of ix_tasks_claim in which every row is due (available_at <= NOW(6) is, at a fixed
+-- priority, dispatch_at <= NOW(6) - 30 s x priority) and runnable by the connection; each
+-- reads at most %(limit)s rows. store/claim.py joins the branches with UNION ALL
+-- ({i} numbers each branch's parameters) and claim_candidates_order merges them in
+-- dispatch order. No row is locked here.
+-- name: claim_candidates_branch
+(SELECT task_id, resource_key, dispatch_at, available_at
+   FROM tasks FORCE INDEX (ix_tasks_claim)
+  WHERE queue_id = %(queue_id)s
+    AND state = 'queued'
+    AND handler = %(handler_{i})s
+    AND handler_version = %(handler_version_{i})s
+    AND payload_version = %(payload_version_{i})s
+    AND keyed = %(keyed_{i})s
+    AND priority = %(priority_{i})s
+    AND dispatch_at <= NOW(6) - INTERVAL %(window_s_{i})s SECOND
+  ORDER BY dispatch_at, task_id
+  LIMIT %(limit)s)
+
+-- name: claim_candidates_order
+ORDER BY dispatch_at, available_at, task_id
+LIMIT %(limit)s
 
 -- Occupancy of resource keys as committed (non-locking): the holder and its state. A key
 -- is free when it has no holder, or (repair) when its holder no longer holds it.

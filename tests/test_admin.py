@@ -74,6 +74,12 @@ async def bootstrap(dsn, tmp_path, application="shop", queues=("orders", "refund
 # -- credentials -------------------------------------------------------------------------
 
 
+@pytest.fixture
+def node_config(node_config):
+    # Revocations here must hold on the very next request: no cache of verified credentials.
+    return attrs.evolve(node_config, credential_cache_s=0.0)
+
+
 async def test_a_credential_gets_exactly_the_chosen_scopes_and_revoking_it_stops_it(running_node, dsn, tmp_path):
     boot = await bootstrap(dsn, tmp_path)
     orders, refunds = boot["queues"]["orders"], boot["queues"]["refunds"]

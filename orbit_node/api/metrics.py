@@ -35,6 +35,8 @@ ASGIApp = Callable[
 
 # Routes probed so often that their access-log lines are kept at debug level.
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
+# The node-wide scope a credential needs to read GET /metrics in "credential" mode.
+METRICS_SCOPE = "metrics:read"
 # Label of requests that matched no route (the path itself would be unbounded).
 UNMATCHED_ROUTE = "unmatched"
 
@@ -48,7 +50,10 @@ async def metrics_endpoint():
     if state.config.metrics != "credential":
         # Exactly what an unknown path answers: the endpoint is not there.
         raise NotFound(f"path: no route {request.path}", field="path")
-    await state.metrics_auth.authorize(bearer_token())
+    # A credential verified before keeps working while the database is unreachable:
+    # metrics matter most then.
+    who = await state.credentials.authenticate(bearer_token(), stale_if_unavailable=True)
+    who.require(METRICS_SCOPE)
     body, content_type = state.metrics.exposition(request.headers.get("Accept", ""))
     return Response(body, status=200, content_type=content_type)
 

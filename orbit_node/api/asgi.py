@@ -1,4 +1,4 @@
-"""The HTTP connection adapter between hypercorn and the app (quart-trio's, with two changes).
+"""The HTTP connection adapter between hypercorn and the app (quart-trio's, with changes).
 
 When the app answers before it has read a request body (413, 401, 408, ...), hypercorn
 closes the connection from inside the send of that answer, and in the same step
@@ -25,6 +25,15 @@ RESPONSE_SEND_TIMEOUT_S = 10.0
 
 
 class ClosingHTTPConnection(TrioASGIHTTPConnection):
+    async def __call__(self, receive, send) -> None:  # type: ignore[override]
+        # quart-trio starts both halves as tasks of the nursery; the request half runs in
+        # the nursery's own task here (one task fewer per request, the same cancellation:
+        # either half finishing cancels the other).
+        request = self._create_request_from_scope(send)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.handle_messages, nursery, request, receive)
+            await self.handle_request(nursery, request, send)
+
     async def handle_request(self, nursery: trio.Nursery, request, send) -> None:  # type: ignore[override]
         response = await self.app.handle_request(request)
         timeout = self.app.config["RESPONSE_TIMEOUT"] or RESPONSE_SEND_TIMEOUT_S

@@ -1,6 +1,6 @@
 """``python -m bench <scenario> [options]``: run benchmark scenarios.
 
-Scenarios: s0 s1 s2 s3 s4 s5 e2e bulk (each: a table, a JSON result and PNG plots under
+Scenarios: s0 s1 s2 s3 s4 s5 e2e bulk http (each: a table, a JSON result and PNG plots under
 bench/results/), ``all`` (every one of them, in that order, S2 using S1's figure), and
 ``claim`` (the dispatch core's micro-benchmark, its own options).
 """
@@ -32,9 +32,12 @@ SCENARIOS = {
     "s4": "bench.s4",
     "s5": "bench.s5",
     "bulk": "bench.bulk",
+    "http": "bench.http",
 }
 # The order of ``all``.
-ALL = ("s0", "s1", "e2e", "s2", "s3", "s4", "s5", "bulk")
+ALL = ("s0", "s1", "e2e", "s2", "s3", "s4", "s5", "bulk", "http")
+# Scenario name -> why its module could not be imported (filled by ``build_parser``).
+UNAVAILABLE: dict[str, str] = {}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,8 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for JSON and PNG (bench/results)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-profile", action="store_true", help="do not attach py-spy to the node process")
-    for module in SCENARIOS.values():
-        importlib.import_module(module).add_arguments(parser)
+    for name, module in SCENARIOS.items():
+        try:
+            importlib.import_module(module).add_arguments(parser)
+        except ModuleNotFoundError as exc:
+            # A scenario whose optional dependency (the ``bench`` extra) is missing: the
+            # others still run; running it says what is missing.
+            UNAVAILABLE[name] = str(exc)
     return parser
 
 
@@ -147,6 +155,9 @@ def main(argv: list[str]) -> int:
         return 0
     args = build_parser().parse_args(argv)
     names = ALL if args.scenario == "all" else (args.scenario,)
+    missing = [f"{name}: {UNAVAILABLE[name]}" for name in names if name in UNAVAILABLE]
+    if missing:
+        raise SystemExit("cannot run " + "; ".join(missing) + " (install the bench extra)")
     context: dict[str, Any] = {}
     for name in names:
 

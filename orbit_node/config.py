@@ -150,6 +150,9 @@ class NodeConfig:
     plan_interval_s: float = attrs.field(default=1.0, validator=_positive)
     # Graceful shutdown: how long running tasks may take to finish after SIGTERM.
     shutdown_grace_s: float = attrs.field(default=10.0, validator=_non_negative)
+    # A verified bearer credential is trusted this long before the database is asked again:
+    # a revoked or changed credential takes effect within it. 0: every request asks.
+    credential_cache_s: float = attrs.field(default=1.0, validator=_non_negative)
     scheduler: SchedulerLimits = attrs.field(factory=SchedulerLimits)
 
     def __attrs_post_init__(self):
@@ -203,6 +206,7 @@ class NodeConfig:
             "ORBIT_SHUTDOWN_GRACE_S",
             "ORBIT_DB_POOL_SIZE",
             "ORBIT_CLAIM_BATCH_SIZE",
+            "ORBIT_CREDENTIAL_CACHE_S",
             "ORBIT_URL",
             "ORBIT_CREDENTIALS_FILE",
             "ORBIT_LOG_FORMAT",
@@ -235,6 +239,7 @@ class NodeConfig:
             ("shutdown_grace_s", "ORBIT_SHUTDOWN_GRACE_S", float),
             ("db_pool_size", "ORBIT_DB_POOL_SIZE", int),
             ("claim_batch_size", "ORBIT_CLAIM_BATCH_SIZE", int),
+            ("credential_cache_s", "ORBIT_CREDENTIAL_CACHE_S", float),
         ):
             if key in env:
                 try:

@@ -57,6 +57,9 @@ class NodeMetrics:
     http_requests: Counter = attrs.field(init=False)
     http_seconds: Histogram = attrs.field(init=False)
     db_replays: Counter = attrs.field(init=False)
+    # (method, route, status) -> the request counter's and (method, route) histogram's
+    # children: bounded by methods x routes x statuses, looked up once each.
+    _http_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self):
         r = self.registry
@@ -119,8 +122,14 @@ class NodeMetrics:
 
     def observe_http(self, method: str, route: str, status: int, seconds: float) -> None:
         method = method if method in HTTP_METHODS else "other"
-        self.http_requests.labels(method, route, str(status)).inc()
-        self.http_seconds.labels(method, route).observe(max(seconds, 0.0))
+        children = self._http_children.get((method, route, status))
+        if children is None:
+            children = self._http_children[(method, route, status)] = (
+                self.http_requests.labels(method, route, str(status)),
+                self.http_seconds.labels(method, route),
+            )
+        children[0].inc()
+        children[1].observe(max(seconds, 0.0))
 
     def note_application(self, application_id: str, name: str) -> None:
         self.application_names[application_id] = name

@@ -74,6 +74,12 @@ async def bootstrap(dsn, tmp_path, application="shop", queues=("orders", "refund
 # -- credentials -------------------------------------------------------------------------
 
 
+@pytest.fixture
+def node_config(node_config):
+    # Revocations here must hold on the very next request: no cache of verified credentials.
+    return attrs.evolve(node_config, credential_cache_s=0.0)
+
+
 async def test_a_credential_gets_exactly_the_chosen_scopes_and_revoking_it_stops_it(running_node, dsn, tmp_path):
     boot = await bootstrap(dsn, tmp_path)
     orders, refunds = boot["queues"]["orders"], boot["queues"]["refunds"]
@@ -342,8 +348,9 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
             watch_one = ClaimWatch(one.node.state.services.pool)
             watch_two = ClaimWatch(two.node.state.services.pool)
             async with raw_worker(one.base_url, alpha.token) as w1:
-                # Node one: alpha runs its 3 tasks (a claim with tasks, then an empty one).
-                await w1.hello([alpha.queues["work"]], capacity=5)
+                # Node one: alpha runs its 3 tasks (a claim with tasks, then an empty one: with
+                # 3 of 6 held, half a claim is free, so the connection asks again).
+                await w1.hello([alpha.queues["work"]], capacity=6)
                 tasks = (await w1.recv_type("dispatch"))["tasks"]
                 ack = await w1.request("start", [{"task_id": t["task_id"], "token": t["token"]} for t in tasks], "s")
                 assert len(ack["results"]) == 3 and all(r["ok"] for r in ack["results"])

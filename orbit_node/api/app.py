@@ -14,7 +14,8 @@ from ..db import migrate
 from ..errors import DatabaseError, InvalidArgument, NotFound, OrbitError, PayloadTooLarge, Unavailable
 from . import auth, envelope, explain, plans, queues, tasks, validation
 from .asgi import ClosingHTTPConnection
-from .metrics import instrument_app
+from .metrics import begin_request, observe_response
+from .metrics import blueprint as metrics_blueprint
 from .state import NodeState
 from .workers import blueprint as workers_blueprint
 
@@ -47,22 +48,24 @@ def create_app(state: NodeState) -> QuartTrio:
     app.config["BODY_TIMEOUT"] = state.config.body_timeout_s
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.extensions["orbit"] = state
-    # First, so every later hook and handler logs with the request's context.
-    instrument_app(app, state)
+    app.register_blueprint(metrics_blueprint)
 
+    # One hook before and one after every request (each hook is a call per request).
     @app.before_request
-    async def _request_id():
-        envelope.current_request_id()
+    async def _begin():
+        # First, so every later hook and handler logs with the request's context.
+        begin_request()
         # A declared body over the limit is refused before authentication or reading.
         validation.check_declared_length()
 
     @app.after_request
-    async def _close_after_unread_body(response):
+    async def _end(response):
         # A response given before the body was read (413, 401, 415, ...) leaves unread
         # bytes on the connection, and hypercorn stops reading once the app is done:
         # close it, so the client neither hangs on it nor reuses it.
         if validation.has_body() and not validation.body_was_read():
             response.headers["Connection"] = "close"
+        observe_response(state.metrics, response)
         return response
 
     @app.errorhandler(OrbitError)

@@ -37,7 +37,7 @@ def bearer_token(headers: Headers | None = None) -> str:
 
 async def authenticate() -> None:
     """``before_request`` of the /v1 blueprint."""
-    g.principal = who = await node_state().tenancy.authenticate(bearer_token())
+    g.principal = who = await node_state().credentials.authenticate(bearer_token())
     logs.bind(application=who.application, namespace_id=who.namespace_id)
 
 

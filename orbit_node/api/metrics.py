@@ -5,7 +5,8 @@ separate address served by its own small hypercorn server in the node's nursery,
 for a private network), ``credential`` (``GET /metrics`` on the node's HTTP address with a
 bearer credential holding the node-wide scope ``metrics:read``).
 
-Every request also gets its log context, an HTTP metric and an access-log line here.
+Every request also gets its log context, an HTTP metric and an access-log line here
+(``begin_request`` and ``observe_response``, called by the app's request hooks).
 """
 
 from __future__ import annotations
@@ -17,19 +18,19 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, Scope
 from quart import Blueprint, Response, g, request
-from quart_trio import QuartTrio
 
 from .. import logs
 from ..errors import NotFound
 from ..metrics import NodeMetrics
 from .auth import bearer_token, node_state
 from .envelope import current_request_id
-from .state import NodeState
 
 access_log = logging.getLogger("orbit.access")
 
 # Routes probed so often that their access-log lines are kept at debug level.
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
+# The node-wide scope a credential needs to read GET /metrics in "credential" mode.
+METRICS_SCOPE = "metrics:read"
 # Label of requests that matched no route (the path itself would be unbounded).
 UNMATCHED_ROUTE = "unmatched"
 
@@ -43,48 +44,50 @@ async def metrics_endpoint():
     if state.config.metrics != "credential":
         # Exactly what an unknown path answers: the endpoint is not there.
         raise NotFound(f"path: no route {request.path}", field="path")
-    await state.metrics_auth.authorize(bearer_token())
+    # A credential verified before keeps working while the database is unreachable:
+    # metrics matter most then.
+    who = await state.credentials.authenticate(bearer_token(), stale_if_unavailable=True)
+    who.require(METRICS_SCOPE)
     body, content_type = state.metrics.exposition(request.headers.get("Accept", ""))
     return Response(body, status=200, content_type=content_type)
 
 
-def instrument_app(app: QuartTrio, state: NodeState) -> None:
-    """Request context for logs, HTTP metrics, the access log and the /metrics route.
+def begin_request() -> None:
+    """A request's start: its clock and its log context (request id, the ids in its path)."""
+    g.orbit_started = trio.current_time()
+    view_args = request.view_args
+    ids = {k: v for k, v in view_args.items() if k in logs.CONTEXT_FIELDS} if view_args else {}
+    logs.new_context(request_id=current_request_id(), **ids)
 
-    Call before the app registers its own hooks, so the context is bound first."""
 
-    @app.before_request
-    async def _begin():
-        g.orbit_started = trio.current_time()
-        ids = {k: v for k, v in (request.view_args or {}).items() if k in logs.CONTEXT_FIELDS}
-        logs.new_context(request_id=current_request_id(), **ids)
-
-    @app.after_request
-    async def _observe(response):
-        rule = request.url_rule
-        route = rule.rule if rule is not None else UNMATCHED_ROUTE
-        started = g.get("orbit_started")
-        seconds = trio.current_time() - started if started is not None else 0.0
-        state.metrics.observe_http(request.method, route, response.status_code, seconds)
-        access_log.log(
-            logging.DEBUG if route in QUIET_ROUTES else logging.INFO,
-            "%s %s %d",
-            request.method,
-            route,
-            response.status_code,
-            extra={
-                "request_id": g.get("request_id"),
-                "method": request.method,
-                "route": route,
-                # The path only: a query string could carry something secret.
-                "path": request.path,
-                "status": response.status_code,
-                "duration_ms": round(seconds * 1000, 3),
-            },
-        )
-        return response
-
-    app.register_blueprint(blueprint)
+def observe_response(metrics: NodeMetrics, response: Response) -> None:
+    """A request's end: its HTTP metric and its access-log line."""
+    req = request._get_current_object()  # type: ignore[attr-defined]
+    rule = req.url_rule
+    route = rule.rule if rule is not None else UNMATCHED_ROUTE
+    started = g.get("orbit_started")
+    seconds = trio.current_time() - started if started is not None else 0.0
+    status = response.status_code
+    metrics.observe_http(req.method, route, status, seconds)
+    level = logging.DEBUG if route in QUIET_ROUTES else logging.INFO
+    if not access_log.isEnabledFor(level):
+        return
+    access_log.log(
+        level,
+        "%s %s %d",
+        req.method,
+        route,
+        status,
+        extra={
+            "request_id": g.get("request_id"),
+            "method": req.method,
+            "route": route,
+            # The path only: a query string could carry something secret.
+            "path": req.path,
+            "status": status,
+            "duration_ms": round(seconds * 1000, 3),
+        },
+    )
 
 
 def asgi_app(metrics: NodeMetrics) -> ASGIFramework:

@@ -172,12 +172,17 @@ async def seed_tasks(
     available_s: str = "-1",
     priority: str = "0",
     state: str = "queued",
+    handler: tuple[str, str, str] = HANDLER,
+    resource_key: str = "NULL",
 ) -> None:
-    """``count`` no-op task rows through INSERT ... SELECT over a cross join of digits.
+    """``count`` task rows through INSERT ... SELECT over a cross join of digits.
 
-    ``available_s`` and ``priority`` are SQL expressions of the row number ``n``
-    (seconds relative to ``NOW(6)``; e.g. ``"-600 * RAND()"``). ``state='succeeded'``
-    writes finished history rows. Chunks of ``SEED_CHUNK`` rows, one statement each.
+    ``available_s``, ``priority`` and ``resource_key`` are SQL expressions of the row
+    number ``n`` (seconds relative to ``NOW(6)``; e.g. ``"-600 * RAND()"``,
+    ``"CONCAT('k', MOD(n, 100))"``; the statement carries parameters, so
+    ``%`` is written ``MOD()``). ``state='succeeded'`` (or ``'cancelled'``) writes
+    finished history rows; ``handler`` is (handler, handler_version, payload_version),
+    the no-op handler by default. Chunks of ``SEED_CHUNK`` rows, one statement each.
     """
     queue_id = queue_id or app.queue_id
     finished = state != "queued"
@@ -193,12 +198,12 @@ async def seed_tasks(
         )
         sql = (
             "INSERT INTO tasks (task_id, application_id, namespace_id, queue_id, handler, handler_version, "
-            f"payload_version, payload, available_at, priority{extra_cols}) "
+            f"payload_version, payload, available_at, priority, resource_key{extra_cols}) "
             f"SELECT CONCAT(%s, LPAD(LOWER(HEX(n)), 24, '0')), %s, %s, %s, %s, %s, %s, '{{}}', "
-            f"NOW(6) + INTERVAL ROUND(({available_s}) * 1000000) MICROSECOND, {priority}{extra_vals} "
+            f"NOW(6) + INTERVAL ROUND(({available_s}) * 1000000) MICROSECOND, {priority}, {resource_key}{extra_vals} "
             f"FROM (SELECT {number} AS n FROM {tables}) seq WHERE n < %s"
         )
-        params: list[Any] = [prefix, app.application_id, app.namespace_id, queue_id, *HANDLER]
+        params: list[Any] = [prefix, app.application_id, app.namespace_id, queue_id, *handler]
         if finished:
             params.append(state)
         params.append(size)

@@ -92,9 +92,9 @@ async def bench_database(*, pool_size: int = 8) -> AsyncIterator[BenchDb]:
                 await admin_sql(server, f"DROP DATABASE IF EXISTS `{name}`")
 
 
-async def server_status(db: Database) -> dict[str, int]:
-    """MariaDB's global status counters of ``STATUS_COUNTERS`` (server-wide: every client counts)."""
-    names = ", ".join(f"'{name}'" for name in STATUS_COUNTERS)
+async def server_status(db: Database, counters: Sequence[str] = STATUS_COUNTERS) -> dict[str, int]:
+    """MariaDB's global status ``counters`` (server-wide: every client counts)."""
+    names = ", ".join(f"'{name}'" for name in counters)
     rows = await db.run(lambda tx: tx.fetchall_raw(f"SHOW GLOBAL STATUS WHERE Variable_name IN ({names})"))
     return {_text(r["Variable_name"]): int(_text(r["Value"])) for r in rows}
 

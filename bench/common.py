@@ -402,7 +402,35 @@ class NodeProcess:
 
 
 @asynccontextmanager
-async def node_process(dsn: Dsn, *, claims_per_connection_per_cycle: int | None = None) -> AsyncIterator[NodeProcess]:
+async def ready_process(
+    cmd: Sequence[str], ready: Path, *, name: str, start_timeout_s: float, stop_timeout_s: float
+) -> AsyncIterator[tuple[subprocess.Popen, dict[str, Any]]]:
+    """Run ``cmd`` (from the repository root) until it writes JSON to ``ready``; yield the
+    process and that JSON; SIGTERM it on exit (SIGKILL after ``stop_timeout_s``)."""
+    proc = subprocess.Popen(list(cmd), cwd=REPO, stdin=subprocess.DEVNULL)
+    try:
+        with trio.fail_after(start_timeout_s):
+            while not ready.exists():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} process exited with status {proc.returncode}")
+                await trio.sleep(0.05)
+        yield proc, json.loads(ready.read_text())
+    finally:
+        with trio.CancelScope(shield=True):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                with trio.move_on_after(stop_timeout_s):
+                    while proc.poll() is None:
+                        await trio.sleep(0.05)
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+
+
+@asynccontextmanager
+async def node_process(
+    dsn: Dsn, *, claims_per_connection_per_cycle: int | None = None, claim_batch_size: int | None = None
+) -> AsyncIterator[NodeProcess]:
     """Start ``python -m bench.nodeproc`` on a free port of 127.0.0.1; SIGTERM it on exit."""
     workdir = Path(tempfile.mkdtemp(prefix="orbit-bench-node-"))
     ready = workdir / "ready.json"
@@ -410,26 +438,15 @@ async def node_process(dsn: Dsn, *, claims_per_connection_per_cycle: int | None 
     cmd = [sys.executable, "-m", "bench.nodeproc", "--dsn", dsn.url(), "--ready", str(ready), "--stats", str(stats)]
     if claims_per_connection_per_cycle is not None:
         cmd += ["--claims-per-connection-per-cycle", str(claims_per_connection_per_cycle)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL)
+    if claim_batch_size is not None:
+        cmd += ["--claim-batch-size", str(claim_batch_size)]
     try:
-        with trio.fail_after(NODE_START_TIMEOUT_S):
-            while not ready.exists():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"node process exited with status {proc.returncode}")
-                await trio.sleep(0.05)
-        info = json.loads(ready.read_text())
-        yield NodeProcess(info["url"], proc.pid, stats)
+        async with ready_process(
+            cmd, ready, name="node", start_timeout_s=NODE_START_TIMEOUT_S, stop_timeout_s=NODE_STOP_TIMEOUT_S
+        ) as (proc, info):
+            yield NodeProcess(info["url"], proc.pid, stats)
     finally:
-        with trio.CancelScope(shield=True):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                with trio.move_on_after(NODE_STOP_TIMEOUT_S):
-                    while proc.poll() is None:
-                        await trio.sleep(0.05)
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 # -- Orbit clients: submitters and Workers ----------------------------------------------

@@ -1,9 +1,10 @@
 """Locks: row lock waits of claims across nodes, with an application quota and resource keys.
 
-``--locks-nodes`` "nodes" (each its own ``Database`` pool and ``DispatchStore``, as a
-node process has) x ``--locks-claimers`` concurrent claimers each claim a batch of 16
-from one of the application's queues, start it and finish it, until the backlog is
-drained or the window ends. Two phases in the same run, each on its own application and
+``--locks-nodes`` "nodes", each a process of its own (``python -m bench.locks SPEC
+OUT``) with its own ``Database`` pool and ``DispatchStore`` as a node has, x
+``--locks-claimers`` concurrent claimers each claim a batch of 16 from one of the
+application's queues, start it and finish it, until the backlog is drained or the
+window ends. Two phases in the same run, each on its own application and
 backlog: ``plain`` (no quota, no resource keys) and ``quota + keys`` (the application's
 ``max_concurrent_executions`` and ``max_starts_per_second`` set, every other task naming
 one of ``--locks-keys`` resource keys, claimers with key support). Around each phase
@@ -15,24 +16,38 @@ row another transaction held (the quota rows, key rows, task rows).
 from __future__ import annotations
 
 import argparse
+import functools
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from orbit_node.claims import Capability, ClaimRequest
+from orbit_node.config import Dsn
 from orbit_node.db import Database
 from orbit_node.store.dispatch import DispatchStore
 from orbit_node.store.ownership import FinishItem, Outcome
 from orbit_node.store.tenancy import TenancyStore
 
-from .common import HANDLER, App, bench_database, make_app, seed_tasks, server_status
+from .common import HANDLER, REPO, App, bench_database, count_tasks, make_app, seed_tasks, server_status
 from .report import format_table, ms, ratio, summarize
 
 CLAIM_BATCH = 16
 # A claimer that found nothing (quota used up, keys busy, queue drained) waits this
 # long before it asks again, as a paced node connection would.
 EMPTY_PAUSE_S = 0.005
+# Node processes start claiming together this long after they are launched, and stop
+# (drained or out of time) within NODE_STOP_S after their window.
+NODE_START_S = 3.0
+NODE_STOP_S = 15.0
+# How often a node checks whether the application has any live task left.
+DRAIN_POLL_S = 0.25
 # MariaDB's global status counters read around each phase (server-wide).
 LOCK_COUNTERS = ("Innodb_row_lock_waits", "Innodb_row_lock_time", "Innodb_deadlocks")
 
@@ -82,31 +97,31 @@ async def _seed(db: Database, app: App, tasks: int, keys: int | None) -> None:
         )
 
 
-async def _phase(bdb, name: str, args: argparse.Namespace, *, quota_and_keys: bool) -> dict[str, Any]:
-    app = await make_app(bdb.db, f"locks-{name.replace(' ', '')}", queues=args.locks_queues)
-    keys = args.locks_keys if quota_and_keys else None
-    await _seed(bdb.db, app, args.locks_tasks, keys)
-    if quota_and_keys:
-        await TenancyStore(bdb.db).set_application_quota(
-            app.application_id,
-            max_concurrent_executions=args.locks_max_concurrent,
-            max_starts_per_second=args.locks_max_starts,
-        )
-    seeded = max(1, args.locks_tasks // len(app.queue_ids)) * len(app.queue_ids)
-    pools = [Database(bdb.dsn, size=args.locks_claimers) for _ in range(args.locks_nodes)]
-    stores = [DispatchStore(pool, reservation_lease_s=30, run_lease_s=60, batch_size=CLAIM_BATCH) for pool in pools]
+async def _node(
+    dsn: Dsn,
+    node: int,
+    *,
+    claimers: int,
+    app: dict[str, Any],
+    key_support: bool,
+    start_at: float,
+    seconds: float,
+) -> dict[str, Any]:
+    """One node: ``claimers`` loops on one pool, from ``start_at`` (epoch) until the
+    application has no live task left or ``seconds`` have passed."""
+    pool = Database(dsn, size=claimers)
+    store = DispatchStore(pool, reservation_lease_s=30, run_lease_s=60, batch_size=CLAIM_BATCH)
+    queue_ids = app["queue_ids"]
     latencies: list[float] = []
     counts = {"claims": 0, "empty": 0, "tasks": 0}
-    drained = trio.Event()
 
-    async def claimer(node: int, index: int) -> None:
-        store = stores[node]
+    async def claimer(index: int) -> None:
         request = ClaimRequest(
-            namespace_id=app.namespace_id,
-            application_id=app.application_id,
-            queue_ids=(app.queue_ids[(node * args.locks_claimers + index) % len(app.queue_ids)],),
+            namespace_id=app["namespace_id"],
+            application_id=app["application_id"],
+            queue_ids=(queue_ids[(node * claimers + index) % len(queue_ids)],),
             capabilities=frozenset({Capability(*HANDLER)}),
-            resource_key_support=quota_and_keys,
+            resource_key_support=key_support,
             limit=CLAIM_BATCH,
             node_id=f"{node:032x}",
             connection_id=f"locks-{node}-{index}",
@@ -127,37 +142,102 @@ async def _phase(bdb, name: str, args: argparse.Namespace, *, quota_and_keys: bo
                 if s.outcome is Outcome.STARTED
             )
             counts["tasks"] += sum(1 for f in finished if f.ok)
-            if counts["tasks"] >= seeded:
-                drained.set()
+
+    async def until_drained() -> None:
+        while True:
+            await trio.sleep(DRAIN_POLL_S)
+            live = await count_tasks(
+                pool, "application_id = %s AND state IN ('queued', 'reserved', 'running')", (app["application_id"],)
+            )
+            if not live:
+                return
 
     try:
-        before = await server_status(bdb.db, LOCK_COUNTERS)
-        started = time.perf_counter()
-        with trio.move_on_after(args.locks_seconds):
+        await pool.run(lambda tx: tx.fetchall_raw("SELECT 1"))
+        await trio.sleep(max(0.0, start_at - time.time()))
+        begin = time.time()
+        with trio.move_on_after(seconds):
             async with trio.open_nursery() as nursery:
-                for node in range(args.locks_nodes):
-                    for index in range(args.locks_claimers):
-                        nursery.start_soon(claimer, node, index)
-                await drained.wait()
+                for index in range(claimers):
+                    nursery.start_soon(claimer, index)
+                await until_drained()
                 nursery.cancel_scope.cancel()
-        seconds = time.perf_counter() - started
-        after = await server_status(bdb.db, LOCK_COUNTERS)
+        end = time.time()
     finally:
         with trio.CancelScope(shield=True):
-            for pool in pools:
-                await pool.aclose()
+            await pool.aclose()
+    return {**counts, "begin": begin, "end": end, "latencies": latencies, "replays": pool.replays}
+
+
+async def _phase(bdb, name: str, args: argparse.Namespace, *, quota_and_keys: bool) -> dict[str, Any]:
+    app = await make_app(bdb.db, f"locks-{name.replace(' ', '')}", queues=args.locks_queues)
+    keys = args.locks_keys if quota_and_keys else None
+    await _seed(bdb.db, app, args.locks_tasks, keys)
+    if quota_and_keys:
+        await TenancyStore(bdb.db).set_application_quota(
+            app.application_id,
+            max_concurrent_executions=args.locks_max_concurrent,
+            max_starts_per_second=args.locks_max_starts,
+        )
+    workdir = Path(tempfile.mkdtemp(prefix="orbit-bench-locks-"))
+    spec = {
+        "dsn": bdb.dsn.url(),
+        "claimers": args.locks_claimers,
+        "app": {"application_id": app.application_id, "namespace_id": app.namespace_id, "queue_ids": app.queue_ids},
+        "key_support": quota_and_keys,
+        "start_at": time.time() + NODE_START_S,
+        "seconds": args.locks_seconds,
+    }
+    procs: list[subprocess.Popen] = []
+    try:
+        before = await server_status(bdb.db, LOCK_COUNTERS)
+        for node in range(args.locks_nodes):
+            (workdir / f"spec-{node}.json").write_text(json.dumps({**spec, "node": node}))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.locks",
+                        str(workdir / f"spec-{node}.json"),
+                        str(workdir / f"out-{node}.json"),
+                    ],
+                    cwd=REPO,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
+        with trio.fail_after(NODE_START_S + args.locks_seconds + NODE_STOP_S):
+            while any(proc.poll() is None for proc in procs):
+                await trio.sleep(0.1)
+        after = await server_status(bdb.db, LOCK_COUNTERS)
+        failed = [node for node, proc in enumerate(procs) if proc.returncode != 0]
+        if failed:
+            raise RuntimeError(f"locks {name}: node processes {failed} failed")
+        nodes = [json.loads((workdir / f"out-{node}.json").read_text()) for node in range(args.locks_nodes)]
+    finally:
+        with trio.CancelScope(shield=True):
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            shutil.rmtree(workdir, ignore_errors=True)
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in LOCK_COUNTERS}
+    seconds = max(n["end"] for n in nodes) - min(n["begin"] for n in nodes)
+    claims, tasks = sum(n["claims"] for n in nodes), sum(n["tasks"] for n in nodes)
+    live = await count_tasks(
+        bdb.db, "application_id = %s AND state IN ('queued', 'reserved', 'running')", (app.application_id,)
+    )
     return {
         "name": name,
         "seconds": seconds,
-        "drained": drained.is_set(),
-        "claims": counts["claims"],
-        "empty_claims": counts["empty"],
-        "tasks": counts["tasks"],
-        "claims_per_s": counts["claims"] / seconds,
-        "tasks_per_s": counts["tasks"] / seconds,
-        "claim_s": summarize(latencies),
-        "replays": sum(pool.replays for pool in pools),
+        "drained": live == 0,
+        "claims": claims,
+        "empty_claims": sum(n["empty"] for n in nodes),
+        "tasks": tasks,
+        "claims_per_s": claims / seconds,
+        "tasks_per_s": tasks / seconds,
+        "claim_s": summarize(x for n in nodes for x in n["latencies"]),
+        "replays": sum(n["replays"] for n in nodes),
         "lock": delta,
     }
 
@@ -206,7 +286,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     claimers = args.locks_nodes * args.locks_claimers
     notes = [
-        f"{args.locks_nodes} nodes (one Database pool of {args.locks_claimers} and one DispatchStore each) x "
+        f"{args.locks_nodes} nodes (processes, each one Database pool of {args.locks_claimers} and one "
+        "DispatchStore) x "
         f"{args.locks_claimers} claimers = {claimers} loops of claim (batch {CLAIM_BATCH}) -> start -> finish over "
         f"{args.locks_queues} queues of one application; {args.locks_tasks:,} due tasks per phase, at most "
         f"{args.locks_seconds:g} s per phase (drained: "
@@ -240,3 +321,26 @@ def plot(report: dict[str, Any], outdir, plots) -> list:
             ylabel="waits per claim",
         )
     ]
+
+
+def node_main(argv: list[str]) -> int:
+    """``python -m bench.locks SPEC OUT``: one node of a phase, its counts written to OUT."""
+    spec = json.loads(Path(argv[0]).read_text())
+    result = trio.run(
+        functools.partial(
+            _node,
+            Dsn.parse(spec["dsn"]),
+            spec["node"],
+            claimers=spec["claimers"],
+            app=spec["app"],
+            key_support=spec["key_support"],
+            start_at=spec["start_at"],
+            seconds=spec["seconds"],
+        )
+    )
+    Path(argv[1]).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(node_main(sys.argv[1:]))

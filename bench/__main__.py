@@ -1,6 +1,6 @@
 """``python -m bench <scenario> [options]``: run benchmark scenarios.
 
-Scenarios: s0 s1 s2 s3 s4 s5 e2e bulk http (each: a table, a JSON result and PNG plots under
+Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http (each: a table, a JSON result and PNG plots under
 bench/results/), ``all`` (every one of them, in that order, S2 using S1's figure), and
 ``claim`` (the dispatch core's micro-benchmark, its own options).
 """
@@ -31,11 +31,12 @@ SCENARIOS = {
     "s3": "bench.s3",
     "s4": "bench.s4",
     "s5": "bench.s5",
+    "locks": "bench.locks",
     "bulk": "bench.bulk",
     "http": "bench.http",
 }
 # The order of ``all``.
-ALL = ("s0", "s1", "e2e", "s2", "s3", "s4", "s5", "bulk", "http")
+ALL = ("s0", "s1", "e2e", "s2", "s3", "s4", "s5", "locks", "bulk", "http")
 # Scenario name -> why its module could not be imported (filled by ``build_parser``).
 UNAVAILABLE: dict[str, str] = {}
 

@@ -92,9 +92,9 @@ async def bench_database(*, pool_size: int = 8) -> AsyncIterator[BenchDb]:
                 await admin_sql(server, f"DROP DATABASE IF EXISTS `{name}`")
 
 
-async def server_status(db: Database) -> dict[str, int]:
-    """MariaDB's global status counters of ``STATUS_COUNTERS`` (server-wide: every client counts)."""
-    names = ", ".join(f"'{name}'" for name in STATUS_COUNTERS)
+async def server_status(db: Database, counters: Sequence[str] = STATUS_COUNTERS) -> dict[str, int]:
+    """MariaDB's global status ``counters`` (server-wide: every client counts)."""
+    names = ", ".join(f"'{name}'" for name in counters)
     rows = await db.run(lambda tx: tx.fetchall_raw(f"SHOW GLOBAL STATUS WHERE Variable_name IN ({names})"))
     return {_text(r["Variable_name"]): int(_text(r["Value"])) for r in rows}
 
@@ -172,12 +172,17 @@ async def seed_tasks(
     available_s: str = "-1",
     priority: str = "0",
     state: str = "queued",
+    handler: tuple[str, str, str] = HANDLER,
+    resource_key: str = "NULL",
 ) -> None:
-    """``count`` no-op task rows through INSERT ... SELECT over a cross join of digits.
+    """``count`` task rows through INSERT ... SELECT over a cross join of digits.
 
-    ``available_s`` and ``priority`` are SQL expressions of the row number ``n``
-    (seconds relative to ``NOW(6)``; e.g. ``"-600 * RAND()"``). ``state='succeeded'``
-    writes finished history rows. Chunks of ``SEED_CHUNK`` rows, one statement each.
+    ``available_s``, ``priority`` and ``resource_key`` are SQL expressions of the row
+    number ``n`` (seconds relative to ``NOW(6)``; e.g. ``"-600 * RAND()"``,
+    ``"CONCAT('k', MOD(n, 100))"``; the statement carries parameters, so
+    ``%`` is written ``MOD()``). ``state='succeeded'`` (or ``'cancelled'``) writes
+    finished history rows; ``handler`` is (handler, handler_version, payload_version),
+    the no-op handler by default. Chunks of ``SEED_CHUNK`` rows, one statement each.
     """
     queue_id = queue_id or app.queue_id
     finished = state != "queued"
@@ -193,12 +198,12 @@ async def seed_tasks(
         )
         sql = (
             "INSERT INTO tasks (task_id, application_id, namespace_id, queue_id, handler, handler_version, "
-            f"payload_version, payload, available_at, priority{extra_cols}) "
+            f"payload_version, payload, available_at, priority, resource_key{extra_cols}) "
             f"SELECT CONCAT(%s, LPAD(LOWER(HEX(n)), 24, '0')), %s, %s, %s, %s, %s, %s, '{{}}', "
-            f"NOW(6) + INTERVAL ROUND(({available_s}) * 1000000) MICROSECOND, {priority}{extra_vals} "
+            f"NOW(6) + INTERVAL ROUND(({available_s}) * 1000000) MICROSECOND, {priority}, {resource_key}{extra_vals} "
             f"FROM (SELECT {number} AS n FROM {tables}) seq WHERE n < %s"
         )
-        params: list[Any] = [prefix, app.application_id, app.namespace_id, queue_id, *HANDLER]
+        params: list[Any] = [prefix, app.application_id, app.namespace_id, queue_id, *handler]
         if finished:
             params.append(state)
         params.append(size)
@@ -397,7 +402,35 @@ class NodeProcess:
 
 
 @asynccontextmanager
-async def node_process(dsn: Dsn, *, claims_per_connection_per_cycle: int | None = None) -> AsyncIterator[NodeProcess]:
+async def ready_process(
+    cmd: Sequence[str], ready: Path, *, name: str, start_timeout_s: float, stop_timeout_s: float
+) -> AsyncIterator[tuple[subprocess.Popen, dict[str, Any]]]:
+    """Run ``cmd`` (from the repository root) until it writes JSON to ``ready``; yield the
+    process and that JSON; SIGTERM it on exit (SIGKILL after ``stop_timeout_s``)."""
+    proc = subprocess.Popen(list(cmd), cwd=REPO, stdin=subprocess.DEVNULL)
+    try:
+        with trio.fail_after(start_timeout_s):
+            while not ready.exists():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} process exited with status {proc.returncode}")
+                await trio.sleep(0.05)
+        yield proc, json.loads(ready.read_text())
+    finally:
+        with trio.CancelScope(shield=True):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                with trio.move_on_after(stop_timeout_s):
+                    while proc.poll() is None:
+                        await trio.sleep(0.05)
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+
+
+@asynccontextmanager
+async def node_process(
+    dsn: Dsn, *, claims_per_connection_per_cycle: int | None = None, claim_batch_size: int | None = None
+) -> AsyncIterator[NodeProcess]:
     """Start ``python -m bench.nodeproc`` on a free port of 127.0.0.1; SIGTERM it on exit."""
     workdir = Path(tempfile.mkdtemp(prefix="orbit-bench-node-"))
     ready = workdir / "ready.json"
@@ -405,26 +438,15 @@ async def node_process(dsn: Dsn, *, claims_per_connection_per_cycle: int | None 
     cmd = [sys.executable, "-m", "bench.nodeproc", "--dsn", dsn.url(), "--ready", str(ready), "--stats", str(stats)]
     if claims_per_connection_per_cycle is not None:
         cmd += ["--claims-per-connection-per-cycle", str(claims_per_connection_per_cycle)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL)
+    if claim_batch_size is not None:
+        cmd += ["--claim-batch-size", str(claim_batch_size)]
     try:
-        with trio.fail_after(NODE_START_TIMEOUT_S):
-            while not ready.exists():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"node process exited with status {proc.returncode}")
-                await trio.sleep(0.05)
-        info = json.loads(ready.read_text())
-        yield NodeProcess(info["url"], proc.pid, stats)
+        async with ready_process(
+            cmd, ready, name="node", start_timeout_s=NODE_START_TIMEOUT_S, stop_timeout_s=NODE_STOP_TIMEOUT_S
+        ) as (proc, info):
+            yield NodeProcess(info["url"], proc.pid, stats)
     finally:
-        with trio.CancelScope(shield=True):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                with trio.move_on_after(NODE_STOP_TIMEOUT_S):
-                    while proc.poll() is None:
-                        await trio.sleep(0.05)
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 # -- Orbit clients: submitters and Workers ----------------------------------------------

@@ -40,6 +40,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="override the P3 pacing (default: the node's baseline, 4)",
     )
+    parser.add_argument(
+        "--claim-batch-size", type=int, default=None, help="tasks one claim may take (default: the node's, 64)"
+    )
     parser.add_argument("--log-level", default="warning")
     return parser.parse_args(argv)
 
@@ -92,6 +95,7 @@ async def serve(args: argparse.Namespace) -> None:
         shutdown_grace_s=2.0,
         log_level=args.log_level,
         scheduler=limits,
+        **({} if args.claim_batch_size is None else {"claim_batch_size": args.claim_batch_size}),
     )
     node = Node(config, services=default_services())
 

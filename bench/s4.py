@@ -1,15 +1,18 @@
-"""S4 fairness: one application floods, two small ones keep a steady load.
+"""S4 fairness: claim turns where the claim pool is the bottleneck; isolation under a flood.
 
-Application A: 10 queues, 40 connections (4 per queue), a large seeded backlog.
-Applications B and C: 1 queue and 1 connection each, Poisson arrivals over HTTP.
 Phases, each on a fresh node process (so the claim pool's counters start at zero):
 
-* ``alone``: B and C only: their baseline wait.
-* ``flood``: A floods while B and C keep their steady load: claim turns and
-  throughput per application, B's and C's p99 wait relative to ``alone``.
-* ``busy``: A, B and C all have a backlog: claim turns per busy application (Jain's
-  index, min/max share); ``busy, pacing lifted`` repeats it with the per-connection
-  pace out of the way (diagnostic), to separate the rotation from the pace.
+* ``alone``: applications B and C (1 queue, 1 connection each) with Poisson arrivals
+  over HTTP: their baseline wait.
+* ``flood``: application A (10 queues, 40 connections, a large seeded backlog) floods
+  while B and C keep their steady load: B's and C's p99 wait relative to ``alone``.
+* ``pool-bound``: six busy applications (A as above; B-F with 1 queue and 1-2
+  connections), each with a seeded backlog, and the node's claim SQL slowed: a proxy in
+  front of MariaDB (``bench/proxy.py``) holds each claim's candidate read (the statement
+  that names ``ix_tasks_claim``) for ``--s4-claim-delay-ms``, as a slow candidate read
+  would take; the node's other SQL passes at once. More busy applications than claim SQL
+  slots, and claims slow enough that the slots, not the per-connection pace, limit
+  claiming. Claim turns per application: Jain's index and A's share.
 
 Claim turns per application come from the node's ``ClaimPool.statistics()``.
 """
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import nullcontext
 from typing import Any
 
+import attrs
 import trio
 
 from .common import (
@@ -33,60 +38,103 @@ from .common import (
     task_times,
     worker_fleet,
 )
+from .proxy import delayed_dsn
 from .report import Target, fairness, format_table, ms, ratio, summarize
-from .s1 import LIFTED_PACE
+from .s1 import PACE_CLAIMS_PER_S
 
-# Issue 8 target: Jain's index on claim turns between busy applications.
+# Issues 8 and 14: Jain's index on claim turns between busy applications, pool-bound.
 TARGET_JAIN = 0.99
-# Issue 13 target: B's p99 wait with A flooding over B's p99 alone.
+# Issue 14: the big application's share of claim turns, pool-bound: at most 1/6 + 2 %.
+TARGET_BIG_SHARE = 1 / 6 + 0.02
+# Issue 13: B's p99 wait with A flooding over B's p99 alone.
 TARGET_FLOOD_P99_RATIO = 1.2
 A_QUEUES = 10
 A_CONNECTIONS = 40
+# The node's claim SQL slots (SchedulerLimits.sql_slots), for the saturation figure.
+SQL_SLOTS = 4
+# Added to each claim's candidate read in the pool-bound phase: 4 slots then serve about
+# 15 claims/s, 2.5 per application of six, under the pace of 4 per connection.
+CLAIM_DELAY_MS = 250.0
+# The statement the delay applies to: the claim's candidate read names this index.
+SLOW_STATEMENT = "ix_tasks_claim"
+# Pool-bound phase: the node's claim batch and the Workers' capacity. A connection of
+# twice the batch asks again while a batch runs (a request is made once half a batch is
+# free), so every application always has a request waiting for its turn.
+POOL_CLAIM_BATCH = 16
+POOL_CAPACITY = 2 * POOL_CLAIM_BATCH
 # Turn counts are plotted per this many seconds.
 SERIES_STEP_S = 1.0
 
 
+@attrs.frozen
+class AppSpec:
+    """One application of a phase; ``backlog`` 0 means steady arrivals over HTTP instead."""
+
+    key: str
+    queues: int
+    connections: int
+    backlog: int
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--s4-seconds", type=float, default=20.0, help="S4: measured window per phase (default 20)")
-    parser.add_argument("--s4-backlog", type=int, default=30_000, help="S4: A's backlog (default 30000)")
+    parser.add_argument("--s4-backlog", type=int, default=30_000, help="S4: A's backlog, flood phase (default 30000)")
     parser.add_argument("--s4-rate", type=float, default=20.0, help="S4: B's and C's arrivals/s each (default 20)")
+    parser.add_argument(
+        "--s4-claim-delay-ms",
+        type=float,
+        default=CLAIM_DELAY_MS,
+        help=f"S4: delay added to each claim's candidate read, pool-bound phase (default {CLAIM_DELAY_MS:g})",
+    )
+    parser.add_argument(
+        "--s4-pool-backlog",
+        type=int,
+        default=6_000,
+        help="S4: seeded backlog of each application, pool-bound phase (default 6000)",
+    )
+
+
+def pool_bound_apps(backlog: int) -> list[AppSpec]:
+    """A: 10 queues, 40 connections; B-F: 1 queue and 1 or 2 connections."""
+    small = [AppSpec(key, 1, connections, backlog) for key, connections in zip("BCDEF", (1, 2, 1, 2, 1), strict=True)]
+    return [AppSpec("A", A_QUEUES, A_CONNECTIONS, backlog), *small]
 
 
 async def _phase(
     bdb,
     name: str,
+    specs: list[AppSpec],
     *,
     seconds: float,
     rate: float,
-    backlog: int,
-    flood: bool,
-    busy: bool,
-    pace: int | None,
     capacity: int,
+    claim_delay_ms: float = 0.0,
+    claim_batch_size: int | None = None,
 ) -> dict[str, Any]:
-    a = await make_app(bdb.db, f"A-{name}", queues=A_QUEUES) if flood else None
-    b = await make_app(bdb.db, f"B-{name}")
-    c = await make_app(bdb.db, f"C-{name}")
-    if a is not None:
-        for queue_id in a.queue_ids:
-            await seed_tasks(bdb.db, a, backlog // A_QUEUES, queue_id=queue_id)
-    if busy:
-        for small in (b, c):
-            await seed_tasks(bdb.db, small, max(backlog // 4, 1000))
-    apps: dict[str, App] = {app.name.split("-")[0]: app for app in (a, b, c) if app is not None}
-    plan = (connection_plan(a, A_CONNECTIONS) if a else []) + connection_plan(b, 1) + connection_plan(c, 1)
-    async with node_process(bdb.dsn, claims_per_connection_per_cycle=pace) as node:
+    apps: dict[str, App] = {}
+    for spec in specs:
+        app = await make_app(bdb.db, f"{spec.key}-{name}", queues=spec.queues)
+        for queue_id in app.queue_ids:
+            if spec.backlog:
+                await seed_tasks(bdb.db, app, max(1, spec.backlog // spec.queues), queue_id=queue_id)
+        apps[spec.key] = app
+    steady = [spec.key for spec in specs if not spec.backlog]
+    plan = [c for spec in specs for c in connection_plan(apps[spec.key], spec.connections)]
+    async with (
+        _node_dsn(bdb.dsn, claim_delay_ms) as node_dsn,
+        node_process(node_dsn, claim_batch_size=claim_batch_size) as node,
+    ):
         async with worker_fleet(node.url, plan, capacity=capacity):
             await trio.sleep(1.0)  # every connection has said hello and made its first claim
             before = node.last_stats()
             t0 = time.time()
-            if busy:
+            if not steady:
                 await trio.sleep(seconds)
             else:
                 async with trio.open_nursery() as nursery:
-                    for index, small in enumerate((b, c)):
+                    for index, key in enumerate(steady):
                         nursery.start_soon(
-                            lambda s=small, i=index: submit_open_loop(
+                            lambda s=apps[key], i=index: submit_open_loop(
                                 node.url, s.token, s.queue_id, rate=rate, duration_s=seconds, seed=11 + i
                             )
                         )
@@ -100,24 +148,39 @@ async def _phase(
         - before.get("turns_by_application", {}).get(app.application_id, 0)
         for key, app in apps.items()
     }
-    series = _turn_series(stats, names, t0, t1)
+    window = [line for line in stats if t0 <= line["t"] <= t1]
+    if not window or "turns_by_application" not in after:
+        raise RuntimeError(f"S4 {name}: the node wrote no statistics during the window (did it stop?)")
     finished, waits = {}, {}
     for key, app in apps.items():
         rows = await task_times(bdb.db, "application_id = %s AND state = 'succeeded'", (app.application_id,))
         finished[key] = sum(1 for r in rows if r["finished"] is not None and t0 <= r["finished"] <= t1)
-        if not busy and key in ("B", "C"):
+        if key in steady:
             waits[key] = summarize(r["to_start"] for r in rows)
     return {
         "name": name,
+        "apps": [attrs.asdict(s) for s in specs],
         "window_s": t1 - t0,
         "turns": turns,
         "turn_fairness": fairness(turns),
         "throughput": {k: v / (t1 - t0) for k, v in finished.items()},
         "throughput_fairness": fairness(finished),
         "waits_s": waits,
-        "series": series,
-        "pace": pace,
+        "series": _turn_series(stats, names, t0, t1),
+        "claim_delay_ms": claim_delay_ms,
+        "mean_in_flight": _mean(line.get("in_flight", 0) for line in window),
+        "mean_pending": _mean(line.get("pending", 0) for line in window),
     }
+
+
+def _node_dsn(dsn, claim_delay_ms: float):
+    """The DSN the node gets: through the delay proxy when ``claim_delay_ms`` is set."""
+    return delayed_dsn(dsn, claim_delay_ms, only=SLOW_STATEMENT) if claim_delay_ms > 0 else nullcontext(dsn)
+
+
+def _mean(values) -> float:
+    data = list(values)
+    return sum(data) / len(data) if data else float("nan")
 
 
 def _turn_series(stats: list[dict[str, Any]], names: dict[str, str], t0: float, t1: float) -> dict[str, list]:
@@ -140,44 +203,79 @@ def _turn_series(stats: list[dict[str, Any]], names: dict[str, str], t0: float, 
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    common = {"seconds": args.s4_seconds, "rate": args.s4_rate, "backlog": args.s4_backlog, "capacity": args.capacity}
+    common = {"seconds": args.s4_seconds, "rate": args.s4_rate}
+    steady = [AppSpec("B", 1, 1, 0), AppSpec("C", 1, 1, 0)]
     async with bench_database() as bdb:
         phases = [
-            await _phase(bdb, "alone", flood=False, busy=False, pace=None, **common),
-            await _phase(bdb, "flood", flood=True, busy=False, pace=None, **common),
-            await _phase(bdb, "busy", flood=True, busy=True, pace=None, **common),
+            await _phase(bdb, "alone", steady, capacity=args.capacity, **common),
+            await _phase(
+                bdb,
+                "flood",
+                [AppSpec("A", A_QUEUES, A_CONNECTIONS, args.s4_backlog), *steady],
+                capacity=args.capacity,
+                **common,
+            ),
+            await _phase(
+                bdb,
+                "pool-bound",
+                pool_bound_apps(args.s4_pool_backlog),
+                capacity=POOL_CAPACITY,
+                claim_delay_ms=args.s4_claim_delay_ms,
+                claim_batch_size=POOL_CLAIM_BATCH,
+                **common,
+            ),
         ]
-        if not args.no_diagnose:
-            phases.append(await _phase(bdb, "busy-lifted", flood=True, busy=True, pace=LIFTED_PACE, **common))
     by = {p["name"]: p for p in phases}
-    rows = []
+    turn_rows = []
     for p in phases:
         tf, hf = p["turn_fairness"], p["throughput_fairness"]
-        rows.append(
-            [
-                p["name"],
-                *(f"{p['turns'].get(k, 0):,} ({tf['shares'].get(k, 0):.0%})" for k in "ABC"),
-                tf["jain"],
-                tf["min_over_max"],
-                *(f"{p['throughput'].get(k, 0):,.0f} ({hf['shares'].get(k, 0):.0%})" for k in "ABC"),
-                hf["jain"],
-            ]
-        )
-    table = format_table(
+        for spec in p["apps"]:
+            key = spec["key"]
+            turn_rows.append(
+                [
+                    p["name"],
+                    key,
+                    f"{spec['queues']} x {spec['connections']}",
+                    p["turns"].get(key, 0) / p["window_s"],
+                    f"{tf['shares'].get(key, 0):.1%}",
+                    p["throughput"].get(key, 0),
+                    f"{hf['shares'].get(key, 0):.1%}",
+                ]
+            )
+    turn_table = format_table(
+        ["phase", "app", "queues x conns", "turns/s", "turn share", "tasks/s", "task share"],
+        turn_rows,
+        align="lllrrrr",
+    )
+    phase_rows = [
+        [
+            p["name"],
+            len(p["apps"]),
+            f"{p['claim_delay_ms']:g}",
+            sum(p["turns"].values()) / p["window_s"],
+            p["turn_fairness"]["jain"],
+            p["turn_fairness"]["min_over_max"],
+            p["throughput_fairness"]["jain"],
+            f"{p['mean_in_flight']:.2f} / {SQL_SLOTS}",
+            p["mean_pending"],
+            ms(ratio(p["mean_in_flight"], sum(p["turns"].values()) / p["window_s"])),
+        ]
+        for p in phases
+    ]
+    phase_table = format_table(
         [
             "phase",
-            "turns A",
-            "turns B",
-            "turns C",
+            "apps",
+            "claim delay ms",
+            "turns/s",
             "turns Jain",
             "min/max",
-            "tasks/s A",
-            "tasks/s B",
-            "tasks/s C",
-            "tput Jain",
+            "tasks Jain",
+            "claims in flight",
+            "requests waiting",
+            "claim ms",
         ],
-        rows,
-        align="lrrrrrrrrr",
+        phase_rows,
     )
     wait_rows = []
     for key in ("B", "C"):
@@ -196,6 +294,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ["app", "alone p50 ms", "alone p99 ms", "with A flooding p50 ms", "p99 ms", "p99 flood/alone"], wait_rows
     )
     b_alone, b_flood = by["alone"]["waits_s"].get("B", {}), by["flood"]["waits_s"].get("B", {})
+    pool = by["pool-bound"]
     targets = [
         Target.at_most(
             "S4 B's p99 wait, A flooding / alone",
@@ -205,33 +304,38 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             note="available -> start, database clock",
         ),
         Target.at_least(
-            "S4 Jain on claim turns, busy apps",
-            by["busy"]["turn_fairness"]["jain"],
+            "S4 Jain on claim turns, pool-bound",
+            pool["turn_fairness"]["jain"],
             TARGET_JAIN,
-            note="A: 40 connections; B, C: 1 connection each, P3 pacing on",
+            note=f"6 busy apps, candidate read +{args.s4_claim_delay_ms:g} ms",
+        ),
+        Target.at_most(
+            "S4 A's share of claim turns, pool-bound",
+            100 * pool["turn_fairness"]["shares"].get("A", float("nan")),
+            100 * TARGET_BIG_SHARE,
+            unit="%",
+            note=f"A: {A_QUEUES} queues, {A_CONNECTIONS} connections",
         ),
     ]
-    if "busy-lifted" in by:
-        targets.append(
-            Target.at_least(
-                "S4 Jain, busy apps, pacing lifted",
-                by["busy-lifted"]["turn_fairness"]["jain"],
-                TARGET_JAIN,
-                note="diagnostic: the rotation alone",
-            )
-        )
     return {
         "scenario": "s4",
         "server": bdb.server_version,
         "figures": {"phases": phases},
-        "tables": [table, wait_table],
+        "tables": [phase_table, turn_table, wait_table],
         "targets": targets,
         "notes": [
-            f"A: {A_QUEUES} queues x {A_CONNECTIONS // A_QUEUES} connections, backlog {args.s4_backlog:,}; B, C: 1 queue, "
-            f"1 connection, {args.s4_rate:g} arrivals/s each (busy phases: a backlog instead); capacity "
-            f"{args.capacity}; {args.s4_seconds:g} s windows. Waits: available -> start, database clock.",
-            "One connection may be granted at most 4 claims per 1 s cycle (P3 pacing): B and C with one "
-            "connection each can never take more than 4 turns/s, whatever the rotation does.",
+            f"alone / flood: A has {A_QUEUES} queues x {A_CONNECTIONS // A_QUEUES} connections and a backlog of "
+            f"{args.s4_backlog:,}; B, C: 1 queue, 1 connection, {args.s4_rate:g} arrivals/s each over HTTP; capacity "
+            f"{args.capacity}. Waits: available -> start, database clock.",
+            f"pool-bound: A as above, B-F 1 queue with 1, 2, 1, 2, 1 connections; every application a seeded backlog "
+            f"of {args.s4_pool_backlog:,}; node claim batch {POOL_CLAIM_BATCH}, Worker capacity {POOL_CAPACITY} (a "
+            "connection asks again while a batch runs: every application always waits for a turn); the node reaches MariaDB through a proxy that "
+            f"holds each claim's candidate read (the statement naming {SLOW_STATEMENT}) for "
+            f"{args.s4_claim_delay_ms:g} ms; its other SQL passes at once.",
+            f"the claim pool is the bottleneck when its {SQL_SLOTS} slots stay busy (claims in flight near "
+            f"{SQL_SLOTS}, requests waiting) and turns per application stay under the pace of "
+            f"{PACE_CLAIMS_PER_S:g} claims/s per connection; claim ms = claims in flight / turns per second (Little's law).",
+            f"{args.s4_seconds:g} s windows; claim turns from the node's ClaimPool.statistics().turns_by_application.",
         ],
     }
 

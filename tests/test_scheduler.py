@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
@@ -267,3 +268,40 @@ def test_widen_raises_a_waiting_request_and_keeps_its_place():
     (grant,) = s.grant(0.0)
     assert grant.request.connection_id == "c1" and grant.claim.limit == 5
     assert not s.widen("c1", 9)  # running: left alone
+
+
+def test_an_application_keeps_its_place_while_its_only_request_runs():
+    """Where the SQL slots are the bottleneck, an application with one connection (its one
+    request always in flight or just resubmitted) gets as many turns as one with 40
+    connections over 10 queues: it does not fall to the back of the rotation each time
+    its only request is granted."""
+    s = FairScheduler(SchedulerLimits(sql_slots=2, claims_per_connection_per_cycle=10**9))
+    requests = [ticket(f"a{i}", "A", f"qa{i % 10}") for i in range(40)]
+    requests += [ticket("b1", "B", "qb"), ticket("c1", "C", "qc"), ticket("c2", "C", "qc"), ticket("d1", "D", "qd")]
+    for request in requests:
+        s.submit(request)
+    in_flight: list = []
+    turns: Counter[str] = Counter()
+    now = 0.0
+    for _ in range(2000):
+        for grant in s.grant(now):
+            in_flight.append(grant)
+            turns[grant.request.application_id] += 1
+        done = in_flight.pop(0)
+        now += 0.001
+        s.complete(done, now, empty=False)
+        s.submit(done.request)  # the connection asks again at once
+    counts = [turns[app] for app in "ABCD"]
+    assert max(counts) - min(counts) <= 1, turns
+    jain = sum(counts) ** 2 / (len(counts) * sum(c * c for c in counts))
+    assert jain >= 0.99
+
+
+def test_an_application_whose_claim_ended_without_a_new_request_leaves_the_rotation():
+    s = FairScheduler(SchedulerLimits(sql_slots=1))
+    s.submit(ticket("a1", "A", "qa"))
+    (grant,) = s.grant(0.0)
+    assert s.statistics().active_applications == 1  # in flight: keeps its place
+    s.complete(grant, 0.1, empty=False)
+    assert s.grant(0.2) == []
+    assert s.statistics().active_applications == 0

@@ -159,7 +159,10 @@ class FairScheduler:
                     app_queues.pop(queue_id, None)
         if app_queues is not None and not app_queues:
             del self._app_queues[request.application_id]
-            self._apps.pop(request.application_id, None)
+            if not self._app_in_flight[request.application_id]:
+                # Nothing waiting and nothing running: out of the rotation. An application
+                # whose claim runs keeps its place (see ``_pick``).
+                self._apps.pop(request.application_id, None)
 
     # -- decisions ---------------------------------------------------------------------
 
@@ -172,9 +175,25 @@ class FairScheduler:
 
     def _pick(self, now: float) -> Grant | None:
         cycle = self._cycle(now)
+        gone = []
+        picked = None
         for app_id in self._apps:
+            if app_id not in self._app_queues and not self._app_in_flight[app_id]:
+                # Its claim finished and its connection did not ask again.
+                gone.append(app_id)
+                continue
             if self._app_in_flight[app_id] >= self.limits.in_flight_per_application:
                 continue
+            picked = self._pick_in(app_id, cycle, now)
+            if picked is not None:
+                break
+        for app_id in gone:
+            del self._apps[app_id]
+        return picked
+
+    def _pick_in(self, app_id: str, cycle: int, now: float) -> Grant | None:
+        """The first grantable request of one application, in its queue rotation."""
+        if app_id in self._app_queues:
             for queue_id in self._app_queues[app_id]:
                 for connection_id in self._lines[queue_id]:
                     request = self._pending[connection_id]
@@ -199,9 +218,11 @@ class FairScheduler:
             self._apps.move_to_end(app_id)
             self._app_queues[app_id].move_to_end(grant.queue_id)
             del self._pending[request.connection_id]
-            self._leave_lines(request)
             self._in_flight[request.connection_id] = grant
             self._app_in_flight[app_id] += 1
+            # In flight before it leaves the lines: the application keeps its place in the
+            # rotation while its claim runs, whether or not it has other requests waiting.
+            self._leave_lines(request)
             cycle = self._cycle(now)
             seen_cycle, count = self._cycle_grants.get(request.connection_id, (cycle, 0))
             self._cycle_grants[request.connection_id] = (cycle, count + 1 if seen_cycle == cycle else 1)

@@ -10,7 +10,9 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
+from orbit_node.config import NodeConfig
 from orbit_node.db import Database
+from orbit_node.errors import ConfigError
 from orbit_node.services import default_services
 from orbit_node.store.ownership import LostReason, Outcome
 from orbit_node.store.tenancy import TenancyStore
@@ -33,6 +35,23 @@ async def closed_code(worker) -> int:
         while True:
             await worker.recv()
     return info.value.reason.code
+
+
+def test_the_send_buffer_bounds_come_from_the_environment():
+    base = {"ORBIT_MYSQL_DSN": "mysql://r@h/d"}
+    default = NodeConfig.from_env(base)
+    assert (default.worker_send_buffer_messages, default.worker_send_buffer_bytes) == (1024, 16 * 1024 * 1024)
+    config = NodeConfig.from_env(
+        {**base, "ORBIT_WORKER_SEND_BUFFER_MESSAGES": "10", "ORBIT_WORKER_SEND_BUFFER_BYTES": "4096"}
+    )
+    assert (config.worker_send_buffer_messages, config.worker_send_buffer_bytes) == (10, 4096)
+    for key, value, field in (
+        ("ORBIT_WORKER_SEND_BUFFER_MESSAGES", "0", "worker_send_buffer_messages"),
+        ("ORBIT_WORKER_SEND_BUFFER_BYTES", "many", "ORBIT_WORKER_SEND_BUFFER_BYTES"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            NodeConfig.from_env({**base, key: value})
+        assert info.value.field == field
 
 
 async def test_a_worker_that_never_reads_is_closed_as_a_slow_consumer(node_config, db):

@@ -137,6 +137,12 @@ class NodeConfig:
     max_ws_message_bytes: int = attrs.field(default=1024 * 1024, validator=_positive)
     # Connections a node accepts; the next one is refused at the handshake.
     max_connections: int = attrs.field(default=128, validator=_positive)
+    # Frames queued for one Worker connection and not yet written to it. A Worker that
+    # lets more pile up than either bound is closed as a slow consumer (close 4003), so
+    # a Worker that sends but never reads cannot grow the node's memory. One frame larger
+    # than the byte bound is still queued when nothing else waits (a large dispatch).
+    worker_send_buffer_messages: int = attrs.field(default=1024, validator=_positive)
+    worker_send_buffer_bytes: int = attrs.field(default=16 * 1024 * 1024, validator=_positive)
     # Lease of a reservation not yet started, and of a running attempt (renewed by the Worker).
     reservation_lease_s: float = attrs.field(default=30.0, validator=_positive)
     run_lease_s: float = attrs.field(default=60.0, validator=_positive)
@@ -212,6 +218,8 @@ class NodeConfig:
             "ORBIT_LOG_FORMAT",
             "ORBIT_METRICS",
             "ORBIT_METRICS_ADDR",
+            "ORBIT_WORKER_SEND_BUFFER_MESSAGES",
+            "ORBIT_WORKER_SEND_BUFFER_BYTES",
         }
         unknown = sorted(
             k for k in env if k.startswith("ORBIT_") and k not in known and not k.startswith("ORBIT_TEST_")
@@ -240,6 +248,8 @@ class NodeConfig:
             ("db_pool_size", "ORBIT_DB_POOL_SIZE", int),
             ("claim_batch_size", "ORBIT_CLAIM_BATCH_SIZE", int),
             ("credential_cache_s", "ORBIT_CREDENTIAL_CACHE_S", float),
+            ("worker_send_buffer_messages", "ORBIT_WORKER_SEND_BUFFER_MESSAGES", int),
+            ("worker_send_buffer_bytes", "ORBIT_WORKER_SEND_BUFFER_BYTES", int),
         ):
             if key in env:
                 try:

@@ -105,6 +105,14 @@ def test_bad_inbound_messages_are_refused_with_a_code_and_the_schema_agrees(text
         validate_message(as_json)
 
 
+@pytest.mark.parametrize("message", GOOD_INBOUND, ids=lambda m: m["type"])
+def test_a_binary_frame_is_refused_whatever_it_holds_and_closes_the_connection(message):
+    with pytest.raises(p.ProtocolError) as info:
+        p.parse_message(json.dumps(message).encode())
+    assert (info.value.code, info.value.close_code) == ("MALFORMED_MESSAGE", p.CLOSE_PROTOCOL)
+    assert "binary" in info.value.message
+
+
 def test_finish_keeps_big_integers_exact():
     msg = p.parse_message(json.dumps(GOOD_INBOUND[5]))
     assert msg.tasks[0].result_json == '{"n":1000000000000000000000000000000}'

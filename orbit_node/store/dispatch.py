@@ -96,7 +96,8 @@ class DispatchStore:
         return TransitionPart("renew.locked", list(items), pair_key, self._rules.renew)
 
     def release_part(self, items: Iterable[tuple[str, str]]) -> TransitionPart:
-        """Give back reservations that will not be started: queued again, no attempt used."""
+        """Give back reservations that will not be started: queued again, no attempt used.
+        A reservation whose lease has expired is refused like a late Start (the sweeper's now)."""
         return TransitionPart("release.locked", list(items), pair_key, self._rules.release)
 
     def finish_part(self, items: Iterable[FinishItem]) -> TransitionPart:

@@ -212,7 +212,9 @@ def _lost(task_id: str, reason: LostReason) -> TransitionResult:
 
 
 def _not_owned(row: TaskRow, token: str, states: Sequence[str], *, settled_ok: bool) -> TransitionResult | None:
-    """The refusal for a token that is not current or a state the transition does not apply to.
+    """The refusal for a token that is not current, a state the transition does not apply
+    to, or a lease that expired on the database clock (Start, renew and release alike,
+    even if the sweeper has not run yet: the row is then the sweeper's).
 
     A reservation that Start, release or the sweeper settled as cancelled/expired is
     answered with that outcome when it is named by its own token (``ok`` is
@@ -220,7 +222,7 @@ def _not_owned(row: TaskRow, token: str, states: Sequence[str], *, settled_ok: b
     if row.fencing_token != token:
         return _lost(row.task_id, LostReason.TOKEN_MISMATCH)
     if row.state in states:
-        return None
+        return None if row.lease_valid else _lost(row.task_id, LostReason.LEASE_EXPIRED)
     if row.state in ("cancelled", "expired"):
         return TransitionResult(task_id=row.task_id, outcome=Outcome(row.state), ok=settled_ok, duplicate=True)
     return _lost(row.task_id, LostReason.WRONG_STATE)
@@ -346,8 +348,6 @@ class TransitionRules:
         refused = _not_owned(row, item[1], LIVE_STATES, settled_ok=False)
         if refused is not None:
             return refused
-        if not row.lease_valid:
-            return _lost(row.task_id, LostReason.LEASE_EXPIRED)
         if row.state == "running":
             # Start repeated for the attempt that is running: answered, nothing written.
             return TransitionResult(
@@ -372,9 +372,6 @@ class TransitionRules:
         refused = _not_owned(row, item[1], LIVE_STATES, settled_ok=False)
         if refused is not None:
             return refused
-        if not row.lease_valid:
-            # An expired lease is lost even if the sweeper has not run yet.
-            return _lost(row.task_id, LostReason.LEASE_EXPIRED)
         lease_s = self.run_lease_s if row.state == "running" else self.reservation_lease_s
         lease = row.now + timedelta(seconds=lease_s)
         writes.renew(row, lease)

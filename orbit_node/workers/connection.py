@@ -4,7 +4,8 @@ Per connection, one nursery with:
 * the reader: parses frames, answers heartbeats at once, queues transitions;
 * the transition loop: start / renew / finish / release, in order, through the
   dispatch store (this is the only place the connection waits on SQL);
-* the writer: the only task that sends frames;
+* the writer: the only task that sends frames, from a send buffer bounded by
+  messages and bytes (a Worker that leaves more unread is closed as a slow consumer);
 * the watchdog: closes a silent connection after ``heartbeat_timeout_s`` and
   retries a claim request the scheduler refused;
 * the shutdown watch: on node shutdown, tells the Worker to drain.
@@ -20,7 +21,6 @@ decided by ``core.ConnectionCore`` (sans-IO); this module only awaits and sends.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -132,10 +132,12 @@ class WorkerConnection:
     protocol_errors: int = attrs.field(default=0, init=False)
     # trio time of the last frame received (heartbeat timeout).
     last_received: float = attrs.field(default=0.0, init=False)
-    # Frames for the writer (never blocks: the connection's own output is bounded by
-    # what the Worker sends and what it holds).
-    _out_send: trio.MemorySendChannel[str] = attrs.field(init=False)
-    _out_recv: trio.MemoryReceiveChannel[str] = attrs.field(init=False)
+    # UTF-8 bytes of the frames queued for the writer (``buffered_messages`` counts them).
+    buffered_bytes: int = attrs.field(default=0, init=False)
+    # Frames for the writer with their size, bounded by ``worker_send_buffer_messages``
+    # and ``worker_send_buffer_bytes``; queuing never blocks (see ``send``).
+    _out_send: trio.MemorySendChannel[tuple[str, int]] = attrs.field(init=False)
+    _out_recv: trio.MemoryReceiveChannel[tuple[str, int]] = attrs.field(init=False)
     # Transitions for the transition loop, bounded by MAX_QUEUED_TRANSITIONS.
     _tr_send: trio.MemorySendChannel[TransitionMessage] = attrs.field(init=False)
     _tr_recv: trio.MemoryReceiveChannel[TransitionMessage] = attrs.field(init=False)
@@ -152,7 +154,7 @@ class WorkerConnection:
             claim_batch_size=config.claim_batch_size,
             retry_after_s=config.scheduler.scan_cycle_s,
         )
-        self._out_send, self._out_recv = trio.open_memory_channel[str](math.inf)
+        self._out_send, self._out_recv = trio.open_memory_channel[tuple[str, int]](config.worker_send_buffer_messages)
         self._tr_send, self._tr_recv = trio.open_memory_channel[TransitionMessage](MAX_QUEUED_TRANSITIONS)
 
     @property
@@ -160,14 +162,59 @@ class WorkerConnection:
         """The Worker's hello, once accepted."""
         return self.core.hello
 
+    @property
+    def buffered_messages(self) -> int:
+        """Frames queued for the writer, not yet handed to the WebSocket."""
+        return self._out_send.statistics().current_buffer_used
+
+    @property
+    def close_code(self) -> int | None:
+        """The close code the node chose for this connection, once it chose one."""
+        return None if self._closing is None else self._closing[0]
+
     # -- plumbing ---------------------------------------------------------------------
 
     def send(self, message: dict[str, Any]) -> None:
-        """Queue a frame for the writer (never blocks)."""
+        """Queue a frame for the writer (never blocks); dropped once the connection closes.
+
+        A frame that would take the send buffer past ``worker_send_buffer_messages`` or
+        ``worker_send_buffer_bytes`` (a frame alone may exceed the byte bound) means the
+        Worker reads too slowly: it is closed as a slow consumer."""
+        if self._closing is not None:
+            return
+        text = p.dumps(message)
+        size = len(text.encode())
+        config = self.hub.config
+        if self.buffered_messages and self.buffered_bytes + size > config.worker_send_buffer_bytes:
+            self._close_slow_consumer()
+            return
         try:
-            self._out_send.send_nowait(p.dumps(message))
+            self._out_send.send_nowait((text, size))
+        except trio.WouldBlock:
+            self._close_slow_consumer()
+            return
         except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
+            return
+        self.buffered_bytes += size
+
+    def _close_slow_consumer(self) -> None:
+        """Drop every frame the Worker has not read and close with ``CLOSE_SLOW_CONSUMER``.
+
+        Its tasks follow the lease rules as on any other close: reservations are released
+        when the connection ends, running tasks keep their lease."""
+        log.warning(
+            "connection %s: closed as a slow consumer (%d frames, %d bytes unread)",
+            self.connection_id,
+            self.buffered_messages,
+            self.buffered_bytes,
+        )
+        self.close_soon(p.CLOSE_SLOW_CONSUMER, "slow consumer")
+        while True:
+            try:
+                _, size = self._out_recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            self.buffered_bytes -= size
 
     def close_soon(self, code: int, reason: str) -> None:
         """Ask the writer to send what is queued, then close with ``code``."""
@@ -177,7 +224,8 @@ class WorkerConnection:
             self._out_send.close()
 
     async def _writer(self) -> None:
-        async for text in self._out_recv:
+        async for text, size in self._out_recv:
+            self.buffered_bytes -= size
             await self.transport.send(text)
         code, reason = self._closing or (p.CLOSE_NORMAL, "")
         with trio.move_on_after(CLOSE_TIMEOUT_S):

@@ -36,7 +36,8 @@ CLOSE_POLICY = 1008  # permission problems found after the handshake
 CLOSE_TOO_BIG = 1009  # message over the configured limit
 CLOSE_INTERNAL = 1011
 CLOSE_HEARTBEAT_TIMEOUT = 4000  # nothing received for heartbeat_timeout_s
-CLOSE_PROTOCOL = 4002  # out-of-order or repeated protocol violations
+CLOSE_PROTOCOL = 4002  # out-of-order or repeated protocol violations, binary frames
+CLOSE_SLOW_CONSUMER = 4003  # the Worker reads too slowly: its outbound buffer is full
 
 MAX_TASKS_PER_MESSAGE = 1000
 MAX_CAPACITY = 1000
@@ -306,7 +307,17 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
 
 
 def parse_message(data: str | bytes) -> Message:
-    """Parse one inbound frame into a message, or raise ``ProtocolError``."""
+    """Parse one inbound frame into a message, or raise ``ProtocolError``.
+
+    Messages are JSON text frames; a binary frame is refused whatever it holds, and the
+    connection closes (``CLOSE_PROTOCOL``).
+    """
+    if not isinstance(data, str):
+        raise ProtocolError(
+            "MALFORMED_MESSAGE",
+            "binary frames are refused: send every message as a JSON text frame",
+            close_code=CLOSE_PROTOCOL,
+        )
     try:
         obj = loads_strict(data)
     except (ValueError, RecursionError) as exc:

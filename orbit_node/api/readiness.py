@@ -82,9 +82,11 @@ class Readiness:
         """Ask the database for its schema version; log the answer if it changed."""
         verdict = await self._ask()
         if verdict.cause != self._last:
-            self._last = verdict.cause
+            first, self._last = self._last == _UNKNOWN, verdict.cause
             if verdict.ready:
-                log.info("ready: the database answers at schema version %06d", verdict.schema_version)
+                # Ready from the start is the normal case: nothing to say.
+                if not first:
+                    log.info("ready again: the database answers at schema version %06d", verdict.schema_version)
             else:
                 log.warning(
                     "not ready (%s): %s; %s",

@@ -80,10 +80,56 @@ class UnsupportedMediaType(OrbitError):
 
 
 class Unavailable(OrbitError):
-    """The database cannot be reached (or answered with a connection-level failure)."""
+    """The database cannot be reached (or answered with a connection-level failure), or the
+    node cannot take the request now.
+
+    ``cause`` classifies a database failure for operators (``/readyz`` and the log; see
+    ``CAUSES``); callers are told only that the service is unavailable. None: the node's
+    own refusal (shutting down, full), whose message is meant for the caller.
+    """
 
     code = "UNAVAILABLE"
     http_status = 503
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        details: dict[str, Any] | None = None,
+        cause: str | None = None,
+    ):
+        super().__init__(message, field=field, details=details)
+        if cause is not None and cause not in CAUSES:
+            raise ValueError(f"unknown cause {cause!r}")
+        self.cause = cause
+
+
+# Why the database cannot serve the node, as /readyz names it.
+CAUSES = (
+    "unreachable",  # no connection, or no answer in time
+    "access_denied",  # the server refused the configured user (or a privilege)
+    "unknown_database",  # the server has no database of the configured name
+    "schema_behind",  # the database is at an older schema version than the node needs
+    "schema_ahead",  # the database was migrated by a newer version than this node
+    "database_error",  # the server answered with another error
+)
+
+
+class SchemaNotReady(Unavailable):
+    """The database schema is not the version this node needs (run ``orbit-migrate up``)."""
+
+    code = "SCHEMA_NOT_READY"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        details: dict[str, Any] | None = None,
+        cause: str = "schema_behind",
+    ):
+        super().__init__(message, field=field, details=details, cause=cause)
 
 
 class DatabaseError(OrbitError):

@@ -2,6 +2,7 @@
 # A private MariaDB for development and tests under ./var/mariadb (never the shared server).
 #   scripts/devdb.sh start   initialise if needed, start if not running, wait until it answers
 #   scripts/devdb.sh stop    stop it
+#   scripts/devdb.sh status  exit 0 if it is running and answers, 1 if not
 #   scripts/devdb.sh dsn     print its DSN
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,5 +74,6 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   dsn) echo "$DSN" ;;
-  *) echo "usage: $0 start|stop|dsn" >&2; exit 2 ;;
+  status) answers ;;
+  *) echo "usage: $0 start|stop|status|dsn" >&2; exit 2 ;;
 esac

@@ -68,7 +68,8 @@ def check_not_ready(empty_dsn):
         assert wait_http(f"http://127.0.0.1:{port}/healthz").status_code == 200
         ready = httpx.get(f"http://127.0.0.1:{port}/readyz")
         assert ready.status_code == 503
-        assert ready.json()["error"]["code"] == "UNAVAILABLE" and ready.json()["error"]["field"] == "schema"
+        error = ready.json()["error"]
+        assert (error["code"], error["field"], error["cause"]) == ("SCHEMA_NOT_READY", "schema", "schema_behind")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=15) == 0
     finally:

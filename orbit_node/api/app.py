@@ -4,25 +4,21 @@ from __future__ import annotations
 
 import logging
 
-import trio
 from quart import Blueprint, request
 from quart_trio import QuartTrio
 from werkzeug import exceptions as http_exceptions
 from werkzeug.exceptions import HTTPException
 
-from ..db import migrate
-from ..errors import DatabaseError, InvalidArgument, NotFound, OrbitError, PayloadTooLarge, Unavailable
+from ..errors import InvalidArgument, NotFound, OrbitError, PayloadTooLarge
 from . import auth, envelope, explain, plans, queues, tasks, validation
 from .asgi import ClosingHTTPConnection
 from .metrics import begin_request, observe_response
 from .metrics import blueprint as metrics_blueprint
+from .readiness import Readiness
 from .state import NodeState
 from .workers import blueprint as workers_blueprint
 
 log = logging.getLogger("orbit.http")
-
-# /readyz gives the database this long to answer before reporting not ready.
-READY_TIMEOUT_S = 2.0
 
 
 class MethodNotAllowed(OrbitError):
@@ -49,6 +45,13 @@ def create_app(state: NodeState) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.extensions["orbit"] = state
     app.register_blueprint(metrics_blueprint)
+    readiness = Readiness(state.db)
+
+    @app.before_serving
+    async def _check_database():
+        # Once at start-up: an operator learns at once (a warning saying what to run)
+        # that the node cannot serve yet; /readyz logs only changes after this.
+        await readiness.probe()
 
     # One hook before and one after every request (each hook is a call per request).
     @app.before_request
@@ -70,12 +73,8 @@ def create_app(state: NodeState) -> QuartTrio:
 
     @app.errorhandler(OrbitError)
     async def _orbit_error(exc: OrbitError):
-        if exc.http_status >= 500:
-            log.error("request failed: %s", exc.message, extra={"request_id": envelope.current_request_id()})
-        if isinstance(exc, DatabaseError):
-            # The statement and the server's words stay in the log, not in the response.
-            return envelope.error(OrbitError("internal error"))
-        return envelope.error(exc)
+        # The statement and the server's words stay in the log, not in the response.
+        return envelope.failure(exc)
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException):
@@ -111,19 +110,11 @@ def create_app(state: NodeState) -> QuartTrio:
 
     @app.get("/readyz")
     async def readyz():
-        version = None
-        with trio.move_on_after(READY_TIMEOUT_S):
-            try:
-                version = await migrate.current_version(state.db)
-            except OrbitError:
-                version = None
-        if version is None:
-            raise Unavailable("database unreachable", field="database")
-        if version != migrate.HEAD:
-            raise Unavailable(
-                f"database schema is at {version:06d}, this node needs {migrate.HEAD:06d}", field="schema"
-            )
-        return envelope.ok({"status": "ready", "schema_version": version})
+        verdict = await readiness.probe()
+        if verdict.ready:
+            return envelope.ok({"status": "ready", "schema_version": verdict.schema_version})
+        # Answered here, not raised: the error handler would log every probe.
+        return envelope.error(verdict.error(), cause=verdict.cause)
 
     app.register_blueprint(v1_blueprint())
     # The Worker endpoint authenticates at the handshake itself (HTTP refusals, no upgrade).

@@ -7,16 +7,27 @@ Error:   ``{"error": {"code": "...", "message": "...", "field": "..." | null}, "
 from __future__ import annotations
 
 import json
+import logging
 import random
 import secrets
 from typing import Any
 
 from quart import Response, g
 
-from ..errors import OrbitError
+from ..errors import DatabaseError, OrbitError, ResourceExhausted, SchemaNotReady, Unavailable
 from ..wire import rfc3339
 
 timestamp = rfc3339
+
+log = logging.getLogger("orbit.http")
+
+# Every 503 carries ``Retry-After``: a full node, a node shutting down and a database
+# outage are all worth another try (through the balancer, normally on another node).
+RETRY_AFTER_S = 1
+# What a caller is told when the database cannot serve its request; the cause (host,
+# port, errno, the server's own words) goes to the node's log only.
+UNAVAILABLE_MESSAGE = "the service is temporarily unavailable; retry later"
+SCHEMA_NOT_READY_MESSAGE = "the service's database is not at the schema version this node needs; retry later"
 
 
 # Request ids only need to be unique, not unguessable: drawn from a generator seeded
@@ -51,8 +62,42 @@ def error_body(code: str, message: str, field: str | None, request_id: str) -> d
     return {"error": {"code": code, "message": message, "field": field}, "request_id": request_id}
 
 
-def error(exc: OrbitError) -> Response:
-    response = json_response(error_body(exc.code, exc.message, exc.field, current_request_id()), exc.http_status)
+def error(exc: OrbitError, **members: Any) -> Response:
+    """The error envelope of ``exc``; ``members`` are added to its ``error`` object."""
+    body = error_body(exc.code, exc.message, exc.field, current_request_id())
+    body["error"].update(members)
+    response = json_response(body, exc.http_status)
     if exc.http_status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="orbit"'
+    elif exc.http_status == 503:
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return response
+
+
+def public(exc: OrbitError) -> OrbitError:
+    """``exc`` as a caller sees it: a database failure says only that the service is
+    unavailable (with its stable code); what the server said stays in the log."""
+    if isinstance(exc, SchemaNotReady):
+        return SchemaNotReady(SCHEMA_NOT_READY_MESSAGE)
+    if isinstance(exc, Unavailable) and exc.cause is not None:
+        return Unavailable(UNAVAILABLE_MESSAGE)
+    if isinstance(exc, DatabaseError):
+        return OrbitError("internal error")
+    return exc
+
+
+def is_refusal(exc: OrbitError) -> bool:
+    """The node's own decision not to serve (shutting down, full): nothing to log."""
+    return isinstance(exc, (Unavailable, ResourceExhausted)) and getattr(exc, "cause", None) is None
+
+
+def failure(exc: OrbitError) -> Response:
+    """The answer to a request that failed with ``exc``; a server-side failure is logged
+    with its cause, the answer carries only ``public(exc)``."""
+    if exc.http_status >= 500 and not is_refusal(exc):
+        extra: dict[str, Any] = {"request_id": current_request_id(), "code": exc.code}
+        cause = getattr(exc, "cause", None)
+        if cause is not None:
+            extra["cause"] = cause
+        log.error("request failed: %s", exc.message, extra=extra)
+    return error(public(exc))

@@ -63,10 +63,7 @@ async def connect():
                 field="connections",
             )
     except OrbitError as exc:
-        response = envelope.error(exc)
-        if isinstance(exc, (ResourceExhausted, Unavailable)):
-            response.headers["Retry-After"] = "1"
-        return response
+        return envelope.failure(exc)
     try:
         await websocket.accept()
         connection = WorkerConnection(hub.new_connection_id(), principal, QuartTransport(), hub)

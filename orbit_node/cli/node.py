@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
+import socket
 
 import trio
 
 from ..config import NodeConfig
+from ..errors import ConfigError
 from ..node import Node
 from ..services import default_services
 from .common import run_command
@@ -46,6 +49,57 @@ async def serve_until_signal(node: Node) -> None:
             nursery.cancel_scope.cancel()
 
 
+# Why a listening address could not be bound, as the one-line start-up error says it.
+LISTEN_ERRORS = {
+    errno.EADDRINUSE: "address already in use (is another node, or `make run`, already running?)",
+    errno.EADDRNOTAVAIL: "address not available on this machine",
+    errno.EACCES: "permission denied",
+}
+
+
+def listen_failure(exc: BaseException) -> OSError | None:
+    """The bind error in what ``trio.run`` raised (hypercorn's, inside nested exception groups)."""
+    if isinstance(exc, OSError) and exc.errno in LISTEN_ERRORS:
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = listen_failure(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def listen_addresses(config: NodeConfig) -> list[tuple[str, str, int]]:
+    """(setting, host, port) of every address the node listens on."""
+    addresses = [("ORBIT_HTTP_ADDR", config.http_host, config.http_port)]
+    if config.metrics == "open":
+        addresses.append(("ORBIT_METRICS_ADDR", config.metrics_host, config.metrics_port))
+    return addresses
+
+
+def can_listen(host: str, port: int) -> bool:
+    try:
+        socket.create_server((host, port)).close()
+    except OSError:
+        return False
+    return True
+
+
+def serve(node: Node) -> None:
+    """Run the node until a signal; an address it cannot listen on is a one-line start-up error."""
+    try:
+        trio.run(serve_until_signal, node)
+    except BaseException as exc:
+        failure = listen_failure(exc)
+        if failure is None:
+            raise
+        addresses = listen_addresses(node.config)
+        # hypercorn's error names no address: the ones that cannot be bound now are the culprits.
+        blocked = [a for a in addresses if not can_listen(a[1], a[2])] or addresses
+        named = "; ".join(f"{setting}: cannot listen on {host}:{port}" for setting, host, port in blocked)
+        raise ConfigError(f"{named}: {LISTEN_ERRORS[failure.errno]}") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="orbit",
@@ -60,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(config.log_level, fmt=config.log_format)
     node = build_node(config)
 
-    run_command(lambda: trio.run(serve_until_signal, node))
+    run_command(lambda: serve(node))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import trio_mysql.cursors
 from trio_mysql.constants import FIELD_TYPE
 
 from ..config import Dsn
-from ..errors import DatabaseError, OrbitError, Unavailable
+from ..errors import DatabaseError, OrbitError, SchemaNotReady, Unavailable
 from .queries import QUERIES
 
 T = TypeVar("T")
@@ -44,6 +44,12 @@ warnings.filterwarnings("ignore", category=trio_mysql.Warning)
 REPLAYABLE_ERRNOS = frozenset({1213, 1205, 1020})
 # Client/server errors meaning the connection (or the server) is gone.
 CONNECTION_ERRNOS = frozenset({1040, 1053, 1152, 1158, 1159, 1160, 1161, 1927, 2002, 2003, 2006, 2013, 2014, 2055})
+# Server refusals of the configured user: access denied (to the server, the database, a
+# table or column), host not allowed.
+ACCESS_DENIED_ERRNOS = frozenset({1044, 1045, 1130, 1142, 1143})
+UNKNOWN_DATABASE_ERRNO = 1049
+# A table or column the node's statements need is missing: the schema is not the node's.
+SCHEMA_ERRNOS = frozenset({1054, 1146})
 # Replays of one transaction before the conflict is reported as an error.
 MAX_REPLAYS = 8
 # Base of the jittered pause between replays; small, conflicts clear in milliseconds.
@@ -126,10 +132,20 @@ def errno_of(exc: BaseException) -> int | None:
 
 
 def translate(exc: BaseException) -> Exception:
-    """Turn a driver or socket error into the node's own error type."""
+    """Turn a driver or socket error into the node's own error type.
+
+    What an operator must fix (the server unreachable, the user refused, the database
+    missing, the schema not migrated) becomes ``Unavailable`` with its ``cause``; the
+    driver's words stay in the message, which goes to the log and never to a caller."""
     errno = errno_of(exc)
     if errno in CONNECTION_ERRNOS or isinstance(exc, (OSError, trio.BrokenResourceError, trio.ClosedResourceError)):
-        return Unavailable(f"database unavailable: {exc}")
+        return Unavailable(f"database unavailable: {exc}", cause="unreachable")
+    if errno in ACCESS_DENIED_ERRNOS:
+        return Unavailable(f"database refused the configured user: {exc}", cause="access_denied")
+    if errno == UNKNOWN_DATABASE_ERRNO:
+        return Unavailable(f"database does not exist: {exc}", cause="unknown_database")
+    if errno in SCHEMA_ERRNOS:
+        return SchemaNotReady(f"database schema is not the one this node needs (run orbit-migrate up): {exc}")
     if isinstance(exc, trio_mysql.MySQLError):
         message = exc.args[1] if len(exc.args) > 1 else str(exc)
         return DatabaseError(f"database error {errno}: {message}", errno=errno)
@@ -275,7 +291,7 @@ class Database:
                 await conn.query(f"SET SESSION TRANSACTION ISOLATION LEVEL {DEFAULT_ISOLATION}")
         except trio.TooSlowError:
             hard_close(conn)
-            raise Unavailable("database unavailable: connect timed out") from None
+            raise Unavailable("database unavailable: connect timed out", cause="unreachable") from None
         except BaseException as exc:
             hard_close(conn)
             if isinstance(exc, (trio_mysql.MySQLError, OSError)):
@@ -318,7 +334,7 @@ class Database:
                     else:
                         self._discard(conn)
             if bound.cancelled_caught:
-                raise Unavailable(f"database unavailable: no answer within {timeout:g} s")
+                raise Unavailable(f"database unavailable: no answer within {timeout:g} s", cause="unreachable")
 
     async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
         """Run ``fn`` with autocommit statements (no transaction)."""

@@ -88,12 +88,14 @@ class Readiness:
                 if not first:
                     log.info("ready again: the database answers at schema version %06d", verdict.schema_version)
             else:
+                cause = verdict.cause
+                assert cause is not None  # not ready always names its cause
                 log.warning(
                     "not ready (%s): %s; %s",
-                    verdict.cause,
+                    cause,
                     verdict.detail,
-                    REMEDIES[verdict.cause],
-                    extra={"cause": verdict.cause},
+                    REMEDIES[cause],
+                    extra={"cause": cause},
                 )
         return verdict
 

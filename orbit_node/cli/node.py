@@ -59,7 +59,7 @@ LISTEN_ERRORS = {
 
 def listen_failure(exc: BaseException) -> OSError | None:
     """The bind error in what ``trio.run`` raised (hypercorn's, inside nested exception groups)."""
-    if isinstance(exc, OSError) and exc.errno in LISTEN_ERRORS:
+    if isinstance(exc, OSError) and exc.errno is not None and exc.errno in LISTEN_ERRORS:
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
@@ -97,7 +97,8 @@ def serve(node: Node) -> None:
         # hypercorn's error names no address: the ones that cannot be bound now are the culprits.
         blocked = [a for a in addresses if not can_listen(a[1], a[2])] or addresses
         named = "; ".join(f"{setting}: cannot listen on {host}:{port}" for setting, host, port in blocked)
-        raise ConfigError(f"{named}: {LISTEN_ERRORS[failure.errno]}") from None
+        reason = LISTEN_ERRORS.get(failure.errno or 0, failure.strerror or "cannot listen")
+        raise ConfigError(f"{named}: {reason}") from None
 
 
 def main(argv: list[str] | None = None) -> None:

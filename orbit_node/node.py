@@ -2,8 +2,10 @@
 
 Shutdown is two-phase (hypercorn's trio runner, River's fetch/work contexts):
 ``request_shutdown()`` first stops new claims and connections, then running
-connections get ``shutdown_grace_s`` to drain; whatever is left is cancelled and
-reservations committed but never sent are recovered by the database lease.
+connections get ``shutdown_grace_s`` to drain; the services stay until the claims
+still in flight have finished (within the same grace, counted from the request);
+whatever is left then is cancelled and reservations committed but never sent are
+recovered by the database lease.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class Node:
     # Addresses of the open metrics server (ORBIT_METRICS=open), once listening.
     metrics_bound: list[str] = attrs.field(factory=list, init=False)
     _shutdown: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # When shutdown was requested (trio's clock): the grace period counts from here.
+    _shutdown_at: float | None = attrs.field(default=None, init=False)
     # The background services this node runs (``services.default_services()`` in production).
     services: ServiceSet = ServiceSet()
 
@@ -54,6 +58,10 @@ class Node:
 
     def request_shutdown(self) -> None:
         self._shutdown.set()
+
+    async def _note_shutdown(self) -> None:
+        await self._shutdown.wait()
+        self._shutdown_at = trio.current_time()
 
     def _hypercorn_config(self) -> HypercornConfig:
         hc = HypercornConfig()
@@ -109,6 +117,7 @@ class Node:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.state.services.run, self._shutdown)
                 nursery.start_soon(self._heartbeat)
+                nursery.start_soon(self._note_shutdown)
                 if self.config.metrics == "open":
                     self.metrics_bound = await nursery.start(
                         serve_metrics, self.state.metrics, self.config.metrics_host, self.config.metrics_port
@@ -117,6 +126,9 @@ class Node:
                 self.bound = await nursery.start(serve_http)
                 task_status.started(self.bound)
                 await served.wait()
+                if self._shutdown.is_set():
+                    asked = trio.current_time() if self._shutdown_at is None else self._shutdown_at
+                    await self.state.services.drain(asked + self.config.shutdown_grace_s)
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):

@@ -8,6 +8,8 @@ nothing writes into it after it is built.
 
 from __future__ import annotations
 
+import logging
+
 import attrs
 import trio
 
@@ -26,6 +28,8 @@ from .store.plans import PlanStore
 from .store.tenancy import TenancyStore
 from .store.workers import WorkerRegistryStore
 from .workers.hub import WorkerHub
+
+log = logging.getLogger("orbit.node")
 
 
 @attrs.frozen(kw_only=True)
@@ -122,3 +126,21 @@ class DispatchServices:
             if self.pool is not None:
                 await shutdown_requested.wait()
                 self.pool.close()
+
+    async def drain(self, deadline: float) -> None:
+        """Phase 2 of shutdown, once HTTP has stopped: wait (until ``deadline`` on trio's clock)
+        for the claims still in flight to finish. Each delivers to its connection or, the
+        connection being gone, gives its reservations back at once; only what a claim
+        committed and could not give back is left to lease recovery."""
+        if self.pool is None:
+            return
+        in_flight = self.pool.statistics().in_flight
+        if in_flight:
+            log.info("shutdown: waiting for %d in-flight claims to finish", in_flight)
+        with trio.move_on_at(deadline) as waited:
+            await self.pool.wait_drained()
+        if waited.cancelled_caught:
+            log.warning(
+                "shutdown: %d claims still in flight at the end of the grace period (lease recovery takes them)",
+                self.pool.statistics().in_flight,
+            )

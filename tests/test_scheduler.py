@@ -305,3 +305,44 @@ def test_an_application_whose_claim_ended_without_a_new_request_leaves_the_rotat
     s.complete(grant, 0.1, empty=False)
     assert s.grant(0.2) == []
     assert s.statistics().active_applications == 0
+
+
+def test_pacing_records_are_bounded_by_live_and_in_flight_connections():
+    """A connection that leaves while its claim runs loses its pacing record when the claim
+    completes: 10,000 such departures leave nothing behind."""
+    s = FairScheduler(SchedulerLimits(sql_slots=4, max_requests=16))
+    for i in range(10_000):
+        s.submit(ticket(f"c{i}", "A", "q"))
+        (grant,) = s.grant(float(i))
+        s.forget_connection(f"c{i}")  # gone with the claim in flight
+        assert s.statistics().tracked_connections == 1
+        s.complete(grant, float(i), empty=False)
+        assert s.statistics().tracked_connections == 0
+    # A live connection keeps its record (pacing still applies to it) until it leaves.
+    s.submit(ticket("live", "A", "q"))
+    (grant,) = s.grant(0.0)
+    s.complete(grant, 0.0, empty=False)
+    assert s.statistics().tracked_connections == 1
+    s.forget_connection("live")
+    assert s.statistics().tracked_connections == 0
+    assert s._departed == set() and s._overtaken == set()
+
+
+def test_an_arrival_during_a_probe_wins_over_its_empty_result():
+    """An empty claim that ran while a task arrived for its queue is not remembered: its read
+    may predate the task's commit, and the task must not wait a whole cycle."""
+    s = FairScheduler(SchedulerLimits(sql_slots=4, scan_cycle_s=1.0))
+    s.submit(ticket("c1", "A", "q"))
+    (probe,) = s.grant(0.0)
+    s.task_arrived("q")  # committed while the probe's read ran
+    s.complete(probe, 0.1, empty=True)
+    s.submit(ticket("c1", "A", "q"))
+    assert [g.queue_id for g in s.grant(0.2)] == ["q"]  # asked again at once, no cached empty
+    # Without an arrival the empty result is remembered for the cycle, as before.
+    (again,) = s._in_flight.values()
+    s.complete(again, 0.3, empty=True)
+    s.submit(ticket("c1", "A", "q"))
+    assert s.grant(0.4) == []
+    # An arrival for another queue does not discard a probe's result.
+    s.task_arrived("other")
+    assert s.grant(0.5) == []

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
 from orbit_node.db import Database
+from orbit_node.node import Node
 from orbit_node.sdk.worker import Worker
 from orbit_node.services import default_services
 from orbit_node.store.ownership import OwnershipLost
@@ -283,3 +285,62 @@ async def test_idle_connections_close_promptly_on_shutdown(node_config, db):
                 with pytest.raises(ConnectionClosed) as info:
                     await w.recv()
                 assert info.value.reason.code == 1001
+
+
+async def test_a_claim_in_flight_at_shutdown_finishes_and_gives_its_reservations_back(node_config, db, dsn, caplog):
+    """The Worker leaves while its claim waits on the database and HTTP stops: the node keeps
+    its services until the claim has finished, and the reservation it made is given back at
+    once (an attempt closed as released), not dropped for lease recovery."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="orbit.node")
+    owner = await seed.tenant(db)
+    await TenancyStore(db).set_application_quota(
+        owner.application_id, max_concurrent_executions=10, max_starts_per_second=None
+    )
+    task_id = await seed.insert_task(db, owner)
+    token = await token_for(db, owner)
+    blocker = Database(dsn, size=1)
+    locked, done = trio.Event(), trio.Event()
+
+    async def hold_lock(tx):
+        # The claim locks its application row (quota): hold it so the claim stays in flight.
+        await tx.execute_raw("SELECT * FROM applications WHERE application_id = %s FOR UPDATE", (owner.application_id,))
+        locked.set()
+        await done.wait()
+
+    node = Node(attrs.evolve(node_config, shutdown_grace_s=30), services=default_services())
+    stopped = trio.Event()
+
+    async def run_node_until_stopped(task_status=trio.TASK_STATUS_IGNORED):
+        try:
+            await node.run(task_status=task_status)
+        finally:
+            stopped.set()
+
+    try:
+        with trio.fail_after(40):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(blocker.transaction, hold_lock)
+                await locked.wait()
+                bound = await nursery.start(run_node_until_stopped)
+                pool = node.state.services.pool
+                async with raw_worker(bound[0], token) as w:
+                    await w.hello([owner.queue_id])
+                    await wait_until(lambda: pool.statistics().in_flight == 1)
+                    node.request_shutdown()
+                    await w.recv_type("drain")
+                # The Worker is gone and HTTP has stopped; the claim still waits on the lock.
+                await wait_until(lambda: "waiting for 1 in-flight claims" in caplog.text)
+                assert not stopped.is_set()
+                done.set()
+                await stopped.wait()
+    finally:
+        await blocker.aclose()
+    assert pool.statistics().claims_with_tasks == 1
+    row = await seed.task_row(db, task_id)
+    assert row["state"] == "queued"
+    attempts = await db.run(
+        lambda tx: tx.fetchall_raw("SELECT outcome FROM task_attempts WHERE task_id = %s", (task_id,))
+    )
+    assert [a["outcome"] for a in attempts] == ["released"], attempts

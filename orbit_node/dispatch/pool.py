@@ -63,7 +63,9 @@ class ClaimPool:
     _deliver: dict[str, Deliver] = attrs.field(factory=dict, init=False)
     _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
     _closed: bool = attrs.field(default=False, init=False)
-    _idle: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # Set when ``run`` has returned: closed, every in-flight claim finished and delivered
+    # (or its reservations given back).
+    _drained: trio.Event = attrs.field(factory=trio.Event, init=False)
     _rounds: int = attrs.field(default=0, init=False)
     _counts: dict[str, int] = attrs.field(
         factory=lambda: {"tasks": 0, "empty": 0, "error": 0, "reserved": 0}, init=False
@@ -107,8 +109,18 @@ class ClaimPool:
 
     # -- the service -------------------------------------------------------------------
 
+    async def wait_drained(self) -> None:
+        """Return once the pool is closed and its last in-flight claim has been delivered."""
+        await self._drained.wait()
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Grant claims until closed and every in-flight claim has finished."""
+        try:
+            await self._run(task_status)
+        finally:
+            self._drained.set()
+
+    async def _run(self, task_status) -> None:
         async with trio.open_nursery() as claims:
             task_status.started()
             while True:

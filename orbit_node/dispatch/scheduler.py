@@ -74,6 +74,8 @@ class SchedulerStatistics:
     max_requests_seen: int
     cached_empty_skips: int
     refused: int
+    # Connections with a pacing record (bounded by the live and in-flight connections).
+    tracked_connections: int = 0
 
 
 def _default_cache(scheduler: FairScheduler) -> EmptyResultCache:
@@ -95,6 +97,12 @@ class FairScheduler:
     _lines: dict[str, OrderedDict[str, None]] = attrs.field(factory=dict, init=False)
     # Per connection: (cycle number, grants in that cycle).
     _cycle_grants: dict[str, tuple[int, int]] = attrs.field(factory=dict, init=False)
+    # Connections that left while their claim ran: their pacing record goes when it completes.
+    # A subset of ``_in_flight``'s keys, so bounded by the SQL slots.
+    _departed: set[str] = attrs.field(factory=set, init=False)
+    # In-flight claims that a task arrival overtook: an empty result they return may predate
+    # the new task's commit, so it is not remembered. Also a subset of ``_in_flight``'s keys.
+    _overtaken: set[str] = attrs.field(factory=set, init=False)
     _turns: Counter[str] = attrs.field(factory=Counter, init=False)
     _max_in_flight: int = attrs.field(default=0, init=False)
     _max_app_in_flight: int = attrs.field(default=0, init=False)
@@ -241,18 +249,31 @@ class FairScheduler:
         self._app_in_flight[request.application_id] -= 1
         if not self._app_in_flight[request.application_id]:
             del self._app_in_flight[request.application_id]
-        if empty:
+        overtaken = request.connection_id in self._overtaken
+        self._overtaken.discard(request.connection_id)
+        if request.connection_id in self._departed:
+            self._departed.discard(request.connection_id)
+            self._cycle_grants.pop(request.connection_id, None)
+        if empty and not overtaken:
             self.cache.store_empty(cache_key(request, grant.queue_id), now)
 
     def forget_connection(self, connection_id: str) -> None:
-        """The connection is gone for good: drop its request and its pacing record."""
+        """The connection is gone for good: drop its request and its pacing record (at once,
+        or when its in-flight claim completes)."""
         self.withdraw(connection_id)
-        if connection_id not in self._in_flight:
+        if connection_id in self._in_flight:
+            self._departed.add(connection_id)
+        else:
             self._cycle_grants.pop(connection_id, None)
 
     def task_arrived(self, queue_id: str) -> None:
-        """A task was accepted for ``queue_id`` through this node: its empty entries are stale."""
+        """A task was accepted for ``queue_id`` through this node: its empty entries are stale,
+        and so is an empty result of a claim of that queue that is running now (its read may
+        have started before the task's commit). Arrivals win over probes."""
         self.cache.forget_queue(queue_id)
+        for connection_id, grant in self._in_flight.items():
+            if grant.queue_id == queue_id:
+                self._overtaken.add(connection_id)
 
     def next_wakeup(self, now: float) -> float | None:
         """When a waiting request may become eligible without any event, if ever.
@@ -292,4 +313,5 @@ class FairScheduler:
             max_requests_seen=self._max_requests,
             cached_empty_skips=self._cached_skips,
             refused=self._refused,
+            tracked_connections=len(self._cycle_grants),
         )

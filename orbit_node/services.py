@@ -99,7 +99,9 @@ class DispatchServices:
         if run.recovery:
             sweeper = Sweeper(store, config.sweep_interval_s)
         if run.plans:
-            plans = PlanTrigger(PlanStore(db), config.plan_interval_s)
+            plans = PlanTrigger(
+                PlanStore(db), config.plan_interval_s, tasks_arrived=None if pool is None else pool.task_arrived
+            )
         metrics.collect_from(hub=hub, pool=pool, sweeper=sweeper, commits=commits)
         return cls(store=store, commits=commits, pool=pool, hub=hub, turns=turns, sweeper=sweeper, plans=plans)
 

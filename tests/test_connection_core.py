@@ -621,3 +621,35 @@ class ConnectionLife(RuleBasedStateMachine):
 
 TestConnectionLife = ConnectionLife.TestCase
 TestConnectionLife.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+@pytest.mark.parametrize(
+    "kind, outcome, requeued",
+    [
+        (RELEASE, Outcome.RELEASED, True),
+        (FINISH, Outcome.RETRY, True),
+        (FINISH, Outcome.SUCCEEDED, False),
+        (FINISH, Outcome.FAILED, False),
+        (FINISH, Outcome.CANCELLED, False),
+    ],
+)
+def test_a_task_back_in_its_queue_names_the_queue_to_wake(kind, outcome, requeued):
+    state = RESERVED if kind is RELEASE else RUNNING
+    c = core()
+    assert c.next_claim() is not None
+    c.claim_delivered([reservation(1, queue_id=QUEUES[1]), reservation(2, queue_id=QUEUES[1])], 0.0)
+    if state is RUNNING:
+        refs = [p.TaskRef(task_id(n), token(n)) for n in (1, 2)]
+        c.settle(START, c.split(START, refs).mine, [ok(START, 1), ok(START, 2)], 0.0)
+    split = c.split(kind, [ref(kind, 1, token(1)), ref(kind, 2, token(2))])
+    results = [TransitionResult(task_id=task_id(n), outcome=outcome, state="queued") for n in (1, 2)]
+    settled = c.settle(kind, split.mine, results, now=1.0)
+    assert settled.dropped == (task_id(1), task_id(2))
+    assert settled.requeued == ((QUEUES[1],) if requeued else ())
+
+
+def test_a_refused_release_wakes_no_queue():
+    c = holding((1, RESERVED))
+    split = c.split(RELEASE, [p.TaskRef(task_id(1), token(1))])
+    settled = c.settle(RELEASE, split.mine, [refused(1)], now=1.0)
+    assert settled.dropped == (task_id(1),) and settled.requeued == ()

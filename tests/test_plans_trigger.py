@@ -346,3 +346,32 @@ async def test_the_plan_service_of_a_node_creates_due_tasks(db, node_config):
     assert node.state.services.plans is trigger
     assert trigger.totals.tasks_created == 5
     assert [r["available_at"] for r in await plan_tasks(db, plan.plan_id)] == [t0 + seconds(5 * k) for k in range(5)]
+
+
+async def test_a_fire_that_created_tasks_wakes_their_queue_once_committed(db):
+    """The trigger tells the node's claim pool (``tasks_arrived``) which queue got tasks, so
+    its waiting Workers ask at once instead of after their cached empty result expires."""
+    owner = await tenant(db)
+    t0 = await whole_second(db) - seconds(120)
+    due = await create_plan(db, owner, definition(interval_s=60, start_at=t0, grace_s=3600))
+    await set_next_fire(db, due.plan_id, t0)
+    idle = await create_plan(db, owner, definition(interval_s=60, grace_s=3600), name="later")
+    await db.run(
+        lambda tx: tx.execute_raw(
+            "UPDATE plans SET next_fire_at = NOW(6) + INTERVAL 1 HOUR WHERE plan_id = %s", (idle.plan_id,)
+        )
+    )
+    woken: list[str] = []
+
+    def arrived(queue_id: str) -> None:
+        # Called after the commit: the tasks are visible to another session by then.
+        woken.append(queue_id)
+
+    trigger = PlanTrigger(PlanStore(db), 1.0, tasks_arrived=arrived)
+    with trio.fail_after(TEST_TIMEOUT_S):
+        stats = await trigger.trigger_once()
+        assert stats.tasks_created == 3 and woken == [owner.queue_id]
+        assert len(await plan_tasks(db, due.plan_id)) == 3
+        # A pass that creates nothing wakes nothing.
+        await trigger.trigger_once()
+    assert woken == [owner.queue_id]

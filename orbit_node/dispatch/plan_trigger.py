@@ -10,6 +10,7 @@ paces the passes; it never decides what is due.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -58,6 +59,9 @@ class PlanTrigger(PeriodicService):
     plans_per_pass: int = PLANS_PER_PASS
     fires_per_transaction: int = FIRES_PER_TRANSACTION
     totals: PassStats = attrs.field(factory=PassStats)
+    # Called with the queue id of each fire that created tasks, once committed (the claim
+    # pool's ``task_arrived``: this node's waiting Workers of that queue ask at once).
+    tasks_arrived: Callable[[str], None] | None = None
 
     log = log
     # Fire times that became more than grace_s late while the database was unreachable
@@ -85,6 +89,8 @@ class PlanTrigger(PeriodicService):
                 continue
             if result.stopped:
                 log.error("plan %s stopped firing: %s", plan_id, result.stopped)
+            if result.created and result.queue_id is not None and self.tasks_arrived is not None:
+                self.tasks_arrived(result.queue_id)
             stats = attrs.evolve(
                 stats,
                 plans_fired=stats.plans_fired + 1,

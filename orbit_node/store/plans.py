@@ -104,6 +104,8 @@ class FireResult:
     still_due: bool = False
     # The active version could not be read; the plan stopped firing (next_fire_at NULL).
     stopped: str | None = None
+    # The plan's queue (set once the plan was locked): where the created tasks wait.
+    queue_id: str | None = None
 
 
 @attrs.define(eq=False)
@@ -335,7 +337,7 @@ class PlanStore:
                 await tx.execute(
                     "plan_advance", {"plan_id": plan_id, "next_fire_at": None, "last_fire_at": row["last_fire_at"]}
                 )
-                return FireResult(plan_id=plan_id, locked=True, stopped=str(exc))
+                return FireResult(plan_id=plan_id, locked=True, stopped=str(exc), queue_id=row["queue_id"])
             firing = due_fire_times(definition.schedule, row["next_fire_at"], row["db_now"], limit=limit)
             created = 0
             for fire_at in firing.fire_times:
@@ -382,6 +384,7 @@ class PlanStore:
                 duplicates=len(firing.fire_times) - created,
                 skipped_missed=firing.skipped_missed,
                 still_due=firing.next_fire_at is not None and firing.next_fire_at <= row["db_now"],
+                queue_id=row["queue_id"],
             )
 
         return await self.db.transaction(body)

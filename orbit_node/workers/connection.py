@@ -431,6 +431,8 @@ class WorkerConnection:
         results += [self.hub.result_json(outcome) for _, outcome in zip(mine, outcomes, strict=False)]
         for seconds in settled.started_after_s:
             self.hub.observe_started(seconds)
+        for queue_id in settled.requeued:
+            self.hub.pool.task_arrived(queue_id)
         if kind is TransitionKind.FINISH:
             self.hub.observe_finish(outcomes)
         self.send(p.ack(kind.value, results, message.id))

@@ -32,10 +32,15 @@ from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
 import attrs
 
 from ..claims import ClaimRequest
+from ..store.ownership import Outcome
 from . import protocol as p
 
 if TYPE_CHECKING:
     from ..store.ownership import Reservation, TransitionResult
+
+
+# Results that put the task back in its queue: a claim of that queue may take it again.
+_REQUEUED = frozenset({Outcome.RELEASED, Outcome.RETRY})
 
 
 class TaskState(enum.Enum):
@@ -170,6 +175,9 @@ class Settled:
     cancels: tuple[CancelNotice, ...] = ()
     # Task ids the connection no longer holds.
     dropped: tuple[str, ...] = ()
+    # Queues a task went back to, due again (released, or a retry): their waiting
+    # claims may find it.
+    requeued: tuple[str, ...] = ()
 
 
 @attrs.define(eq=False)
@@ -325,11 +333,15 @@ class ConnectionCore:
         started: list[float] = []
         cancels: list[CancelNotice] = []
         dropped: list[str] = []
+        requeued: dict[str, None] = {}
         for ref, result in zip(refs, results, strict=False):  # fewer results than refs: the rest stay held
             effect = rule.on_ok if result.ok else rule.on_refused
             if effect is Effect.DROP:
-                if self._held.pop(ref.task_id, None) is not None:
+                gone = self._held.pop(ref.task_id, None)
+                if gone is not None:
                     dropped.append(ref.task_id)
+                    if result.ok and result.outcome in _REQUEUED:
+                        requeued[gone.queue_id] = None
             elif effect is Effect.RUN:
                 held = self._held.get(ref.task_id)
                 if held is not None:
@@ -340,4 +352,4 @@ class ConnectionCore:
                     cancels.append(CancelNotice(ref.task_id, "cancel_requested"))
                 elif result.deadline_passed:
                     cancels.append(CancelNotice(ref.task_id, "deadline"))
-        return Settled(tuple(started), tuple(cancels), tuple(dropped))
+        return Settled(tuple(started), tuple(cancels), tuple(dropped), tuple(requeued))

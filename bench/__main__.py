@@ -1,8 +1,9 @@
 """``python -m bench <scenario> [options]``: run benchmark scenarios.
 
-Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http (each: a table, a JSON result and PNG plots under
+Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http soak (each: a table, a JSON result and PNG plots under
 bench/results/), ``all`` (every one of them, in that order, S2 using S1's figure), and
-``claim`` (the dispatch core's micro-benchmark, its own options).
+``claim`` (the dispatch core's micro-benchmark, its own options). ``soak`` (ten minutes and
+more) is not part of ``all``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ SCENARIOS = {
     "locks": "bench.locks",
     "bulk": "bench.bulk",
     "http": "bench.http",
+    "soak": "bench.soak",
 }
 # The order of ``all``.
 ALL = ("s0", "s1", "e2e", "s2", "s3", "s4", "s5", "locks", "bulk", "http")

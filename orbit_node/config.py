@@ -19,9 +19,41 @@ LOG_FORMATS = ("auto", "json", "text")
 METRICS_MODES = ("off", "open", "credential")
 
 
+@attrs.frozen
+class DsnHost:
+    """One server of a DSN: ``host:port``."""
+
+    host: str
+    port: int = 3306
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def _dsn_error(message: str) -> ConfigError:
+    return ConfigError(f"ORBIT_MYSQL_DSN: {message}", field="ORBIT_MYSQL_DSN")
+
+
+def _parse_host(text: str) -> DsnHost:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` (urllib's own rules for one host)."""
+    try:
+        parts = urllib.parse.urlsplit(f"mysql://{text}")
+        port = parts.port
+    except ValueError as exc:
+        raise _dsn_error(f"not a valid URL ({exc})") from None
+    if not parts.hostname:
+        raise _dsn_error(f"empty host in {text!r}")
+    return DsnHost(parts.hostname, port or 3306)
+
+
 @attrs.frozen(kw_only=True)
 class Dsn:
-    """A parsed ``mysql://user:password@host:port/database`` URL."""
+    """A parsed ``mysql://user:password@host:port/database`` URL.
+
+    ``mysql://u:p@h1:3306,h2:3306,h3:3306/db`` names the servers of one cluster (MariaDB
+    Galera) in order of preference: ``host``/``port`` are the first, ``failover_hosts``
+    the others (see ``db/pool.py`` for how a node moves between them)."""
 
     user: str
     password: str = attrs.field(repr=False)
@@ -29,33 +61,49 @@ class Dsn:
     port: int = 3306
     database: str
     unix_socket: str | None = None
+    failover_hosts: tuple[DsnHost, ...] = ()
+
+    def __attrs_post_init__(self):
+        if self.failover_hosts and self.unix_socket:
+            raise _dsn_error("?unix_socket= names one server; it cannot be used with several hosts")
+        if len(set(self.hosts)) != len(self.hosts):
+            raise _dsn_error("a host is listed twice")
+
+    @property
+    def hosts(self) -> tuple[DsnHost, ...]:
+        """Every server, in order of preference."""
+        return (DsnHost(self.host, self.port), *self.failover_hosts)
 
     @classmethod
     def parse(cls, url: str) -> Dsn:
         try:
             parts = urllib.parse.urlsplit(url)
-            port = parts.port
         except ValueError as exc:
-            raise ConfigError(f"ORBIT_MYSQL_DSN: not a valid URL ({exc})", field="ORBIT_MYSQL_DSN") from None
+            raise _dsn_error(f"not a valid URL ({exc})") from None
         if parts.scheme not in ("mysql", "mariadb"):
-            raise ConfigError("ORBIT_MYSQL_DSN: scheme must be mysql:// or mariadb://", field="ORBIT_MYSQL_DSN")
+            raise _dsn_error("scheme must be mysql:// or mariadb://")
         database = urllib.parse.unquote(parts.path.lstrip("/"))
         if not database or "/" in database:
-            raise ConfigError("ORBIT_MYSQL_DSN: the path must name one database", field="ORBIT_MYSQL_DSN")
+            raise _dsn_error("the path must name one database")
         query = urllib.parse.parse_qs(parts.query, strict_parsing=False)
         unknown = set(query) - {"unix_socket"}
         if unknown:
-            raise ConfigError(f"ORBIT_MYSQL_DSN: unknown option {sorted(unknown)[0]!r}", field="ORBIT_MYSQL_DSN")
+            raise _dsn_error(f"unknown option {sorted(unknown)[0]!r}")
         unix_socket = query.get("unix_socket", [None])[0]
-        if not parts.hostname and not unix_socket:
-            raise ConfigError("ORBIT_MYSQL_DSN: a host or ?unix_socket= is required", field="ORBIT_MYSQL_DSN")
+        userinfo, _, host_list = parts.netloc.rpartition("@")
+        user, _, password = userinfo.partition(":")
+        hosts = [_parse_host(text) for text in host_list.split(",")] if host_list else []
+        if not hosts and not unix_socket:
+            raise _dsn_error("a host or ?unix_socket= is required")
+        first = hosts[0] if hosts else DsnHost("localhost")
         return cls(
-            user=urllib.parse.unquote(parts.username or "root"),
-            password=urllib.parse.unquote(parts.password or ""),
-            host=parts.hostname or "localhost",
-            port=port or 3306,
+            user=urllib.parse.unquote(user or "root"),
+            password=urllib.parse.unquote(password),
+            host=first.host,
+            port=first.port,
             database=database,
             unix_socket=unix_socket,
+            failover_hosts=tuple(hosts[1:]),
         )
 
     def with_database(self, database: str) -> Dsn:
@@ -65,7 +113,8 @@ class Dsn:
         user = urllib.parse.quote(self.user, safe="")
         auth = user + (":" + urllib.parse.quote(self.password, safe="") if self.password else "")
         query = "?unix_socket=" + urllib.parse.quote(self.unix_socket) if self.unix_socket else ""
-        return f"mysql://{auth}@{self.host}:{self.port}/{urllib.parse.quote(self.database)}{query}"
+        hosts = ",".join(str(h) for h in self.hosts)
+        return f"mysql://{auth}@{hosts}/{urllib.parse.quote(self.database)}{query}"
 
 
 def parse_addr(value: str, *, field: str = "ORBIT_HTTP_ADDR") -> tuple[str, int]:

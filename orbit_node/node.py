@@ -30,6 +30,8 @@ log = logging.getLogger("orbit.node")
 
 # How often the node row's heartbeat is refreshed (operators' view only; it decides nothing).
 NODE_HEARTBEAT_S = 10.0
+# How often a node on a multi-host DSN reads the cluster's writer record (db/hosts.py).
+WRITER_CHECK_S = 1.0
 
 
 @attrs.define(eq=False)
@@ -85,6 +87,14 @@ class Node:
             except Exception as exc:  # the database may be down; readiness reports it
                 log.warning("node heartbeat failed: %s", exc)
 
+    async def _follow_writer(self) -> None:
+        while True:
+            await trio.sleep(WRITER_CHECK_S)
+            try:
+                await self.db.check_writer()
+            except Exception as exc:  # the pool moves on by itself when its server is lost
+                log.debug("database writer check failed: %s", exc)
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve until ``request_shutdown()``; reports the bound addresses when listening."""
         try:
@@ -118,6 +128,8 @@ class Node:
                 await nursery.start(self.state.services.run, self._shutdown)
                 nursery.start_soon(self._heartbeat)
                 nursery.start_soon(self._note_shutdown)
+                if self.db.order.several:
+                    nursery.start_soon(self._follow_writer)
                 if self.config.metrics == "open":
                     self.metrics_bound = await nursery.start(
                         serve_metrics, self.state.metrics, self.config.metrics_host, self.config.metrics_port

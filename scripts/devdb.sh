@@ -35,12 +35,24 @@ ensure_installed() {
   fi
 }
 
+# The Galera fault test (tests/test_fault_galera.py) needs the provider and rsync (its state
+# transfer); installed like mariadb-server, best effort: without them that test is skipped.
+ensure_galera() {
+  if [ -e /usr/lib/galera/libgalera_smm.so ] && command -v rsync >/dev/null 2>&1; then return 0; fi
+  command -v apt-get >/dev/null 2>&1 || return 0
+  echo "galera-4 or rsync not found: installing the Debian galera-4 and rsync packages" >&2
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq galera-4 rsync >/dev/null; } \
+    || echo "warning: could not install galera-4/rsync; the Galera fault test will be skipped" >&2
+}
+
 answers() {
   "$(find_bin mariadb-admin mysqladmin)" --no-defaults -uroot --socket="$SOCK" ping >/dev/null 2>&1
 }
 
 start() {
   ensure_installed
+  ensure_galera
   mkdir -p "$ROOT"
   if answers; then echo "$DSN"; return 0; fi
   if [ ! -d "$ROOT/data/mysql" ]; then

@@ -55,3 +55,19 @@ def test_from_env_validates_everything():
 def test_scheduler_limits_reject_nonsense():
     with pytest.raises(ConfigError):
         SchedulerLimits(sql_slots=0)
+
+
+def test_a_dsn_names_several_hosts_in_order():
+    dsn = Dsn.parse("mysql://u:p@h1:3306,h2:3307,[::1]/orbit")
+    assert [str(h) for h in dsn.hosts] == ["h1:3306", "h2:3307", "[::1]:3306"]
+    assert (dsn.host, dsn.port) == ("h1", 3306)
+    assert Dsn.parse(dsn.url()) == dsn
+    for bad, words in [
+        ("mysql://u@h1,h1/db", "listed twice"),
+        ("mysql://u@h1,/db", "empty host"),
+        ("mysql://u@h1,h2:99999/db", "Port out of range"),
+        ("mysql://u@h1,h2/db?unix_socket=/s", "several hosts"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            Dsn.parse(bad)
+        assert info.value.field == "ORBIT_MYSQL_DSN" and words in info.value.message

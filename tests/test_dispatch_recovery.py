@@ -280,3 +280,26 @@ async def test_recovery_service_sweeps_on_its_interval(db, node_config):
         nursery.cancel_scope.cancel()
     assert sweeper.totals.requeued == 1
     assert (await task_row(db, r.task_id))["state"] == "queued"
+
+
+async def test_each_application_is_recovered_in_its_own_transaction(db):
+    """The shard key (docs/scaling.md): one sweep over two applications' expired leases
+    locks and settles each application's tasks in a transaction of its own."""
+    store = dispatch_store(db)
+    owners = [await tenant(db, application=name) for name in ("shard-a", "shard-b")]
+    claimed_ids = {}
+    for owner in owners:
+        ids = await insert_tasks(db, owner, [TaskSpec(available_in_s=-1), TaskSpec(available_in_s=-1)])
+        assert len(await store.claim(claim_request(owner))) == 2
+        claimed_ids[owner.application_id] = set(ids)
+        for task_id in ids:
+            await expire_lease(db, task_id)
+    locked: list[set[str]] = []
+
+    async def hook(point, task_ids):
+        if point == "recover.locked":
+            locked.append(set(task_ids))
+
+    store.hook = hook
+    assert await store.recover() == RecoveryStats(requeued=4)
+    assert sorted(locked, key=sorted) == sorted(claimed_ids.values(), key=sorted)

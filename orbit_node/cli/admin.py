@@ -321,6 +321,19 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("task_id", metavar="TASK_ID")
     _add_json(explain)
 
+    database = sub.add_parser("database", help="the servers of ORBIT_MYSQL_DSN").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    writer = database.add_parser(
+        "writer",
+        help="show the servers and the one every node writes to; --host moves the nodes to another",
+        description="With several hosts in ORBIT_MYSQL_DSN (a Galera cluster) every node writes to one server: "
+        "the first it reaches, the next when that one is lost. It returns to an earlier server only when told: "
+        "--host HOST:PORT records that server in the cluster, and every node follows within a second.",
+    )
+    writer.add_argument("--host", metavar="HOST:PORT", help="record this server (as spelled in ORBIT_MYSQL_DSN)")
+    _add_json(writer)
+
     top = sub.add_parser(
         "top",
         help="live view of queues, backlog per priority, running and claim turns per application",
@@ -592,6 +605,27 @@ async def _explain(db: Database, args) -> None:
             print(f"  {reason['code']}: {reason['message']}")
 
 
+async def _database(db: Database, args) -> None:
+    if args.host is not None:
+        await db.set_writer(args.host)
+    record = await db.recorded_writer()
+    servers = await db.servers()
+    if args.json:
+        print_json({"recorded_writer": record, "servers": servers})
+        return
+    if record is None:
+        print("recorded writer: none (each node writes to the first server it reaches)")
+    else:
+        print(f"recorded writer: {record['host']} (by {record['changed_by']} at {record['changed_at']})")
+    _console().print(
+        _table(
+            "servers",
+            ["host", "answers", "this command writes to", "error"],
+            [[s["host"], "yes" if s["answers"] else "no", "yes" if s["writer"] else "", s["error"]] for s in servers],
+        )
+    )
+
+
 async def _top(db: Database, args) -> None:
     from .top import run_top
 
@@ -623,6 +657,7 @@ COMMANDS = {
     "queue": _queue,
     "task": _task,
     "explain": _explain,
+    "database": _database,
     "top": _top,
 }
 

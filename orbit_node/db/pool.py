@@ -11,10 +11,20 @@
   idle connection the server has closed meanwhile (restart, ``wait_timeout``) is noticed
   before reuse, without a round trip, so it never costs a request.
 * Driver errors are translated at this boundary into ``orbit_node.errors`` types.
+* A DSN with several hosts (a MariaDB Galera cluster) is written through one server at a
+  time, chosen by the rules of ``hosts.py``: the first reachable in order, the next when
+  it is lost, an earlier one only when the ``database_writer`` record says so. Every new
+  connection to such a cluster first reads that record with ``wsrep_sync_wait=1`` (a
+  causality barrier: the server has applied every transaction the cluster committed
+  before), then runs with ``wsrep_sync_wait=0``; so after a failover the node reads what
+  it wrote before. A certification failure (1213 at COMMIT) replays like a deadlock, and
+  "WSREP has not yet prepared node for application use" (1047, a server outside the
+  primary component: nothing ran) moves the writer on and replays.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import select
@@ -31,17 +41,28 @@ import trio_mysql.converters
 import trio_mysql.cursors
 from trio_mysql.constants import FIELD_TYPE
 
-from ..config import Dsn
-from ..errors import DatabaseError, OrbitError, SchemaNotReady, Unavailable
+from ..config import Dsn, DsnHost
+from ..errors import DatabaseError, InvalidArgument, OrbitError, SchemaNotReady, Unavailable
+from .hosts import HostOrder
 from .queries import QUERIES
 
 T = TypeVar("T")
 
+log = logging.getLogger("orbit.db")
+
 # Server notes such as "table already exists" (CREATE ... IF NOT EXISTS) are not errors.
 warnings.filterwarnings("ignore", category=trio_mysql.Warning)
 
-# Errors after which the same transaction may simply be run again.
+# Errors after which the same transaction may simply be run again. On Galera a
+# certification failure at COMMIT, and a local transaction aborted by a replicated one,
+# are reported as 1213 (deadlock) too.
 REPLAYABLE_ERRNOS = frozenset({1213, 1205, 1020})
+# Galera: "WSREP has not yet prepared node for application use" - the server is not in the
+# primary component (partitioned, joining, desynced) and ran nothing. The writer moves on
+# and the transaction is replayed on the next server.
+WSREP_NOT_READY_ERRNO = 1047
+# The server has no such variable (MySQL has no wsrep_sync_wait): no barrier to take.
+UNKNOWN_VARIABLE_ERRNO = 1193
 # Client/server errors meaning the connection (or the server) is gone.
 CONNECTION_ERRNOS = frozenset({1040, 1053, 1152, 1158, 1159, 1160, 1161, 1927, 2002, 2003, 2006, 2013, 2014, 2055})
 # Server refusals of the configured user: access denied (to the server, the database, a
@@ -138,7 +159,11 @@ def translate(exc: BaseException) -> Exception:
     missing, the schema not migrated) becomes ``Unavailable`` with its ``cause``; the
     driver's words stay in the message, which goes to the log and never to a caller."""
     errno = errno_of(exc)
-    if errno in CONNECTION_ERRNOS or isinstance(exc, (OSError, trio.BrokenResourceError, trio.ClosedResourceError)):
+    if (
+        errno in CONNECTION_ERRNOS
+        or errno == WSREP_NOT_READY_ERRNO
+        or isinstance(exc, (OSError, trio.BrokenResourceError, trio.ClosedResourceError))
+    ):
         return Unavailable(f"database unavailable: {exc}", cause="unreachable")
     if errno in ACCESS_DENIED_ERRNOS:
         return Unavailable(f"database refused the configured user: {exc}", cause="access_denied")
@@ -262,18 +287,28 @@ class Database:
     replays: int = attrs.field(default=0, init=False)
     # Called with the errno of each replayed conflict (metrics hook).
     on_replay: Callable[[int], None] | None = attrs.field(default=None)
+    # The servers of the DSN and the one written to (one server: nothing ever moves).
+    order: HostOrder = attrs.field(init=False)
+    # The writer moved (a server that takes no work) and the cluster's record says otherwise.
+    _unpublished: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self):
         self._slots = trio.Semaphore(self.size)
+        self.order = HostOrder(self.dsn.hosts)
+
+    @property
+    def writer(self) -> DsnHost:
+        """The server new connections go to."""
+        return self.order.writer
 
     def statistics(self) -> PoolStatistics:
         in_use = self.size - self._slots.value
         return PoolStatistics(self.size, self._open, len(self._idle), in_use, self.replays)
 
-    async def _connect(self):
+    async def _open_to(self, host: DsnHost):
         conn = trio_mysql.connect(
-            host=self.dsn.host,
-            port=self.dsn.port,
+            host=host.host,
+            port=host.port,
             user=self.dsn.user,
             password=self.dsn.password,
             database=self.dsn.database,
@@ -300,6 +335,169 @@ class Database:
         self._open += 1
         return conn
 
+    async def _connect(self):
+        """A new connection to the writer; with several servers, the rules of ``hosts.py``."""
+        if not self.order.several:
+            return await self._open_to(self.order.writer)
+        first_error: Unavailable | None = None
+        for index in self.order.candidates():
+            start = self.order.current
+            try:
+                conn, recorded = await self._ready(index)
+            except Unavailable as exc:
+                first_error = first_error or exc
+                continue
+            if index != start and self.order.current == start:
+                # The writer was lost and this is the next server that answers.
+                self.order.move_to(index)
+                log.warning("database writer %s lost; writing to %s", self.order.hosts[start], self.order.hosts[index])
+                await self._publish(conn)
+                return conn
+            if self._unpublished and index == self.order.current:
+                self._unpublished = False
+                await self._publish(conn)
+                return conn
+            followed = self.order.index_of(recorded)
+            if followed is not None and followed != index and index == self.order.current:
+                # The cluster's record names another server (a failover elsewhere, or an
+                # operator's ``orbit-admin database writer``): follow it if it answers.
+                other = await self._probe(followed)
+                if other is not None:
+                    self._discard(conn)
+                    self.order.move_to(followed)
+                    log.warning("database writer moved to %s (recorded in the cluster)", self.order.writer)
+                    return other
+            return conn
+        assert first_error is not None
+        raise first_error
+
+    async def _ready(self, index: int) -> tuple[Any, str | None]:
+        """A connection to server ``index`` past the barrier, and the recorded writer;
+        Unavailable when the server does not answer or takes no work."""
+        conn = await self._open_to(self.order.hosts[index])
+        try:
+            return conn, await self._barrier(conn)
+        except BaseException:
+            self._discard(conn)
+            raise
+
+    async def _probe(self, index: int):
+        """A ready connection to server ``index``, or None when it does not answer."""
+        try:
+            conn, _ = await self._ready(index)
+        except Unavailable:
+            return None
+        return conn
+
+    async def _barrier(self, conn) -> str | None:
+        """Wait until the server has applied what the cluster committed; returns the
+        recorded writer (``host:port``, or None when none is recorded or no schema yet).
+
+        Unavailable when the server takes no work (1047: outside the primary component)."""
+        tx = Tx(conn)
+        try:
+            with trio.fail_after(self.connect_timeout_s):
+                try:
+                    await conn.query("SET SESSION wsrep_sync_wait = 1")
+                except trio_mysql.MySQLError as exc:
+                    if errno_of(exc) != UNKNOWN_VARIABLE_ERRNO:
+                        raise
+                    synced = False
+                else:
+                    synced = True
+                try:
+                    row = await tx.fetchone("database_writer_read")
+                except trio_mysql.MySQLError as exc:
+                    if errno_of(exc) not in SCHEMA_ERRNOS:
+                        raise
+                    row = None
+                if synced:
+                    await conn.query("SET SESSION wsrep_sync_wait = 0")
+        except trio.TooSlowError:
+            raise Unavailable(
+                "database unavailable: the server did not catch up with its cluster", cause="unreachable"
+            ) from None
+        except (trio_mysql.MySQLError, OSError, trio.BrokenResourceError) as exc:
+            if errno_of(exc) == WSREP_NOT_READY_ERRNO:
+                raise Unavailable(f"database server takes no work: {exc}", cause="unreachable") from exc
+            raise translate(exc) from exc
+        return row["host"] if row else None
+
+    async def _publish(self, conn) -> None:
+        """Record the writer this node moved to, so the other nodes follow (best effort:
+        without the record they find the same server by the same rule)."""
+        try:
+            await Tx(conn).execute("database_writer_publish", {"host": str(self.order.writer), "by": "failover"})
+        except trio_mysql.MySQLError as exc:
+            log.warning("could not record the database writer: %s", exc)
+
+    def _host_lost(self, conn) -> None:
+        """The server of ``conn`` answered that it takes no work: move on if it is the writer."""
+        if self.order.several and self.order.is_writer(conn.host, conn.port):
+            self.order.move_to(self.order.candidates()[1])
+            self._unpublished = True
+            log.warning("database writer %s:%s takes no work; trying %s", conn.host, conn.port, self.order.writer)
+
+    async def check_writer(self) -> None:
+        """Follow the cluster's writer record if it names a server this node can reach
+        (run once a check interval by the node, so idle pools follow too)."""
+        if not self.order.several:
+            return
+        row = await self.fetchone("database_writer_read")
+        followed = self.order.index_of(row["host"] if row else None)
+        if followed is None or followed == self.order.current:
+            return
+        conn = await self._probe(followed)
+        if conn is None:
+            log.warning("database writer record names %s, which does not answer; staying", self.order.hosts[followed])
+            return
+        self._discard(conn)
+        self.order.move_to(followed)
+        log.warning("database writer moved to %s (recorded in the cluster)", self.order.writer)
+
+    async def servers(self) -> list[dict[str, Any]]:
+        """Each server of the DSN, in order: whether it answers and takes work (and if not,
+        why), and which one this pool writes to (``orbit-admin database writer``)."""
+        found = []
+        for index, host in enumerate(self.order.hosts):
+            error = None
+            try:
+                conn, _ = await self._ready(index)
+            except Unavailable as exc:
+                error = exc.message
+            else:
+                self._discard(conn)
+            found.append(
+                {"host": str(host), "writer": index == self.order.current, "answers": error is None, "error": error}
+            )
+        return found
+
+    async def recorded_writer(self) -> dict[str, Any] | None:
+        """The cluster's writer record (None: nothing recorded yet)."""
+        row = await self.fetchone("database_writer_read")
+        return row if row and row["host"] else None
+
+    async def set_writer(self, text: str) -> None:
+        """Record ``host:port`` (one of the DSN's servers) as every node's writer; the nodes
+        follow within their check interval (an operator's failback)."""
+        index = self.order.index_of(text)
+        if index is None:
+            names = ", ".join(str(h) for h in self.order.hosts)
+            raise InvalidArgument(f"--host: {text!r} is not a server of ORBIT_MYSQL_DSN ({names})", field="host")
+        conn = await self._probe(index)
+        if conn is None:
+            raise Unavailable(f"database unavailable: {text} does not answer or takes no work", cause="unreachable")
+        try:
+            await Tx(conn).execute("database_writer_publish", {"host": text, "by": "operator"})
+        except (trio_mysql.MySQLError, OSError, trio.BrokenResourceError) as exc:
+            raise translate(exc) from exc
+        finally:
+            self._discard(conn)
+        self.order.move_to(index)
+
+    def _fit_for_reuse(self, conn) -> bool:
+        return not is_dropped(conn) and (not self.order.several or self.order.is_writer(conn.host, conn.port))
+
     def _discard(self, conn) -> None:
         hard_close(conn)
         self._open -= 1
@@ -311,7 +509,7 @@ class Database:
             conn = None
             while self._idle:
                 conn = self._idle.pop()
-                if not is_dropped(conn):
+                if self._fit_for_reuse(conn):
                     break
                 self._discard(conn)
                 conn = None
@@ -326,9 +524,15 @@ class Database:
                 except (trio_mysql.MySQLError, OrbitError) as exc:
                     # A refused statement leaves the connection usable (transactions have
                     # been rolled back by then); a connection-level failure does not.
-                    keep = conn.open and errno_of(exc) not in CONNECTION_ERRNOS
+                    errno = errno_of(exc)
+                    if errno == WSREP_NOT_READY_ERRNO:
+                        self._host_lost(conn)
+                    keep = conn.open and errno not in CONNECTION_ERRNOS and errno != WSREP_NOT_READY_ERRNO
                     raise
                 finally:
+                    if keep and self.order.several and not self.order.is_writer(conn.host, conn.port):
+                        # The writer moved while this connection was in use.
+                        keep = False
                     if keep:
                         self._idle.append(conn)
                     else:
@@ -398,7 +602,7 @@ class Database:
                         raise
             except (trio_mysql.MySQLError, OSError, trio.BrokenResourceError) as exc:
                 errno = errno_of(exc)
-                if errno in REPLAYABLE_ERRNOS and attempt <= replays:
+                if (errno in REPLAYABLE_ERRNOS or errno == WSREP_NOT_READY_ERRNO) and attempt <= replays:
                     self.replays += 1
                     if self.on_replay is not None:
                         self.on_replay(errno)

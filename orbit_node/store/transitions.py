@@ -462,31 +462,45 @@ async def run_recovery(db: Database, rules: TransitionRules, at: At, *, limit: i
     locked by primary key with SKIP LOCKED and re-checked against NOW(6), so two
     sweepers (or a sweeper and a Finish) never settle the same row twice, and a
     lease that is still valid on the database clock is never touched.
+
+    The candidates of several applications are settled in one transaction per
+    application: no transaction touches two applications' rows (the shard key of
+    ``docs/scaling.md``).
     """
 
-    async def body(tx: Tx) -> RecoveryStats:
+    async def candidates(tx: Tx) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         leases = await tx.fetchall("recover_lease_candidates", {"limit": limit})
-        deadlines = await tx.fetchall("recover_deadline_candidates", {"limit": limit})
-        if not leases and not deadlines:
-            return RecoveryStats()
-        ids = tuple(sorted({r["task_id"] for r in leases + deadlines}))
-        rows = [TaskRow.from_row(r) for r in await tx.fetchall("recover_lock", {"task_ids": ids})]
-        await at("recover.locked", [r.task_id for r in rows])
-        writes = Writes()
-        counts = {o: 0 for o in Outcome}
-        for row in rows:
-            counts[rules.recover_row(row, writes)] += 1
-        await writes.apply(tx)
-        return RecoveryStats(
-            requeued=counts[Outcome.RELEASED],
-            retried=counts[Outcome.RETRY],
-            failed=counts[Outcome.FAILED],
-            cancelled=counts[Outcome.CANCELLED],
-            expired=counts[Outcome.EXPIRED],
-            saturated=len(leases) >= limit or len(deadlines) >= limit,
-        )
+        return leases, await tx.fetchall("recover_deadline_candidates", {"limit": limit})
 
-    return await db.transaction(body)
+    leases, deadlines = await db.run(candidates)
+    by_application: dict[str, set[str]] = {}
+    for found in leases + deadlines:
+        by_application.setdefault(found["application_id"], set()).add(found["task_id"])
+
+    def settle(application_id: str, ids: tuple[str, ...]):
+        async def body(tx: Tx) -> RecoveryStats:
+            locked = await tx.fetchall("recover_lock", {"application_id": application_id, "task_ids": ids})
+            rows = [TaskRow.from_row(r) for r in locked]
+            await at("recover.locked", [r.task_id for r in rows])
+            writes = Writes()
+            counts = {o: 0 for o in Outcome}
+            for row in rows:
+                counts[rules.recover_row(row, writes)] += 1
+            await writes.apply(tx)
+            return RecoveryStats(
+                requeued=counts[Outcome.RELEASED],
+                retried=counts[Outcome.RETRY],
+                failed=counts[Outcome.FAILED],
+                cancelled=counts[Outcome.CANCELLED],
+                expired=counts[Outcome.EXPIRED],
+            )
+
+        return body
+
+    total = RecoveryStats(saturated=len(leases) >= limit or len(deadlines) >= limit)
+    for application_id, ids in sorted(by_application.items()):
+        total = total + await db.transaction(settle(application_id, tuple(sorted(ids))))
+    return total
 
 
 async def recorded_finishes(

@@ -68,8 +68,15 @@ class PrivateMariaDB:
             capture_stderr=True,
         )
 
+    def server_args(self) -> list[str]:
+        """Options beyond the common ones (a Galera server adds its provider's)."""
+        return []
+
+    def needs_install(self) -> bool:
+        return not (self.datadir / "mysql").exists()
+
     async def start(self) -> None:
-        if not (self.datadir / "mysql").exists():
+        if self.needs_install():
             await self.install()
         log = open(self.root / "error.log", "ab")
         try:
@@ -88,6 +95,7 @@ class PrivateMariaDB:
                     "--innodb-lock-wait-timeout=10",
                     "--skip-name-resolve",
                     "--max-connections=200",
+                    *self.server_args(),
                 ],
                 stdout=log,
                 stderr=log,
@@ -97,6 +105,9 @@ class PrivateMariaDB:
         await self.wait_ready()
 
     async def wait_ready(self) -> None:
+        await self.create_database()
+
+    async def create_database(self) -> None:
         admin = Database(self.dsn("mysql"), size=1, connect_timeout_s=1)
         try:
             with trio.fail_after(START_TIMEOUT_S):

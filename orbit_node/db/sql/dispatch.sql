@@ -290,14 +290,14 @@ UPDATE resource_keys
 -- ---------------------------------------------------------------------------------
 
 -- name: recover_lease_candidates
-SELECT task_id
+SELECT task_id, application_id
   FROM tasks FORCE INDEX (ix_tasks_lease)
  WHERE state IN ('reserved', 'running')
    AND lease_expires_at <= NOW(6)
  LIMIT %(limit)s
 
 -- name: recover_deadline_candidates
-SELECT task_id
+SELECT task_id, application_id
   FROM tasks FORCE INDEX (ix_tasks_deadline)
  WHERE state = 'queued'
    AND deadline <= NOW(6)
@@ -310,7 +310,8 @@ SELECT task_id, namespace_id, state, fencing_token, cancel_requested, resource_k
        (deadline IS NOT NULL AND deadline <= NOW(6)) AS past_deadline,
        NOW(6) AS now
   FROM tasks
- WHERE task_id IN %(task_ids)s
+ WHERE application_id = %(application_id)s
+   AND task_id IN %(task_ids)s
    AND (   (state IN ('reserved', 'running') AND lease_expires_at <= NOW(6))
         OR (state = 'queued' AND deadline <= NOW(6)))
    FOR UPDATE SKIP LOCKED

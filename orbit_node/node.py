@@ -117,6 +117,8 @@ class Node:
                 self.bound = await nursery.start(serve_http)
                 task_status.started(self.bound)
                 await served.wait()
+                if self._shutdown.is_set():
+                    log.info("drain ended: HTTP and Worker connections closed; stopping the background services")
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):

@@ -40,6 +40,7 @@ from .client import (
     UnauthenticatedError,
     UnavailableError,
     UnsupportedMediaTypeError,
+    credentials_from_env,
 )
 from .worker import Handler, PermanentError, Worker, WorkerRejected, WorkerTask
 
@@ -82,4 +83,5 @@ __all__ = [
     "Worker",
     "WorkerRejected",
     "WorkerTask",
+    "credentials_from_env",
 ]

@@ -40,7 +40,8 @@ def test_orbit_help_lists_every_node_setting_and_usage_errors_exit_2():
     assert result.returncode == 0
     text = " ".join(result.stdout.split())
     table = (REPO / "README.md").read_text().split("## Configuration (environment)")[1].split("\n## ")[0]
-    documented = set(re.findall(r"`(ORBIT_[A-Z_]+)`", table))
+    rows = [line for line in table.splitlines() if line.startswith("| `ORBIT_")]
+    documented = set(re.findall(r"`(ORBIT_[A-Z_]+)`", "\n".join(row.split(" | ")[0] for row in rows)))
     assert documented == set(NODE_SETTINGS)
     for name in NODE_SETTINGS:
         assert name in text, name

@@ -28,7 +28,6 @@ run: install db
 	ORBIT_MYSQL_DSN="$$DSN" $(BIN)/orbit-migrate up && \
 	ORBIT_MYSQL_DSN="$$DSN" $(BIN)/orbit-admin bootstrap --application dev --namespace default \
 	  --environment test --queue initial --worker-access --output $(CREDENTIALS) && \
-	echo "credentials: $(CREDENTIALS)" && \
 	ORBIT_MYSQL_DSN="$$DSN" exec $(BIN)/orbit
 
 # Lint, format check and type check (configuration in pyproject.toml); `make test` runs it first.

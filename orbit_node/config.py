@@ -117,6 +117,54 @@ class Dsn:
         return f"mysql://{auth}@{hosts}/{urllib.parse.quote(self.database)}{query}"
 
 
+# Every ORBIT_* variable a node, orbit-admin, orbit-migrate or the SDK reads.
+SETTING_VARIABLES = frozenset(
+    {
+        "ORBIT_MYSQL_DSN",
+        "ORBIT_HTTP_ADDR",
+        "ORBIT_TLS_CERT",
+        "ORBIT_TLS_KEY",
+        "ORBIT_LOG_LEVEL",
+        "ORBIT_RESERVATION_LEASE_S",
+        "ORBIT_RUN_LEASE_S",
+        "ORBIT_MAX_BODY_BYTES",
+        "ORBIT_HEARTBEAT_TIMEOUT_S",
+        "ORBIT_SHUTDOWN_GRACE_S",
+        "ORBIT_DB_POOL_SIZE",
+        "ORBIT_CLAIM_BATCH_SIZE",
+        "ORBIT_CREDENTIAL_CACHE_S",
+        "ORBIT_URL",
+        "ORBIT_CREDENTIALS_FILE",
+        "ORBIT_LOG_FORMAT",
+        "ORBIT_METRICS",
+        "ORBIT_METRICS_ADDR",
+        "ORBIT_WORKER_SEND_BUFFER_MESSAGES",
+        "ORBIT_WORKER_SEND_BUFFER_BYTES",
+    }
+)
+# Read by the SDK (OrbitClient.from_env, Worker.from_env), not by the node.
+SDK_VARIABLES = frozenset({"ORBIT_URL", "ORBIT_CREDENTIALS_FILE"})
+# Variables of the development tools, accepted so that they can share an environment
+# with the node: scripts/devdb.sh (ORBIT_DEV_DB_PORT), make bench (ORBIT_BENCH_*),
+# make test (ORBIT_TEST_*).
+TOOL_VARIABLES = frozenset({"ORBIT_DEV_DB_PORT", "ORBIT_BENCH_MYSQL_DSN", "ORBIT_BENCH_PG_DSN", "ORBIT_BENCH_COMMIT"})
+TOOL_PREFIXES = ("ORBIT_TEST_",)
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """Refuse an unknown ``ORBIT_*`` variable: a typo must not fall back to a default."""
+    unknown = sorted(
+        k
+        for k in env
+        if k.startswith("ORBIT_")
+        and k not in SETTING_VARIABLES
+        and k not in TOOL_VARIABLES
+        and not k.startswith(TOOL_PREFIXES)
+    )
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown setting (a typo?)", field=unknown[0])
+
+
 def parse_addr(value: str, *, field: str = "ORBIT_HTTP_ADDR") -> tuple[str, int]:
     host, sep, port_text = value.rpartition(":")
     if not sep or not host or not port_text.isdigit():
@@ -248,33 +296,7 @@ class NodeConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NodeConfig:
         env = os.environ if env is None else env
-        known = {
-            "ORBIT_MYSQL_DSN",
-            "ORBIT_HTTP_ADDR",
-            "ORBIT_TLS_CERT",
-            "ORBIT_TLS_KEY",
-            "ORBIT_LOG_LEVEL",
-            "ORBIT_RESERVATION_LEASE_S",
-            "ORBIT_RUN_LEASE_S",
-            "ORBIT_MAX_BODY_BYTES",
-            "ORBIT_HEARTBEAT_TIMEOUT_S",
-            "ORBIT_SHUTDOWN_GRACE_S",
-            "ORBIT_DB_POOL_SIZE",
-            "ORBIT_CLAIM_BATCH_SIZE",
-            "ORBIT_CREDENTIAL_CACHE_S",
-            "ORBIT_URL",
-            "ORBIT_CREDENTIALS_FILE",
-            "ORBIT_LOG_FORMAT",
-            "ORBIT_METRICS",
-            "ORBIT_METRICS_ADDR",
-            "ORBIT_WORKER_SEND_BUFFER_MESSAGES",
-            "ORBIT_WORKER_SEND_BUFFER_BYTES",
-        }
-        unknown = sorted(
-            k for k in env if k.startswith("ORBIT_") and k not in known and not k.startswith("ORBIT_TEST_")
-        )
-        if unknown:
-            raise ConfigError(f"{unknown[0]}: unknown setting", field=unknown[0])
+        check_environment(env)
         dsn_text = env.get("ORBIT_MYSQL_DSN")
         if not dsn_text:
             raise ConfigError("ORBIT_MYSQL_DSN is not set", field="ORBIT_MYSQL_DSN")
@@ -288,7 +310,7 @@ class NodeConfig:
             kwargs["metrics_host"], kwargs["metrics_port"] = parse_addr(
                 env["ORBIT_METRICS_ADDR"], field="ORBIT_METRICS_ADDR"
             )
-        for name, key, kind in (
+        numbers = (
             ("reservation_lease_s", "ORBIT_RESERVATION_LEASE_S", float),
             ("run_lease_s", "ORBIT_RUN_LEASE_S", float),
             ("max_body_bytes", "ORBIT_MAX_BODY_BYTES", int),
@@ -299,12 +321,26 @@ class NodeConfig:
             ("credential_cache_s", "ORBIT_CREDENTIAL_CACHE_S", float),
             ("worker_send_buffer_messages", "ORBIT_WORKER_SEND_BUFFER_MESSAGES", int),
             ("worker_send_buffer_bytes", "ORBIT_WORKER_SEND_BUFFER_BYTES", int),
-        ):
+        )
+        for name, key, kind in numbers:
             if key in env:
                 try:
                     kwargs[name] = kind(env[key])
                 except ValueError:
                     raise ConfigError(f"{key}: expected a number, got {env[key]!r}", field=key) from None
+        try:
+            return cls._from_parsed(env, dsn_text, host, port, metrics, kwargs)
+        except ConfigError as exc:
+            # A bad value is reported under the variable that set it, not the attribute.
+            for name, key, _ in numbers:
+                if exc.field == name and key in env:
+                    raise ConfigError(exc.message.replace(name, key, 1), field=key) from None
+            raise
+
+    @classmethod
+    def _from_parsed(
+        cls, env: Mapping[str, str], dsn_text: str, host: str, port: int, metrics: str, kwargs: dict[str, Any]
+    ) -> NodeConfig:
         return cls(
             dsn=Dsn.parse(dsn_text),
             http_host=host,

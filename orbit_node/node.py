@@ -141,6 +141,7 @@ class Node:
                 if self._shutdown.is_set():
                     asked = trio.current_time() if self._shutdown_at is None else self._shutdown_at
                     await self.state.services.drain(asked + self.config.shutdown_grace_s)
+                    log.info("drain ended: HTTP, Worker connections and claims done; stopping the background services")
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):

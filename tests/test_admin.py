@@ -139,7 +139,6 @@ async def test_credential_errors_are_one_line_and_change_nothing(dsn, db, tmp_pa
     base = ["credential", "create", "--application", "shop", "--namespace", "default"]
     before = await db.run(lambda tx: tx.fetchall_raw("SELECT COUNT(*) AS n FROM credentials"))
     cases = [
-        ([], "INVALID_ARGUMENT: --scope: name at least one scope"),
         (["--scope", "tasks:write"], "INVALID_ARGUMENT: --scope: unknown scope 'tasks:write'"),
         (["--scope", "metrics:read=orders"], "INVALID_ARGUMENT: --scope: metrics:read is node-wide"),
         (["--scope", "tasks:read=nosuch"], "NOT_FOUND: --scope: no queue named 'nosuch'"),
@@ -148,6 +147,9 @@ async def test_credential_errors_are_one_line_and_change_nothing(dsn, db, tmp_pa
     for extra, message in cases:
         line = one_line_error(await admin(*base, *extra, dsn=dsn))
         assert line.startswith(f"error: {message}"), line
+    # Without any --scope: a usage error (exit 2).
+    line = one_line_error(await admin(*base, dsn=dsn), 2)
+    assert "the following arguments are required: --scope" in line
     line = one_line_error(
         await admin(
             "credential",
@@ -303,9 +305,10 @@ async def test_task_show_lists_its_attempts_without_their_tokens(dsn, db):
     text = await admin("task", "show", task_id, dsn=dsn)
     assert text.returncode == 0 and "attempts (2)" in text.stdout and "(live)" in text.stdout and "retry" in text.stdout
 
-    for unknown in ("0" * 32, "xyz"):
-        line = one_line_error(await admin("task", "show", unknown, dsn=dsn))
-        assert line == f"error: NOT_FOUND: task {unknown} not found"
+    line = one_line_error(await admin("task", "show", "0" * 32, dsn=dsn))
+    assert line == f"error: NOT_FOUND: task {'0' * 32} not found"
+    line = one_line_error(await admin("task", "show", "xyz", dsn=dsn), 2)
+    assert line == "error: TASK_ID: 'xyz' is not a task id (32 lowercase hex characters)"
 
 
 async def test_explain_says_why_a_task_waits(dsn, db):

@@ -43,7 +43,7 @@ def test_from_env_validates_everything():
         ({}, "ORBIT_MYSQL_DSN"),
         ({"ORBIT_MYSQL_DSN": "mysql://r@h/d", "ORBIT_HTTP_ADDR": "nope"}, "ORBIT_HTTP_ADDR"),
         ({"ORBIT_MYSQL_DSN": "mysql://r@h/d", "ORBIT_TLS_CERT": "/c"}, "ORBIT_TLS_CERT"),
-        ({"ORBIT_MYSQL_DSN": "mysql://r@h/d", "ORBIT_RUN_LEASE_S": "-1"}, "run_lease_s"),
+        ({"ORBIT_MYSQL_DSN": "mysql://r@h/d", "ORBIT_RUN_LEASE_S": "-1"}, "ORBIT_RUN_LEASE_S"),
         ({"ORBIT_MYSQL_DSN": "mysql://r@h/d", "ORBIT_RUN_LEASE_S": "x"}, "ORBIT_RUN_LEASE_S"),
         ({"ORBIT_MYSQL_DSN": "mysql://r@h/d", "ORBIT_TYPO": "1"}, "ORBIT_TYPO"),
     ]:

@@ -46,7 +46,7 @@ def test_the_send_buffer_bounds_come_from_the_environment():
     )
     assert (config.worker_send_buffer_messages, config.worker_send_buffer_bytes) == (10, 4096)
     for key, value, field in (
-        ("ORBIT_WORKER_SEND_BUFFER_MESSAGES", "0", "worker_send_buffer_messages"),
+        ("ORBIT_WORKER_SEND_BUFFER_MESSAGES", "0", "ORBIT_WORKER_SEND_BUFFER_MESSAGES"),
         ("ORBIT_WORKER_SEND_BUFFER_BYTES", "many", "ORBIT_WORKER_SEND_BUFFER_BYTES"),
     ):
         with pytest.raises(ConfigError) as info:

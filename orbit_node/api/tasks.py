@@ -185,4 +185,10 @@ async def cancel_task(task_id: str):
     tasks = node_state().tasks
     task = await tasks.get(who.namespace_id, task_id)
     who.require("tasks:cancel", task.queue_id)
-    return envelope.ok(task_json(await tasks.cancel(who.namespace_id, task_id)))
+    cancelled = await tasks.cancel(who.namespace_id, task_id)
+    hub = node_state().services.hub
+    if hub is not None and cancelled.cancel_requested and cancelled.state in ("reserved", "running"):
+        # The Worker holding it through this node hears it now; through another node,
+        # at its next renew.
+        hub.push_cancel(task_id)
+    return envelope.ok(task_json(cancelled))

@@ -21,6 +21,7 @@ from ..config import parse_addr
 from ..db import Database
 from ..errors import InvalidArgument, NotFound, OrbitError
 from ..ids import is_hex32
+from ..rules import QUEUE_NAME as NAME
 from ..store.dispatch import DispatchStore
 from ..store.operations import OperationsStore
 from ..store.tenancy import ALL_QUEUES, NODE_SCOPES, SCOPES, TenancyStore
@@ -267,7 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument("--application", required=True)
     create.add_argument("--namespace", required=True)
-    create.add_argument("--scope", action="append", default=[], metavar="SCOPE[=QUEUES]", help="repeatable")
+    create.add_argument(
+        "--scope", action="append", required=True, metavar="SCOPE[=QUEUES]", help="at least one; repeatable"
+    )
     create.add_argument("--name", default="orbit-admin", help="a label for operators (default: orbit-admin)")
     create.add_argument(
         "--output", type=Path, help="write a credentials file (mode 0600) instead of printing the token"
@@ -286,6 +289,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     alist = app.add_parser("list", help="applications with their quota, state and live tasks")
     _add_json(alist)
+    acreate = app.add_parser(
+        "create",
+        help="create an application and a namespace of it (idempotent)",
+        description="Create (idempotently) APPLICATION and its namespace, e.g. for a credential of its own "
+        "(orbit-admin credential create --application APPLICATION --namespace NAMESPACE ...). "
+        "Names: a letter or digit, then letters, digits, '.', '_' or '-' (at most 128).",
+    )
+    acreate.add_argument("application", metavar="APPLICATION")
+    acreate.add_argument("--namespace", default="default", help="namespace to create (default: default)")
+    acreate.add_argument("--environment", default="production", help="its environment (default: production)")
+    _add_json(acreate)
     quota = app.add_parser(
         "quota",
         help="set an application's quota (only the options given change)",
@@ -438,6 +452,27 @@ async def _credential(db: Database, args) -> None:
 
 async def _application(db: Database, args) -> None:
     ops = OperationsStore(db)
+    if args.action == "create":
+        for option, value in (("APPLICATION", args.application), ("--namespace", args.namespace)):
+            if not NAME.fullmatch(value):
+                fail(f"{option}: {value!r} is not a valid name (a letter or digit, then letters, digits, . _ -)", 2)
+        if not args.environment:
+            fail("--environment: must not be empty", 2)
+        tenancy = TenancyStore(db)
+        app_row = await tenancy.ensure_application(args.application)
+        ns_row = await tenancy.ensure_namespace(app_row["application_id"], args.namespace, args.environment)
+        created = {
+            "application": args.application,
+            "application_id": app_row["application_id"],
+            "namespace": args.namespace,
+            "namespace_id": ns_row["namespace_id"],
+            "environment": ns_row["environment"],
+        }
+        if args.json:
+            print_json(created)
+        else:
+            print(f"application {args.application}: namespace {args.namespace} ({ns_row['environment']}) ready")
+        return
     if args.action == "list":
         apps = await ops.applications()
         if args.json:
@@ -537,7 +572,14 @@ async def _queue(db: Database, args) -> None:
     )
 
 
+def _task_id(value: str) -> str:
+    if not is_hex32(value):
+        fail(f"TASK_ID: {value!r} is not a task id (32 lowercase hex characters)", 2)
+    return value
+
+
 async def _task(db: Database, args) -> None:
+    _task_id(args.task_id)
     task = await OperationsStore(db).task(args.task_id)
     if args.json:
         print_json(task)
@@ -571,6 +613,7 @@ async def _task(db: Database, args) -> None:
 
 
 async def _explain(db: Database, args) -> None:
+    _task_id(args.task_id)
     task = await OperationsStore(db).task(args.task_id)
     store = DispatchStore(
         db, reservation_lease_s=EXPLAIN_LEASE_S, run_lease_s=EXPLAIN_LEASE_S, batch_size=EXPLAIN_BATCH

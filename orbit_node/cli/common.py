@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ..config import Dsn
+from ..config import Dsn, check_environment
 from ..db import Database
 from ..errors import ConfigError, OrbitError
 
@@ -28,6 +28,10 @@ class Parser(argparse.ArgumentParser):
 
 def database_from_env(env=None) -> Database:
     env = os.environ if env is None else env
+    try:
+        check_environment(env)
+    except ConfigError as exc:
+        fail(exc.message, 2)
     dsn_text = env.get("ORBIT_MYSQL_DSN")
     if not dsn_text:
         fail("ORBIT_MYSQL_DSN is not set")
@@ -44,6 +48,11 @@ def run_command(fn: Callable[[], Any]) -> Any:
         fail(f"{exc.code}: {exc.message}")
     except KeyboardInterrupt:
         fail("interrupted", 130)
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, as other Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(141) from None
 
 
 def print_json(value: Any) -> None:

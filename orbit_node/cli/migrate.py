@@ -7,12 +7,13 @@ import argparse
 import trio
 
 from ..db import migrate
-from .common import database_from_env, print_json, run_command
+from .common import Parser, database_from_env, print_json, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="orbit-migrate", description="Apply or show Orbit schema migrations (ORBIT_MYSQL_DSN)."
+    parser = Parser(
+        prog="orbit-migrate",
+        description="Apply or show Orbit schema migrations (ORBIT_MYSQL_DSN). Times are RFC 3339 UTC.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="apply pending migrations (idempotent)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import errno
 import logging
 import signal
@@ -10,11 +9,14 @@ import socket
 
 import trio
 
-from ..config import NodeConfig
+from ..config import SDK_VARIABLES, SETTING_VARIABLES, NodeConfig
 from ..errors import ConfigError
 from ..node import Node
 from ..services import default_services
-from .common import run_command
+from .common import Parser, run_command
+
+# What the node reads (the SDK's variables are the clients').
+NODE_SETTINGS = sorted(SETTING_VARIABLES - SDK_VARIABLES)
 
 
 def build_node(config: NodeConfig) -> Node:
@@ -102,11 +104,11 @@ def serve(node: Node) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="orbit",
-        description="Run an Orbit node. Settings come from the environment: ORBIT_MYSQL_DSN, ORBIT_HTTP_ADDR, "
-        "ORBIT_TLS_CERT/ORBIT_TLS_KEY, ORBIT_LOG_LEVEL, ORBIT_LOG_FORMAT, ORBIT_METRICS, ORBIT_METRICS_ADDR "
-        "(see README.md).",
+        description="Run an Orbit node. Settings come from the environment (README.md, docs/operations.md): "
+        + ", ".join(NODE_SETTINGS)
+        + ". Only ORBIT_MYSQL_DSN is required; an unknown ORBIT_* variable is an error.",
     )
     parser.parse_args(argv)
     config = run_command(NodeConfig.from_env)

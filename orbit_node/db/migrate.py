@@ -15,6 +15,7 @@ from pathlib import Path
 import attrs
 
 from ..errors import SchemaMismatch
+from ..wire import rfc3339
 from .pool import Database, Tx
 
 _FILE = re.compile(r"^(\d{6})_([a-z0-9_]+)\.sql$")
@@ -101,10 +102,10 @@ async def status(db: Database) -> list[VersionStatus]:
             result.append(VersionStatus(m.version, m.name, None, "pending"))
         else:
             state = "applied" if row["checksum"] == m.checksum else "changed"
-            result.append(VersionStatus(m.version, m.name, str(row["applied_at"]), state))
+            result.append(VersionStatus(m.version, m.name, rfc3339(row["applied_at"]), state))
     for version, row in sorted(applied.items()):
         if version not in known:
-            result.append(VersionStatus(version, row["name"], str(row["applied_at"]), "unknown"))
+            result.append(VersionStatus(version, row["name"], rfc3339(row["applied_at"]), "unknown"))
     return result
 
 

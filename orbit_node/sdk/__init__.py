@@ -1,5 +1,12 @@
-"""Python SDK of the task interface: a trio-native client (``OrbitClient``) for tasks, queues and plans."""
+"""Python SDK: a trio-native client of the task interface (``OrbitClient``: tasks, queues,
+plans) and the automatic Worker (``Worker``: run handlers for the tasks of queues).
 
+    from orbit_node.sdk import OrbitClient, PermanentError, SubmitTaskRequest, Worker, WorkerTask
+
+The guide is ``docs/sdk.md``.
+"""
+
+from ..errors import ConfigError
 from .client import (
     AlreadyExistsError,
     ApiError,
@@ -33,15 +40,19 @@ from .client import (
     UnauthenticatedError,
     UnavailableError,
     UnsupportedMediaTypeError,
+    credentials_from_env,
 )
+from .worker import Handler, PermanentError, Worker, WorkerRejected, WorkerTask
 
 __all__ = [
     "AlreadyExistsError",
     "ApiError",
     "Backoff",
     "BatchItemResult",
+    "ConfigError",
     "Credentials",
     "FailedPreconditionError",
+    "Handler",
     "IdempotencyConflictError",
     "InternalError",
     "InvalidArgumentError",
@@ -50,6 +61,7 @@ __all__ = [
     "OrbitClientError",
     "Page",
     "PayloadTooLargeError",
+    "PermanentError",
     "Plan",
     "PlanDefinition",
     "PlanSchedule",
@@ -68,4 +80,8 @@ __all__ = [
     "UnauthenticatedError",
     "UnavailableError",
     "UnsupportedMediaTypeError",
+    "Worker",
+    "WorkerRejected",
+    "WorkerTask",
+    "credentials_from_env",
 ]

@@ -75,51 +75,51 @@ class ApiError(OrbitClientError):
 
 
 class InvalidArgumentError(ApiError):
-    pass
+    """400 INVALID_ARGUMENT: the request is malformed or a field is invalid (``field`` names it)."""
 
 
 class UnauthenticatedError(ApiError):
-    pass
+    """401 UNAUTHENTICATED: no, an unknown or a revoked credential."""
 
 
 class PermissionDeniedError(ApiError):
-    pass
+    """403 PERMISSION_DENIED: the credential lacks the scope (for that queue)."""
 
 
 class NotFoundError(ApiError):
-    pass
+    """404 NOT_FOUND: no such task, queue or plan in the credential's namespace."""
 
 
 class AlreadyExistsError(ApiError):
-    pass
+    """409 ALREADY_EXISTS: a queue or plan of that name exists."""
 
 
 class IdempotencyConflictError(ApiError):
-    pass
+    """409 IDEMPOTENCY_CONFLICT: the acceptance key was used for a different request."""
 
 
 class FailedPreconditionError(ApiError):
-    pass
+    """409 FAILED_PRECONDITION: the object's state forbids it (cancel of a finished task, ...)."""
 
 
 class ResourceExhaustedError(ApiError):
-    pass
+    """429 RESOURCE_EXHAUSTED: a quota or limit was reached; retry later."""
 
 
 class PayloadTooLargeError(ApiError):
-    pass
+    """413 PAYLOAD_TOO_LARGE: the body is larger than the node's ``ORBIT_MAX_BODY_BYTES``."""
 
 
 class UnsupportedMediaTypeError(ApiError):
-    pass
+    """415 UNSUPPORTED_MEDIA_TYPE: the body is not ``application/json``."""
 
 
 class UnavailableError(ApiError):
-    pass
+    """503 UNAVAILABLE: the node or its database cannot answer now; safe to retry."""
 
 
 class InternalError(ApiError):
-    pass
+    """500 INTERNAL: a bug on the node; the ``request_id`` finds its log line."""
 
 
 ERRORS_BY_CODE: dict[str, type[ApiError]] = {
@@ -180,6 +180,7 @@ class Backoff:
     multiplier: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The wire form (unset fields left out)."""
         return {k: v for k, v in attrs.asdict(self).items() if v is not None}
 
 
@@ -202,6 +203,7 @@ class TaskTemplate:
     resource_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The wire form (defaults left out)."""
         body: dict[str, Any] = {
             "handler": self.handler,
             "handler_version": self.handler_version,
@@ -221,12 +223,19 @@ class TaskTemplate:
 
 @attrs.frozen(kw_only=True)
 class SubmitTaskRequest(TaskTemplate):
+    """One task to submit: a ``TaskTemplate`` plus its queue and times.
+
+    ``available_at`` (aware datetime) or ``delay_s`` holds it back; ``deadline`` (aware
+    datetime) is when it stops being worth running (it then ends ``expired``).
+    """
+
     queue_id: str
     available_at: datetime | None = attrs.field(default=None, validator=_aware)
     delay_s: float | None = None
     deadline: datetime | None = attrs.field(default=None, validator=_aware)
 
     def to_json(self) -> dict[str, Any]:
+        """The body of ``POST /v1/tasks``."""
         body: dict[str, Any] = {"queue_id": self.queue_id, **super().to_json()}
         if self.available_at is not None:
             body["available_at"] = _rfc3339(self.available_at)
@@ -254,6 +263,7 @@ class PlanSchedule:
     grace_s: int | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The wire form (unset fields left out)."""
         body: dict[str, Any] = {}
         for field in attrs.fields(type(self)):
             value = getattr(self, field.name)
@@ -270,6 +280,7 @@ class PlanDefinition:
     schedule: PlanSchedule
 
     def to_json(self) -> dict[str, Any]:
+        """The wire form of ``definition``."""
         return {"task": self.task.to_json(), "schedule": self.schedule.to_json()}
 
 
@@ -307,6 +318,9 @@ class _FromJson:
 
 @attrs.frozen(kw_only=True)
 class TaskSummary(_FromJson):
+    """A task as lists show it. ``state`` is one of queued, reserved, running,
+    succeeded, failed, cancelled, expired; ``attempts`` counts started attempts."""
+
     task_id: str
     queue_id: str
     handler: str
@@ -327,6 +341,8 @@ class TaskSummary(_FromJson):
 
 @attrs.frozen(kw_only=True)
 class Task(TaskSummary):
+    """A task with its payload, backoff, times, and ``result`` / ``error`` once finished."""
+
     payload: Any
     backoff: Backoff = attrs.field(converter=_backoff)
     reserved_at: datetime | None = _time_field(optional=True)
@@ -341,6 +357,8 @@ class Task(TaskSummary):
 
 @attrs.frozen(kw_only=True)
 class Queue(_FromJson):
+    """A queue: its id and name, whether it is paused, its controls (None = unlimited)."""
+
     queue_id: str
     name: str
     paused: bool
@@ -351,6 +369,8 @@ class Queue(_FromJson):
 
 @attrs.frozen(kw_only=True)
 class Plan(_FromJson):
+    """A plan: it creates tasks in ``queue_id`` from its active version's definition."""
+
     plan_id: str
     name: str
     queue_id: str
@@ -367,6 +387,8 @@ class Plan(_FromJson):
 
 @attrs.frozen(kw_only=True)
 class PlanVersion(_FromJson):
+    """One immutable version of a plan's definition."""
+
     plan_id: str
     version: int
     # The definition as it was given (a JSON object).
@@ -383,6 +405,8 @@ class PlanTaskSummary(TaskSummary):
 
 @attrs.frozen
 class Page(Generic[T]):
+    """One page of a list: ``items``, and ``next_cursor`` to pass for the next page."""
+
     items: list[T]
     # Pass to the next call to continue; None on the last page.
     next_cursor: str | None
@@ -395,6 +419,8 @@ class Page(Generic[T]):
 
 @attrs.frozen
 class SubmitResult:
+    """What ``submit_task`` returns: the task and whether this call created it."""
+
     task: Task
     # True for the first acceptance (201), False for an identical repeat (200).
     created: bool
@@ -412,16 +438,20 @@ class BatchItemResult:
 
     @property
     def created(self) -> bool:
+        """This call created the task (201)."""
         return self.status == 201
 
     @property
     def accepted(self) -> bool:
+        """The task exists (created now or before); False when the item was refused."""
         return self.error is None
 
 
 @attrs.frozen(kw_only=True)
 class Credentials:
-    """The credentials file ``orbit-admin bootstrap`` writes."""
+    """The credentials file ``orbit-admin bootstrap`` writes: the node's ``url``, the
+    ``token``, the names of its application / namespace / environment, its ``scopes``
+    and ``queues`` (queue name -> 32-hex queue id)."""
 
     url: str
     token: str = attrs.field(repr=False)
@@ -433,6 +463,7 @@ class Credentials:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Credentials:
+        """Read a credentials file; a missing, unreadable or incomplete file is a ``ConfigError``."""
         where = f"credentials file {os.fspath(path)}"
         try:
             document = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -454,6 +485,15 @@ class Credentials:
             scopes=tuple(document["scopes"]),
             queues=dict(document["queues"]),
         )
+
+
+def credentials_from_env(env: Mapping[str, str] | None = None) -> tuple[Credentials, str | None]:
+    """The credentials file named by ORBIT_CREDENTIALS_FILE (required) and ORBIT_URL (or None)."""
+    env = os.environ if env is None else env
+    path = env.get("ORBIT_CREDENTIALS_FILE")
+    if not path:
+        raise ConfigError("ORBIT_CREDENTIALS_FILE is not set", field="ORBIT_CREDENTIALS_FILE")
+    return Credentials.load(path), env.get("ORBIT_URL") or None
 
 
 _UNSET: Any = object()
@@ -485,16 +525,14 @@ class OrbitClient:
 
     @classmethod
     def from_credentials(cls, credentials: Credentials, *, url: str | None = None, **kwargs: Any) -> OrbitClient:
+        """A client with the file's token and url (``url`` overrides it)."""
         return cls(url or credentials.url, credentials.token, **kwargs)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> OrbitClient:
         """ORBIT_CREDENTIALS_FILE (required) and ORBIT_URL (overrides the file's url)."""
-        env = os.environ if env is None else env
-        path = env.get("ORBIT_CREDENTIALS_FILE")
-        if not path:
-            raise ConfigError("ORBIT_CREDENTIALS_FILE is not set", field="ORBIT_CREDENTIALS_FILE")
-        return cls.from_credentials(Credentials.load(path), url=env.get("ORBIT_URL") or None, **kwargs)
+        credentials, url = credentials_from_env(env)
+        return cls.from_credentials(credentials, url=url, **kwargs)
 
     async def __aenter__(self) -> OrbitClient:
         return self
@@ -503,6 +541,7 @@ class OrbitClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the HTTP connections (``async with`` does it)."""
         await self._http.aclose()
 
     async def _call(
@@ -581,6 +620,7 @@ class OrbitClient:
         return results
 
     async def get_task(self, task_id: str) -> Task:
+        """One task, with its payload and, once finished, its result or error."""
         _, document = await self._call("GET", f"/v1/tasks/{_segment(task_id)}")
         return Task.from_json(document["data"])
 
@@ -599,6 +639,8 @@ class OrbitClient:
         return Page.from_document(TaskSummary, document)
 
     async def cancel_task(self, task_id: str) -> Task:
+        """Queued: cancelled at once. Reserved/running: cancel requested; the Worker's handler is
+        cancelled and the task ends ``cancelled``. A task that finished otherwise: ``FailedPreconditionError``."""
         _, document = await self._call("POST", f"/v1/tasks/{_segment(task_id)}/cancel")
         return Task.from_json(document["data"])
 
@@ -622,30 +664,36 @@ class OrbitClient:
         return PlanVersion.from_json(document["data"])
 
     async def activate_plan_version(self, plan_id: str, version: int) -> Plan:
+        """Make ``version`` the one the plan fires from."""
         _, document = await self._call("POST", f"/v1/plans/{_segment(plan_id)}/activate", body={"version": version})
         return Plan.from_json(document["data"])
 
     async def pause_plan(self, plan_id: str) -> Plan:
+        """Stop firing (fire times passed while paused are not caught up)."""
         _, document = await self._call("POST", f"/v1/plans/{_segment(plan_id)}/pause")
         return Plan.from_json(document["data"])
 
     async def resume_plan(self, plan_id: str) -> Plan:
+        """Fire again from the active version."""
         _, document = await self._call("POST", f"/v1/plans/{_segment(plan_id)}/resume")
         return Plan.from_json(document["data"])
 
     async def get_plan(self, plan_id: str) -> Plan:
+        """One plan."""
         _, document = await self._call("GET", f"/v1/plans/{_segment(plan_id)}")
         return Plan.from_json(document["data"])
 
     async def list_plans(
         self, *, queue_id: str | None = None, limit: int | None = None, cursor: str | None = None
     ) -> Page[Plan]:
+        """One page of plans (of one queue with ``queue_id``)."""
         _, document = await self._call(
             "GET", "/v1/plans", params={"queue_id": queue_id, "limit": limit, "cursor": cursor}
         )
         return Page.from_document(Plan, document)
 
     async def get_plan_version(self, plan_id: str, version: int) -> PlanVersion:
+        """One version of a plan."""
         _, document = await self._call("GET", f"/v1/plans/{_segment(plan_id)}/versions/{int(version)}")
         return PlanVersion.from_json(document["data"])
 
@@ -672,6 +720,7 @@ class OrbitClient:
     async def create_queue(
         self, name: str, *, max_concurrency: int | None = None, max_starts_per_second: int | None = None
     ) -> Queue:
+        """A queue in the credential's namespace; controls default to unlimited."""
         body: dict[str, Any] = {"name": name}
         if max_concurrency is not None:
             body["max_concurrency"] = max_concurrency
@@ -681,18 +730,22 @@ class OrbitClient:
         return Queue.from_json(document["data"])
 
     async def get_queue(self, queue_id: str) -> Queue:
+        """One queue."""
         _, document = await self._call("GET", f"/v1/queues/{_segment(queue_id)}")
         return Queue.from_json(document["data"])
 
     async def list_queues(self, *, limit: int | None = None, cursor: str | None = None) -> Page[Queue]:
+        """One page of the namespace's queues the credential may read."""
         _, document = await self._call("GET", "/v1/queues", params={"limit": limit, "cursor": cursor})
         return Page.from_document(Queue, document)
 
     async def pause_queue(self, queue_id: str) -> Queue:
+        """Stop dispatching the queue's tasks (submissions are still accepted)."""
         _, document = await self._call("POST", f"/v1/queues/{_segment(queue_id)}/pause")
         return Queue.from_json(document["data"])
 
     async def resume_queue(self, queue_id: str) -> Queue:
+        """Dispatch the queue's tasks again."""
         _, document = await self._call("POST", f"/v1/queues/{_segment(queue_id)}/resume")
         return Queue.from_json(document["data"])
 

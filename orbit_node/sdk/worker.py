@@ -1,15 +1,19 @@
 """The automatic Worker: connect, receive reservations, run handlers, report.
 
-    worker = Worker(url=..., token=..., queues=[queue_id], capacity=4)
+    from orbit_node.sdk import PermanentError, Worker, WorkerTask
+
+    worker = Worker.from_env(queues=["initial"], capacity=4)   # ORBIT_CREDENTIALS_FILE, ORBIT_URL
 
     @worker.handler("object.prepare", "v1", "v1")
     async def prepare(task: WorkerTask):
         return {"echo": task.payload}
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(worker.run)
+        await nursery.start(worker.run)   # returns once the node welcomed the Worker
         ...
-        await worker.drain()          # finish what runs, disconnect; worker.drained is True
+        await worker.drain()              # finish what runs, disconnect; worker.drained is True
+
+The user's guide is ``docs/sdk.md``. In short:
 
 * Start is sent before a handler runs, Finish after it. Both are batched: every Start
   and every Finish that is ready within one scheduler tick, or while the previous
@@ -19,30 +23,39 @@
 * Leases of running tasks are renewed in one batched ``renew`` every third of the
   run lease; a task the node no longer confirms is cancelled locally.
 * A handler's return value is the result (any JSON value). ``PermanentError`` fails
-  the task without retry; any other exception fails the attempt as retryable.
+  the task without retry; any other exception fails the attempt as retryable. Either
+  way the stored error message starts with the exception's type name.
+* ``async def`` handlers run in the Worker's trio nursery; plain ``def`` handlers run
+  in a worker thread (``trio.to_thread.run_sync``), at most ``capacity`` at once.
+* A cancel from the node (cancellation requested, deadline passed) cancels the
+  handler's scope: an async handler sees ``trio.Cancelled`` at its next checkpoint.
 * A lost connection is re-established with jittered exponential backoff; a node that
   answers nothing (heartbeats included) for its announced heartbeat timeout counts as
   lost, even if the network never reset the connection. Handlers
   that were running are cancelled (their tasks come back after the lease expires),
   since their Finish could not be accepted by another connection anyway.
-* The handler receives the frozen task, ``task.priority`` included (0 when absent).
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import logging
 import random
 import ssl
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
+import httpx
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from .. import __version__
+from ..errors import ConfigError
+from ..ids import is_hex32
+from .client import Credentials, OrbitClient, PermissionDeniedError, credentials_from_env
 
 log = logging.getLogger("orbit.sdk.worker")
 
@@ -56,6 +69,8 @@ DISCONNECT_TIMEOUT_S = 2.0
 
 # The protocol's bound on the tasks of one start/renew/finish/release message.
 MAX_TASKS_PER_MESSAGE = 1000
+# The protocol's bound on a Finish error message.
+MAX_ERROR_MESSAGE = 4096
 
 
 class NodeSilent(Exception):
@@ -63,7 +78,13 @@ class NodeSilent(Exception):
 
 
 class PermanentError(Exception):
-    """Raise from a handler to fail the task without retry."""
+    """Raise from a handler to fail the task at once, without retry.
+
+    The stored error is ``{"message": "<TypeName>: <message>", "code": code}`` (the
+    type name is the raised class, so a subclass names itself; an exception chained
+    with ``raise ... from exc`` is appended as ``(caused by <TypeName>: <message>)``).
+    ``code`` is optional, at most 128 characters.
+    """
 
     def __init__(self, message: str, *, code: str | None = None):
         super().__init__(message)
@@ -71,32 +92,63 @@ class PermanentError(Exception):
 
 
 class WorkerRejected(Exception):
-    """The node refused the connection at the handshake (bad credential, no capacity, ...)."""
+    """The node refused the Worker: at the HTTP handshake (bad or revoked credential,
+    missing ``workers:connect``) or its ``hello`` (queue not found, no
+    ``workers:consume``, invalid value). Retrying cannot help, so ``Worker.run`` raises it.
 
-    def __init__(self, status: int, body: bytes):
-        super().__init__(f"connection refused with HTTP {status}: {body[:300].decode(errors='replace')}")
+    ``status`` is the handshake's HTTP status, or None when the hello was refused;
+    ``code``, ``field`` and ``message`` are the node's error.
+    """
+
+    def __init__(self, message: str, *, status: int | None, code: str, field: str | None):
+        super().__init__(message)
         self.status = status
-        self.body = body
+        self.code = code
+        self.field = field
 
 
 @attrs.frozen
 class WorkerTask:
-    """What a handler sees: the task as accepted, frozen."""
+    """What a handler receives: one attempt of a task, as accepted, frozen."""
 
+    #: The task's 32-hex id.
     task_id: str
+    #: The 32-hex id of the queue it was submitted to.
     queue_id: str
+    #: The (handler, handler_version, payload_version) the handler was registered for.
     handler: str
     handler_version: str
     payload_version: str
+    #: The submitted payload (any JSON value; integers of any size are exact).
     payload: Any
+    #: This attempt's number, from 1; ``max_attempts`` is the task's limit.
     attempt: int
     max_attempts: int
+    #: 0 (default) to 9.
     priority: int = 0
+    #: RFC 3339 UTC time after which the task no longer runs, or None.
     deadline: str | None = None
+    #: The task's resource key (at most one task per key runs at a time), or None.
     resource_key: str | None = None
 
 
-Handler = Callable[[WorkerTask], Awaitable[Any]]
+#: A handler: ``async def`` or plain ``def``, taking a ``WorkerTask``, returning the result.
+Handler = Callable[[WorkerTask], Any]
+H = TypeVar("H", bound=Handler)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """An ``async def`` function, a partial of one, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def _describe(exc: BaseException) -> str:
+    """``TypeName: message`` (and its cause), cut to the protocol's bound."""
+    text = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__
+    if cause is not None:
+        text += f" (caused by {type(cause).__name__}: {cause})"
+    return text[:MAX_ERROR_MESSAGE]
 
 
 def _leaf(group: BaseExceptionGroup) -> BaseException:
@@ -117,6 +169,40 @@ def _leaf(group: BaseExceptionGroup) -> BaseException:
     return leaves[0]
 
 
+def _refusal(status: int | None, body: bytes) -> WorkerRejected:
+    """A ``WorkerRejected`` from a handshake refusal's error envelope (or its raw body)."""
+    try:
+        document = json.loads(body)
+        error = document["error"]
+        code, message, field = str(error["code"]), str(error["message"]), error.get("field")
+    except (ValueError, KeyError, TypeError):
+        text = body[:300].decode(errors="replace") or "no body"
+        return WorkerRejected(
+            f"the node refused the connection (HTTP {status}): {text}", status=status, code="UNKNOWN", field=None
+        )
+    return WorkerRejected(
+        f"the node refused the connection (HTTP {status} {code}): {message}", status=status, code=code, field=field
+    )
+
+
+def _hello_refused(message: Mapping[str, Any]) -> WorkerRejected:
+    """A ``WorkerRejected`` for the node's answer to a hello that is not a welcome."""
+    if message.get("type") != "error":
+        return WorkerRejected(
+            f"the node answered the hello with {message.get('type')!r}, expected 'welcome'",
+            status=None,
+            code="PROTOCOL",
+            field=None,
+        )
+    code, field = str(message.get("code")), message.get("field")
+    text = f"the node refused the Worker's hello ({code}"
+    text += f" at {field}): " if isinstance(field, str) else "): "
+    text += str(message.get("message"))
+    if isinstance(field, str) and field.startswith("queues"):
+        text += " (a queue is its 32-hex queue_id, or a name resolved by Worker.from_env / queue_names)"
+    return WorkerRejected(text, status=None, code=code, field=field if isinstance(field, str) else None)
+
+
 @attrs.define(eq=False)
 class _Session:
     """One live connection: sending, and matching acks to requests by message id."""
@@ -128,6 +214,10 @@ class _Session:
     _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
     _waiting: dict[str, trio.MemorySendChannel[list[dict[str, Any]]]] = attrs.field(factory=dict)
     running: dict[str, tuple[str, trio.CancelScope]] = attrs.field(factory=dict)
+    # Why the node asked to stop a task (``cancel_requested`` or ``deadline``), by task id:
+    # set by a ``cancel`` (or a refused renew), read when the handler's report is built.
+    # A cancel for a task whose handler has not begun yet waits here and stops it at once.
+    cancels: dict[str, str] = attrs.field(factory=dict)
     # Handlers started or about to start (between the start ack and the handler).
     busy: int = 0
     idle: trio.Event = attrs.field(factory=trio.Event)
@@ -210,72 +300,194 @@ class _Batcher:
                 send.send_nowait(by_id.get(item["task_id"]))
 
 
-@attrs.define(eq=False)
 class Worker:
-    url: str
-    token: str = attrs.field(repr=False)
-    queues: list[str]
-    capacity: int = 1
-    resource_keys: bool = False
-    client_name: str = "orbit-python"
-    ssl_context: ssl.SSLContext | None = None
-    # Bound on opening a connection (TCP, TLS and the WebSocket handshake) to the node.
-    connect_timeout_s: float = 10.0
-    _handlers: dict[tuple[str, str, str], Handler] = attrs.field(factory=dict)
-    _draining: bool = False
-    drained: bool = False
-    _drain_requested: trio.Event = attrs.field(factory=trio.Event)
-    _stopped: trio.Event = attrs.field(factory=trio.Event)
-    completed: int = 0
-    failed: int = 0
-    connections: int = 0
-    # Start and finish messages sent, by kind (each carries every task ready in its batch).
-    messages_sent: dict[str, int] = attrs.field(factory=lambda: {"start": 0, "finish": 0})
-    _progress: trio.Event = attrs.field(factory=trio.Event)
+    """An automatic Worker: one WebSocket connection to a node, serving registered handlers.
+
+    ``url`` is the node's ``http(s)://`` address, ``token`` a credential with
+    ``workers:connect`` and ``workers:consume`` for each queue. ``queues`` names the
+    queues served, each by its 32-hex ``queue_id`` or by name: a name is looked up in
+    ``queue_names`` (the credentials file's ``queues`` map; ``from_env`` and
+    ``from_credentials`` pass it), else among the namespace's queues (``GET
+    /v1/queues``, which needs ``tasks:read`` or ``queues:manage``) when ``run`` starts.
+    ``capacity`` is how many tasks run at once (the node never sends more).
+    ``resource_keys`` says whether the Worker accepts tasks that carry a resource key.
+    ``ssl_context`` verifies a ``https://`` node (default: the system's trust store).
+    ``connect_timeout_s`` bounds opening one connection (TCP, TLS, handshake).
+
+    Counters for callers: ``completed`` and ``failed`` (tasks this Worker finished and
+    the node accepted), ``connections`` (sessions welcomed), ``messages_sent``
+    (``start`` / ``finish`` messages), and ``drained`` (``run`` ended by ``drain()``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        queues: Sequence[str],
+        *,
+        capacity: int = 1,
+        resource_keys: bool = False,
+        queue_names: Mapping[str, str] | None = None,
+        client_name: str = "orbit-python",
+        ssl_context: ssl.SSLContext | None = None,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        if isinstance(queues, str):
+            raise TypeError("queues: expected a list of queue ids or names, not one string")
+        if not queues:
+            raise ValueError("queues: name at least one queue")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity: expected an integer of at least 1, got {capacity!r}")
+        self.url = url
+        self._token = token
+        self.queues = list(queues)
+        self.capacity = capacity
+        self.resource_keys = resource_keys
+        self.client_name = client_name
+        self.ssl_context = ssl_context
+        self.connect_timeout_s = connect_timeout_s
+        self._queue_names = dict(queue_names or {})
+        self._queue_ids: list[str] | None = None
+        self._handlers: dict[tuple[str, str, str], Handler] = {}
+        self._sync: set[tuple[str, str, str]] = set()
+        self._threads: trio.CapacityLimiter | None = None
+        self._draining = False
+        self._drained = False
+        self._drain_requested = trio.Event()
+        self._stopped = trio.Event()
+        self._completed = 0
+        self._failed = 0
+        self._connections = 0
+        self._messages_sent = {"start": 0, "finish": 0}
+        self._progress = trio.Event()
+
+    def __repr__(self) -> str:
+        return f"Worker(url={self.url!r}, queues={self.queues!r}, capacity={self.capacity})"
+
+    # -- construction from a credentials file
+
+    @classmethod
+    def from_credentials(
+        cls, credentials: Credentials, queues: Sequence[str], *, url: str | None = None, **kwargs: Any
+    ) -> Worker:
+        """A Worker with the file's token and url (``url`` overrides it); queue names
+        resolve through the file's ``queues`` map."""
+        return cls(url or credentials.url, credentials.token, queues, queue_names=credentials.queues, **kwargs)
+
+    @classmethod
+    def from_env(cls, queues: Sequence[str], *, env: Mapping[str, str] | None = None, **kwargs: Any) -> Worker:
+        """Like ``OrbitClient.from_env``: ORBIT_CREDENTIALS_FILE (required) and ORBIT_URL
+        (overrides the file's url). ``kwargs`` are the constructor's (``capacity``, ...)."""
+        credentials, url = credentials_from_env(env)
+        return cls.from_credentials(credentials, queues, url=url, **kwargs)
+
+    # -- counters
+
+    @property
+    def completed(self) -> int:
+        """Tasks this Worker finished as succeeded (the node accepted the Finish)."""
+        return self._completed
+
+    @property
+    def failed(self) -> int:
+        """Tasks this Worker finished as failed or cancelled (the node accepted the Finish)."""
+        return self._failed
+
+    @property
+    def connections(self) -> int:
+        """Sessions the node welcomed (1 + reconnects)."""
+        return self._connections
+
+    @property
+    def messages_sent(self) -> Mapping[str, int]:
+        """``start`` and ``finish`` messages sent (each carries every task ready in its batch)."""
+        return self._messages_sent
+
+    @property
+    def drained(self) -> bool:
+        """True once ``run`` ended because of ``drain()``."""
+        return self._drained
 
     @property
     def worker_drained(self) -> bool:
-        return self.drained
+        """The same as ``drained``."""
+        return self._drained
 
-    def handler(self, name: str, handler_version: str, payload_version: str) -> Callable[[Handler], Handler]:
-        def register(fn: Handler) -> Handler:
+    # -- handlers
+
+    def handler(self, name: str, handler_version: str, payload_version: str) -> Callable[[H], H]:
+        """Decorator form of ``register``; returns the function unchanged."""
+
+        def register(fn: H) -> H:
             self.register(name, handler_version, payload_version, fn)
             return fn
 
         return register
 
     def register(self, name: str, handler_version: str, payload_version: str, fn: Handler) -> None:
-        self._handlers[(name, handler_version, payload_version)] = fn
+        """Serve tasks of (``name``, ``handler_version``, ``payload_version``) with ``fn``.
 
-    def _ws_url(self) -> str:
-        base = self.url.rstrip("/")
-        if base.startswith("https://"):
-            base = "wss://" + base[len("https://") :]
-        elif base.startswith("http://"):
-            base = "ws://" + base[len("http://") :]
-        return base + "/v1/workers/connect"
+        ``fn(task)`` is ``async def`` (run in the Worker's nursery) or plain ``def``
+        (run in a worker thread, at most ``capacity`` at once; it cannot be interrupted
+        by a cancel). Its return value is the task's result. Registering the same triple
+        again replaces the handler. Register before ``run``: the node learns the
+        capability set from the Worker's hello.
+        """
+        for field, value in (
+            ("name", name),
+            ("handler_version", handler_version),
+            ("payload_version", payload_version),
+        ):
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{field}: expected a non-empty string, got {value!r}")
+        if not callable(fn):
+            raise TypeError(f"handler for {name!r}: expected a function, got {type(fn).__name__}")
+        key = (name, handler_version, payload_version)
+        self._handlers[key] = fn
+        if _is_async(fn):
+            self._sync.discard(key)
+        else:
+            self._sync.add(key)
+
+    # -- waiting
 
     async def wait_completed(self, count: int) -> None:
         """Wait until ``count`` tasks finished successfully through this Worker."""
-        while self.completed < count:
+        while self._completed < count:
+            await self._progress.wait()
+
+    async def wait_finished(self, count: int) -> None:
+        """Wait until ``count`` tasks finished through this Worker, succeeded or not."""
+        while self._completed + self._failed < count:
             await self._progress.wait()
 
     def _finished(self, succeeded: bool) -> None:
         if succeeded:
-            self.completed += 1
+            self._completed += 1
         else:
-            self.failed += 1
+            self._failed += 1
         self._progress.set()
         self._progress = trio.Event()
 
+    # -- life
+
     async def drain(self) -> None:
-        """Stop taking tasks, let running handlers finish, disconnect; sets ``drained``."""
+        """Stop taking tasks, let running handlers finish, disconnect; sets ``drained``.
+
+        Returns once ``run`` has ended. Bound it with ``trio.move_on_after`` if handlers
+        may run long; cancelling ``run`` afterwards abandons them (their tasks come back
+        when their lease expires)."""
         self._draining = True
         self._drain_requested.set()
         await self._stopped.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve until drained (reconnecting as needed). Reports started after the first welcome."""
+        """Serve until drained, reconnecting with backoff when the connection is lost.
+
+        With ``nursery.start(worker.run)``, returns once the first session is welcomed.
+        Raises ``WorkerRejected`` when the node refuses the credential or the hello,
+        ``ConfigError`` when a queue name cannot be resolved, ``ValueError`` without
+        handlers."""
         if not self._handlers:
             raise ValueError("register at least one handler before running the Worker")
         backoff = RECONNECT_INITIAL_S
@@ -283,6 +495,9 @@ class Worker:
         # report again, whether or not the first ended cleanly).
         status = [task_status]
         try:
+            if self._queue_ids is None:
+                self._queue_ids = await self._resolve_queues()
+            self._threads = trio.CapacityLimiter(self.capacity)
             while not self._draining:
                 try:
                     try:
@@ -299,12 +514,66 @@ class Worker:
                     log.warning("worker connection lost (%s); reconnecting in %.1f s", exc, backoff)
                     await trio.sleep(backoff * random.uniform(0.5, 1.0))
                     backoff = min(backoff * 2, RECONNECT_MAX_S)
-            self.drained = self._draining
+            self._drained = self._draining
         finally:
             self._stopped.set()
 
+    async def _resolve_queues(self) -> list[str]:
+        """Queue ids for ``queues``: the names map first, then 32-hex ids, then a lookup."""
+        resolved: list[str | None] = []
+        for value in self.queues:
+            if value in self._queue_names:
+                resolved.append(self._queue_names[value])
+            elif is_hex32(value):
+                resolved.append(value)
+            else:
+                resolved.append(None)
+        if all(queue_id is not None for queue_id in resolved):
+            return [q for q in resolved if q is not None]
+        by_name = await self._list_queue_names()
+        ids: list[str] = []
+        for index, (value, queue_id) in enumerate(zip(self.queues, resolved, strict=True)):
+            if queue_id is None:
+                if value not in by_name:
+                    raise ConfigError(
+                        f"queues[{index}]: no queue named {value!r} in this credential's namespace "
+                        f"(known: {', '.join(sorted(by_name)) or 'none'})",
+                        field=f"queues[{index}]",
+                    )
+                queue_id = by_name[value]
+            ids.append(queue_id)
+        return ids
+
+    async def _list_queue_names(self) -> dict[str, str]:
+        verify: ssl.SSLContext | bool = self.ssl_context if self.ssl_context is not None else True
+        transport = httpx.AsyncHTTPTransport(verify=verify)
+        names: dict[str, str] = {}
+        async with OrbitClient(self.url, self._token, transport=transport) as client:
+            cursor: str | None = None
+            while True:
+                try:
+                    page = await client.list_queues(limit=100, cursor=cursor)
+                except PermissionDeniedError:
+                    raise ConfigError(
+                        "queues: a queue name needs the credentials file's queues map or a credential that may "
+                        "list queues (tasks:read or queues:manage); pass queue ids instead",
+                        field="queues",
+                    ) from None
+                names.update((queue.name, queue.queue_id) for queue in page.items)
+                if page.next_cursor is None:
+                    return names
+                cursor = page.next_cursor
+
+    def _ws_url(self) -> str:
+        base = self.url.rstrip("/")
+        if base.startswith("https://"):
+            base = "wss://" + base[len("https://") :]
+        elif base.startswith("http://"):
+            base = "ws://" + base[len("http://") :]
+        return base + "/v1/workers/connect"
+
     async def _session(self, status: list[trio.TaskStatus[None]]) -> None:
-        headers = [(b"authorization", f"Bearer {self.token}".encode())]
+        headers = [(b"authorization", f"Bearer {self._token}".encode())]
         try:
             async with open_websocket_url(
                 self._ws_url(),
@@ -317,7 +586,7 @@ class Worker:
                     json.dumps(
                         {
                             "type": "hello",
-                            "queues": self.queues,
+                            "queues": self._queue_ids,
                             "capabilities": [
                                 {"handler": h, "handler_version": hv, "payload_version": pv}
                                 for h, hv, pv in self._handlers
@@ -330,9 +599,9 @@ class Worker:
                 )
                 welcome = json.loads(await ws.get_message())
                 if welcome.get("type") != "welcome":
-                    raise WorkerRejected(0, json.dumps(welcome).encode())
-                self.connections += 1
-                session = _Session(ws, welcome, sent=self.messages_sent)
+                    raise _hello_refused(welcome)
+                self._connections += 1
+                session = _Session(ws, welcome, sent=self._messages_sent)
                 if status:
                     status.pop().started()
                 async with trio.open_nursery() as nursery:
@@ -345,8 +614,8 @@ class Worker:
                     nursery.cancel_scope.cancel()
         except HandshakeError as exc:
             code = getattr(exc, "status_code", None)
-            if code in (401, 403):
-                raise WorkerRejected(code, getattr(exc, "body", b"") or b"") from None
+            if code in (400, 401, 403):
+                raise _refusal(code, getattr(exc, "body", b"") or b"") from None
             raise
 
     async def _receive(self, session: _Session, nursery: trio.Nursery) -> None:
@@ -365,14 +634,20 @@ class Worker:
                 session.resolve(message)
             elif kind == "cancel":
                 for item in message["tasks"]:
-                    running = session.running.get(item["task_id"])
-                    if running is not None:
-                        running[1].cancel()
+                    self._cancel(session, item["task_id"], item.get("reason", "cancel_requested"))
             elif kind == "drain":
                 # The node is shutting down: finish what runs, then reconnect (or stop if draining).
                 nursery.start_soon(self._finish_then_close, session)
             elif kind == "error":
                 log.warning("node refused a message: %s %s", message.get("code"), message.get("message"))
+
+    @staticmethod
+    def _cancel(session: _Session, task_id: str, reason: str) -> None:
+        """Stop the handler of ``task_id`` (or, if it has not begun, stop it as it begins)."""
+        session.cancels[task_id] = reason
+        running = session.running.get(task_id)
+        if running is not None:
+            running[1].cancel()
 
     async def _start_and_run(self, session: _Session, tasks: list[dict[str, Any]]) -> None:
         refs = [{"task_id": t["task_id"], "token": t["token"]} for t in tasks]
@@ -386,8 +661,20 @@ class Worker:
                 for t, result in zip(tasks, results, strict=False):
                     if result is not None and result.get("ok"):
                         nursery.start_soon(self._run_one, session, t)
+                    else:
+                        session.cancels.pop(t["task_id"], None)
         finally:
             session.leave()
+
+    async def _call(self, key: tuple[str, str, str], task: WorkerTask) -> Any:
+        fn = self._handlers[key]
+        if key in self._sync:
+            result = await trio.to_thread.run_sync(fn, task, limiter=self._threads)
+        else:
+            result = fn(task)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
 
     async def _run_one(self, session: _Session, raw: dict[str, Any]) -> None:
         task = WorkerTask(
@@ -403,32 +690,42 @@ class Worker:
             deadline=raw.get("deadline"),
             resource_key=raw.get("resource_key"),
         )
-        fn = self._handlers[(task.handler, task.handler_version, task.payload_version)]
+        key = (task.handler, task.handler_version, task.payload_version)
         report: dict[str, Any] = {"task_id": task.task_id, "token": raw["token"]}
         with trio.CancelScope() as scope:
             session.running[task.task_id] = (raw["token"], scope)
+            if task.task_id in session.cancels:
+                scope.cancel()  # the cancel came before the handler began
             try:
-                result = await fn(task)
+                result = await self._call(key, task)
                 json.dumps(result)  # must be JSON: a failure here is the handler's
                 report.update(outcome="succeeded", result=result)
             except PermanentError as exc:
                 report.update(
                     outcome="failed",
                     retryable=False,
-                    error={"message": str(exc), **({"code": exc.code} if exc.code else {})},
+                    error={"message": _describe(exc), **({"code": exc.code} if exc.code else {})},
                 )
             except Exception as exc:
-                report.update(
-                    outcome="failed", retryable=True, error={"message": f"{type(exc).__name__}: {exc}"[:4096]}
-                )
+                report.update(outcome="failed", retryable=True, error={"message": _describe(exc)})
         if scope.cancelled_caught:
-            report.update(
-                outcome="failed", retryable=False, error={"message": "cancelled by the node", "code": "CANCELLED"}
-            )
+            if session.cancels.get(task.task_id) == "deadline":
+                # Retryable: the node settles a task past its deadline as expired.
+                report.update(
+                    outcome="failed",
+                    retryable=True,
+                    error={"message": "stopped: the task's deadline passed", "code": "DEADLINE_EXCEEDED"},
+                )
+            else:
+                # The node settles a failed attempt of a task whose cancel was requested as cancelled.
+                report.update(
+                    outcome="failed", retryable=False, error={"message": "cancelled by the node", "code": "CANCELLED"}
+                )
         try:
             (result,) = await session.finishes.submit([report])
         finally:
             session.running.pop(task.task_id, None)
+            session.cancels.pop(task.task_id, None)
         if result is not None and result.get("ok"):
             self._finished(report["outcome"] == "succeeded")
 

@@ -49,6 +49,8 @@ class WorkerHub:
     refused: int = 0
     dispatched: int = 0
     finished: dict[str, int] = attrs.field(factory=dict)
+    # Cancel requests sent to a Worker of this node as they arrived (``push_cancel``).
+    cancels_pushed: int = 0
 
     # -- admission ---------------------------------------------------------------------
 
@@ -98,6 +100,21 @@ class WorkerHub:
                 await self.registry.remove(conn.connection_id)
             except Exception as exc:
                 log.warning("could not remove connection %s from the registry: %s", conn.connection_id, exc)
+
+    # -- cancellation -------------------------------------------------------------------
+
+    def push_cancel(self, task_id: str) -> bool:
+        """A cancel of ``task_id`` was requested through this node: if one of its
+        connections holds the task, send that Worker ``cancel`` now (True).
+
+        Otherwise the node whose connection holds it learns the request when the
+        Worker's next renew is answered (the Worker renews every third of the run lease)."""
+        for conn in self.connections.values():
+            if task_id in conn.core.held:
+                conn.send(p.cancel([(task_id, "cancel_requested")]))
+                self.cancels_pushed += 1
+                return True
+        return False
 
     # -- translation between the protocol and the dispatch store ------------------------
 

@@ -21,6 +21,12 @@ When a group transaction fails with an error that is not the database being
 unreachable, each of its batches is run again alone, so one batch's bad data cannot
 fail the others. If the database cannot be reached, every batch of the group gets
 that error (the connection answers its Worker with negative acks, as before).
+
+**One application per transaction.** A group holds the batches of one application only
+(the shard key, ``docs/scaling.md``): each application has its own lane, whose groups
+follow one another, and the lanes of different applications commit side by side, at
+most ``max_concurrent_groups`` at once. A connection's batches go through its
+application's lane (``for_application``).
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ log = logging.getLogger("orbit.commit")
 
 # The most items one group transaction decides; a batch never is split.
 MAX_GROUP_ITEMS = 2048
+# Group transactions (of different applications) running at once: the claim pool's 4 SQL
+# slots and these together stay well inside the node's database pool (12 by default).
+MAX_CONCURRENT_GROUPS = 4
 
 
 class PartStore(Protocol):
@@ -80,45 +89,63 @@ class CommitStatistics:
 
 
 @attrs.define(eq=False)
-class GroupCommitter:
-    """Runs transition batches from many connections, a group per transaction.
+class Lane:
+    """One application's way into the group commit: the four transitions of the
+    dispatch store, each batch committed in a group of that application's batches."""
 
-    Has the same ``start_many`` / ``renew_many`` / ``release_many`` / ``finish_many``
-    as the dispatch store, so a connection does not know which one it talks to. Until
-    ``run`` is running (and after it stopped), a batch runs on its own transaction.
+    committer: GroupCommitter
+    application_id: str
+
+    async def start_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]:
+        return await self.committer.submit(self.committer.store.start_part(items), self.application_id)
+
+    async def renew_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]:
+        return await self.committer.submit(self.committer.store.renew_part(items), self.application_id)
+
+    async def release_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]:
+        return await self.committer.submit(self.committer.store.release_part(items), self.application_id)
+
+    async def finish_many(self, items: Iterable[FinishItem]) -> list[TransitionResult]:
+        return await self.committer.submit(self.committer.store.finish_part(items), self.application_id)
+
+
+@attrs.define(eq=False)
+class GroupCommitter:
+    """Runs transition batches from many connections, a group per transaction and
+    per application.
+
+    ``for_application(id)`` gives the ``Lane`` with the same ``start_many`` /
+    ``renew_many`` / ``release_many`` / ``finish_many`` as the dispatch store, so a
+    connection does not know which one it talks to. Until ``run`` is running (and
+    after it stopped), a batch runs on its own transaction.
     """
 
     store: PartStore
     max_group_items: int = MAX_GROUP_ITEMS
-    _pending: list[_Batch] = attrs.field(factory=list, init=False)
+    max_concurrent_groups: int = MAX_CONCURRENT_GROUPS
+    # Per application, its batches waiting for its next group, in arrival order; an
+    # application is in here only while it has some (insertion order: first come first).
+    _pending: dict[str, list[_Batch]] = attrs.field(factory=dict, init=False)
     _wake: trio.Event = attrs.field(factory=trio.Event, init=False)
     _running: bool = attrs.field(default=False, init=False)
-    _in_flight: list[_Batch] = attrs.field(factory=list, init=False)
+    # Per application, the group its transaction is deciding now.
+    _in_flight: dict[str, list[_Batch]] = attrs.field(factory=dict, init=False)
     _groups: int = attrs.field(default=0, init=False)
     _batches: int = attrs.field(default=0, init=False)
     _items: int = attrs.field(default=0, init=False)
     _split: int = attrs.field(default=0, init=False)
 
-    async def start_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]:
-        return await self.submit(self.store.start_part(items))
+    def for_application(self, application_id: str) -> Lane:
+        return Lane(self, application_id)
 
-    async def renew_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]:
-        return await self.submit(self.store.renew_part(items))
-
-    async def release_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]:
-        return await self.submit(self.store.release_part(items))
-
-    async def finish_many(self, items: Iterable[FinishItem]) -> list[TransitionResult]:
-        return await self.submit(self.store.finish_part(items))
-
-    async def submit(self, part: TransitionPart) -> list[TransitionResult]:
+    async def submit(self, part: TransitionPart, application_id: str) -> list[TransitionResult]:
         """Answer ``part`` once the group transaction that holds it has committed."""
         if not part.items:
             return []
         if not self._running:
             return (await self.store.transition([part]))[0]
         batch = _Batch(part, frozenset(key[0] for key in part.keys()))
-        self._pending.append(batch)
+        self._pending.setdefault(application_id, []).append(batch)
         self._wake.set()
         try:
             await batch.done.wait()
@@ -126,20 +153,23 @@ class GroupCommitter:
             # Cancelled (the connection ended) before its group was formed: withdrawn.
             # Once taken, the group's transaction decides it; only the answer is lost.
             if not batch.taken:
-                self._pending.remove(batch)
+                waiting = self._pending.get(application_id, [])
+                waiting.remove(batch)
+                if not waiting:
+                    self._pending.pop(application_id, None)
             raise
         if batch.error is not None:
             raise batch.error
         assert batch.results is not None
         return batch.results
 
-    def _take_group(self) -> list[_Batch]:
-        """The pending batches that form the next group, in arrival order."""
+    def _take_group(self, application_id: str) -> list[_Batch]:
+        """The pending batches of one application that form its next group, in arrival order."""
         group: list[_Batch] = []
         named: set[str] = set()
         items = 0
         waiting: list[_Batch] = []
-        for batch in self._pending:
+        for batch in self._pending.pop(application_id, []):
             fits = not group or items + len(batch.part.items) <= self.max_group_items
             if (
                 fits
@@ -157,7 +187,8 @@ class GroupCommitter:
                 items += len(batch.part.items)
             else:
                 waiting.append(batch)
-        self._pending = waiting
+        if waiting:
+            self._pending[application_id] = waiting
         return group
 
     async def _commit(self, group: list[_Batch]) -> None:
@@ -180,32 +211,54 @@ class GroupCommitter:
         for batch, results in zip(group, answers, strict=True):
             batch.answer(results)
 
+    def _startable(self) -> list[str]:
+        """Applications whose next group may start now, first come first."""
+        room = self.max_concurrent_groups - len(self._in_flight)
+        return [app for app in self._pending if app not in self._in_flight][: max(0, room)]
+
+    async def _run_group(self, application_id: str, group: list[_Batch]) -> None:
+        try:
+            await self._commit(group)
+        except BaseException:
+            # Cancelled mid-transaction (the committer stops): the group may or may not
+            # have committed; its rows' fencing tokens and leases keep ownership exact.
+            for batch in group:
+                if not batch.done.is_set():
+                    batch.answer(error=Unavailable("the node's group commit stopped"))
+            raise
+        finally:
+            del self._in_flight[application_id]
+            self._wake.set()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Commit groups until cancelled."""
         self._running = True
         try:
-            task_status.started()
-            while True:
-                if not self._pending:
+            async with trio.open_nursery() as groups:
+                task_status.started()
+                while True:
+                    for app in self._startable():
+                        group = self._in_flight[app] = self._take_group(app)
+                        self._groups += 1
+                        self._batches += len(group)
+                        self._items += sum(len(b.part.items) for b in group)
+                        groups.start_soon(self._run_group, app, group)
+                    # Until a batch arrives or a group ends (no checkpoint since the last look).
                     self._wake = trio.Event()
                     await self._wake.wait()
                     # Let every connection made runnable in the same scheduler tick add its batch.
                     await trio.lowlevel.checkpoint()
-                group = self._in_flight = self._take_group()
-                self._groups += 1
-                self._batches += len(group)
-                self._items += sum(len(b.part.items) for b in group)
-                await self._commit(group)
-                self._in_flight = []
         finally:
             self._running = False
             # Nobody will commit these now: their connections answer with negative acks.
             # (A group cancelled mid-transaction may or may not have committed; its rows'
             # fencing tokens and leases keep ownership exact either way.)
-            for batch in self._in_flight + self._pending:
+            for batch in [b for g in self._in_flight.values() for b in g] + [
+                b for w in self._pending.values() for b in w
+            ]:
                 if not batch.done.is_set():
                     batch.answer(error=Unavailable("the node's group commit stopped"))
-            self._in_flight = []
+            self._in_flight.clear()
             self._pending.clear()
 
     def statistics(self) -> CommitStatistics:
@@ -213,6 +266,6 @@ class GroupCommitter:
             groups=self._groups,
             batches=self._batches,
             items=self._items,
-            pending=len(self._pending),
+            pending=sum(len(w) for w in self._pending.values()),
             split=self._split,
         )

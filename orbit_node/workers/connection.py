@@ -104,8 +104,7 @@ class Hub(Protocol):
     def config(self) -> NodeConfig: ...
     @property
     def node_id(self) -> str: ...
-    @property
-    def store(self) -> TransitionStore: ...
+    def transitions_for(self, application_id: str) -> TransitionStore: ...
     @property
     def pool(self) -> ClaimPool: ...
     @property
@@ -144,9 +143,13 @@ class WorkerConnection:
     _closing: tuple[int, str] | None = attrs.field(default=None, init=False)
     _wake_watchdog: trio.Event = attrs.field(factory=trio.Event, init=False)
     _held_changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # Where this connection's Start/renew/Finish/release batches go (its application's lane
+    # of the group commit).
+    _transition_store: TransitionStore = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         config = self.hub.config
+        self._transition_store = self.hub.transitions_for(self.principal.application_id)
         self.core = ConnectionCore(
             self.connection_id,
             self.principal.application_id,
@@ -261,7 +264,7 @@ class WorkerConnection:
         unstarted = self.core.unstarted()
         if unstarted:
             try:
-                await self.hub.store.release_many(unstarted)
+                await self._transition_store.release_many(unstarted)
             except Exception as exc:
                 log.warning(
                     "connection %s: could not release %d reservations (lease recovery will): %s",
@@ -410,7 +413,7 @@ class WorkerConnection:
 
     async def _transition(self, message: TransitionMessage) -> None:
         kind = kind_of(message)
-        store = self.hub.store
+        store = self._transition_store
         mine: Sequence[TaskHandle]
         # A finish goes to the store as FinishItems, the others as (task_id, token).
         if isinstance(message, p.Finish):

@@ -11,6 +11,7 @@ import attrs
 import trio
 
 from ..config import NodeConfig
+from ..dispatch.commit import GroupCommitter
 from ..dispatch.pool import ClaimPool
 from ..store import ownership as ds
 from ..store.tenancy import TenancyStore
@@ -34,8 +35,8 @@ def _ignore(*args: object) -> None:
 class WorkerHub:
     config: NodeConfig
     node_id: str
-    # The node's group commit (``dispatch.commit.GroupCommitter``) or the dispatch store.
-    store: TransitionStore
+    # The node's group commit, or the dispatch store (each batch its own transaction).
+    store: GroupCommitter | TransitionStore
     pool: ClaimPool
     tenancy: TenancyStore
     registry: WorkerRegistryStore
@@ -64,6 +65,13 @@ class WorkerHub:
 
     def release_slot(self) -> None:
         self.admitted -= 1
+
+    def transitions_for(self, application_id: str) -> TransitionStore:
+        """Where the transitions of a connection of ``application_id`` go: its lane of the
+        group commit (one application per transaction), or the store itself."""
+        if isinstance(self.store, GroupCommitter):
+            return self.store.for_application(application_id)
+        return self.store
 
     @staticmethod
     def new_connection_id() -> str:

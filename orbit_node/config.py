@@ -17,6 +17,9 @@ from .errors import ConfigError
 
 LOG_FORMATS = ("auto", "json", "text")
 METRICS_MODES = ("off", "open", "credential")
+SWITCHES = {"on": True, "off": False}
+# Shortest ORBIT_CONSOLE_SECRET accepted (32 characters: 128 bits and more as hex).
+CONSOLE_SECRET_MIN = 32
 
 
 @attrs.frozen(kw_only=True)
@@ -160,8 +163,22 @@ class NodeConfig:
     # a revoked or changed credential takes effect within it. 0: every request asks.
     credential_cache_s: float = attrs.field(default=1.0, validator=_non_negative)
     scheduler: SchedulerLimits = attrs.field(factory=SchedulerLimits)
+    # The read-only web console at /console (docs/operations.md).
+    console: bool = True
+    # Key that signs console session cookies (ORBIT_CONSOLE_SECRET). Nodes behind one load
+    # balancer share it; None: a random key per process (sessions end when the process does
+    # and are not valid on other nodes).
+    console_secret: str | None = attrs.field(default=None, repr=False)
+    # A console session ends this long after sign-in.
+    console_session_s: float = attrs.field(default=8 * 3600.0, validator=_positive)
 
     def __attrs_post_init__(self):
+        if self.console_secret is not None and len(self.console_secret) < CONSOLE_SECRET_MIN:
+            raise ConfigError(
+                f"ORBIT_CONSOLE_SECRET: needs at least {CONSOLE_SECRET_MIN} characters "
+                "(e.g. the output of `openssl rand -hex 32`)",
+                field="ORBIT_CONSOLE_SECRET",
+            )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("ORBIT_TLS_CERT and ORBIT_TLS_KEY must be set together", field="ORBIT_TLS_CERT")
         if self.log_level not in ("debug", "info", "warning", "error"):
@@ -220,6 +237,9 @@ class NodeConfig:
             "ORBIT_METRICS_ADDR",
             "ORBIT_WORKER_SEND_BUFFER_MESSAGES",
             "ORBIT_WORKER_SEND_BUFFER_BYTES",
+            "ORBIT_CONSOLE",
+            "ORBIT_CONSOLE_SECRET",
+            "ORBIT_CONSOLE_SESSION_S",
         }
         unknown = sorted(
             k for k in env if k.startswith("ORBIT_") and k not in known and not k.startswith("ORBIT_TEST_")
@@ -250,14 +270,20 @@ class NodeConfig:
             ("credential_cache_s", "ORBIT_CREDENTIAL_CACHE_S", float),
             ("worker_send_buffer_messages", "ORBIT_WORKER_SEND_BUFFER_MESSAGES", int),
             ("worker_send_buffer_bytes", "ORBIT_WORKER_SEND_BUFFER_BYTES", int),
+            ("console_session_s", "ORBIT_CONSOLE_SESSION_S", float),
         ):
             if key in env:
                 try:
                     kwargs[name] = kind(env[key])
                 except ValueError:
                     raise ConfigError(f"{key}: expected a number, got {env[key]!r}", field=key) from None
+        console = env.get("ORBIT_CONSOLE", "on").strip().lower()
+        if console not in SWITCHES:
+            raise ConfigError(f"ORBIT_CONSOLE: expected on or off, got {console!r}", field="ORBIT_CONSOLE")
         return cls(
             dsn=Dsn.parse(dsn_text),
+            console=SWITCHES[console],
+            console_secret=env.get("ORBIT_CONSOLE_SECRET") or None,
             http_host=host,
             http_port=port,
             tls_cert=env.get("ORBIT_TLS_CERT") or None,

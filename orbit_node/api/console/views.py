@@ -258,7 +258,9 @@ async def security_headers(response: Response) -> Response:
     response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
     response.headers["X-Content-Type-Options"] = "nosniff"
     response.headers["X-Frame-Options"] = "DENY"
-    response.headers["Referrer-Policy"] = "no-referrer"
+    # same-origin, not no-referrer: with no-referrer a browser posts the sign-in form with
+    # "Origin: null", which the origin check must refuse.
+    response.headers["Referrer-Policy"] = "same-origin"
     if request.endpoint != "console.static":
         # Pages and panels carry tenant data: never stored by a cache (the script sends
         # If-None-Match itself).

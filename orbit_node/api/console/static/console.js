@@ -109,13 +109,15 @@
     const width = 640, height = 220, left = 44, bottom = 22, top = 10, right = 10;
     const last = samples.length ? samples[samples.length - 1] : null;
     const end = last ? last.at : Date.now();
-    const start = end - WINDOW_MS;
+    // The time axis runs from the first sample (the page opening) to now, 10 min at most.
+    const start = samples.length ? Math.max(end - WINDOW_MS, samples[0].at) : end - WINDOW_MS;
+    const span = Math.max(end - start, 1);
     let peak = 1;
     series.forEach(function (points) {
       points.forEach(function (p) { peak = Math.max(peak, p.rate); });
     });
     chart.replaceChildren();
-    const x = function (at) { return left + ((at - start) / WINDOW_MS) * (width - left - right); };
+    const x = function (at) { return left + ((at - start) / span) * (width - left - right); };
     const y = function (rate) { return height - bottom - (rate / peak) * (height - bottom - top); };
     chart.appendChild(element("line", { class: "axis", x1: left, y1: height - bottom, x2: width - right, y2: height - bottom }));
     chart.appendChild(element("line", { class: "axis", x1: left, y1: top, x2: left, y2: height - bottom }));
@@ -125,7 +127,8 @@
       chart.appendChild(label);
     });
     const caption = element("text", { x: left, y: height - 6 });
-    caption.textContent = "last 10 min · claim turns per second (" + RATE_SPAN_MS / 1000 + " s average)";
+    caption.textContent = "claim turns per second (" + RATE_SPAN_MS / 1000 + " s average) over the last " +
+      Math.round(span / 1000) + " s since this page opened (10 min at most)";
     chart.appendChild(caption);
     legend.replaceChildren();
     const first = samples.length ? samples[0] : null;

@@ -30,6 +30,7 @@ from orbit_node.store.tenancy import TenancyStore
 
 from . import seed
 from .nodeutil import make_tenant
+from .test_console import submit
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -114,17 +115,6 @@ def main_html(driver: WebDriver) -> str:
     return driver.find_element(By.TAG_NAME, "main").get_attribute("innerHTML") or ""
 
 
-def submit(queue_id: str, priority: int, payload: object = None) -> dict:
-    return {
-        "queue_id": queue_id,
-        "handler": "h",
-        "handler_version": "v1",
-        "payload_version": "v1",
-        "payload": {} if payload is None else payload,
-        "priority": priority,
-    }
-
-
 @pytest.mark.time_cap(300)
 async def test_the_console_in_chromium(running_node, db, browser):
     base = running_node.base_url
@@ -134,7 +124,9 @@ async def test_the_console_in_chromium(running_node, db, browser):
     async with running_node.client(shop.token) as api:
         for n, priority in enumerate((9, 5, 5, 2, 0, 0, 0)):
             created = await api.post(
-                "/v1/tasks", json=submit(shop.queues["reports"], priority), headers={"Idempotency-Key": f"r{n}"}
+                "/v1/tasks",
+                json=submit(shop.queues["reports"], priority=priority),
+                headers={"Idempotency-Key": f"r{n}"},
             )
             assert created.status_code == 201
         assert (await api.post(f"/v1/queues/{shop.queues['emails']}/pause", json={})).status_code == 200
@@ -147,7 +139,7 @@ async def test_the_console_in_chromium(running_node, db, browser):
 
         # Tasks submitted now appear in the bars without a reload.
         for n in range(3):
-            created = await api.post("/v1/tasks", json=submit(orders, 7), headers={"Idempotency-Key": f"o{n}"})
+            created = await api.post("/v1/tasks", json=submit(orders, priority=7), headers={"Idempotency-Key": f"o{n}"})
             assert created.status_code == 201
         await step(wait, browser, lambda d: bar_count(d, orders, 7) == 3, "three priority-7 tasks in the bars")
         assert await step(browser.execute_script, "return window.orbitSamePage === true")
@@ -159,7 +151,9 @@ async def test_the_console_in_chromium(running_node, db, browser):
         # A task with markup in its payload and in an attempt's error; one attempt failed.
         markup = "<script>window.orbitInjected = true</script><b>bold</b>"
         inbox = shop.queues["inbox"]
-        created = await api.post("/v1/tasks", json=submit(inbox, 3, {"note": markup}), headers={"Idempotency-Key": "m"})
+        created = await api.post(
+            "/v1/tasks", json=submit(inbox, {"note": markup}, priority=3), headers={"Idempotency-Key": "m"}
+        )
         task_id = created.json()["data"]["task_id"]
     store = seed.dispatch_store(db)
     owner = seed.Tenant(shop.application_id, shop.namespace_id, inbox)

@@ -8,7 +8,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 CREDENTIALS ?= $(CURDIR)/var/dev.credentials.json
 export ORBIT_HTTP_ADDR ?= 127.0.0.1:8080
 
-.PHONY: install db run lint test bench clean
+.PHONY: install db browser run lint test bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,20 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The console's browser tests drive headless Chromium through chromedriver: Debian's
+# chromium and chromium-driver packages, installed with apt when missing (like MariaDB).
+browser:
+	@if [ ! -x /usr/bin/chromedriver ] || [ ! -x /usr/bin/chromium ]; then \
+	  if ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "error: the console's browser tests need /usr/bin/chromium and /usr/bin/chromedriver" >&2; exit 1; fi; \
+	  echo "chromedriver not found: installing the Debian chromium and chromium-driver packages" >&2; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	fi
+
 # Tests create and drop their own databases on the server of ORBIT_TEST_MYSQL_DSN.
-test: install db lint
+test: install db browser lint
 	@DSN="$${ORBIT_MYSQL_DSN:-$$(scripts/devdb.sh dsn)}"; \
 	ORBIT_TEST_MYSQL_DSN="$$DSN" $(BIN)/pytest $(PYTEST_ARGS)
 

@@ -17,6 +17,9 @@ from .errors import ConfigError
 
 LOG_FORMATS = ("auto", "json", "text")
 METRICS_MODES = ("off", "open", "credential")
+SWITCHES = {"on": True, "off": False}
+# Shortest ORBIT_CONSOLE_SECRET accepted (32 characters: 128 bits and more as hex).
+CONSOLE_SECRET_MIN = 32
 
 
 @attrs.frozen
@@ -140,6 +143,9 @@ SETTING_VARIABLES = frozenset(
         "ORBIT_METRICS_ADDR",
         "ORBIT_WORKER_SEND_BUFFER_MESSAGES",
         "ORBIT_WORKER_SEND_BUFFER_BYTES",
+        "ORBIT_CONSOLE",
+        "ORBIT_CONSOLE_SECRET",
+        "ORBIT_CONSOLE_SESSION_S",
     }
 )
 # Read by the SDK (OrbitClient.from_env, Worker.from_env), not by the node.
@@ -257,8 +263,22 @@ class NodeConfig:
     # a revoked or changed credential takes effect within it. 0: every request asks.
     credential_cache_s: float = attrs.field(default=1.0, validator=_non_negative)
     scheduler: SchedulerLimits = attrs.field(factory=SchedulerLimits)
+    # The read-only web console at /console (docs/operations.md).
+    console: bool = True
+    # Key that signs console session cookies (ORBIT_CONSOLE_SECRET). Nodes behind one load
+    # balancer share it; None: a random key per process (sessions end when the process does
+    # and are not valid on other nodes).
+    console_secret: str | None = attrs.field(default=None, repr=False)
+    # A console session ends this long after sign-in.
+    console_session_s: float = attrs.field(default=8 * 3600.0, validator=_positive)
 
     def __attrs_post_init__(self):
+        if self.console_secret is not None and len(self.console_secret) < CONSOLE_SECRET_MIN:
+            raise ConfigError(
+                f"ORBIT_CONSOLE_SECRET: needs at least {CONSOLE_SECRET_MIN} characters "
+                "(e.g. the output of `openssl rand -hex 32`)",
+                field="ORBIT_CONSOLE_SECRET",
+            )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("ORBIT_TLS_CERT and ORBIT_TLS_KEY must be set together", field="ORBIT_TLS_CERT")
         if self.log_level not in ("debug", "info", "warning", "error"):
@@ -321,6 +341,7 @@ class NodeConfig:
             ("credential_cache_s", "ORBIT_CREDENTIAL_CACHE_S", float),
             ("worker_send_buffer_messages", "ORBIT_WORKER_SEND_BUFFER_MESSAGES", int),
             ("worker_send_buffer_bytes", "ORBIT_WORKER_SEND_BUFFER_BYTES", int),
+            ("console_session_s", "ORBIT_CONSOLE_SESSION_S", float),
         )
         for name, key, kind in numbers:
             if key in env:
@@ -341,8 +362,13 @@ class NodeConfig:
     def _from_parsed(
         cls, env: Mapping[str, str], dsn_text: str, host: str, port: int, metrics: str, kwargs: dict[str, Any]
     ) -> NodeConfig:
+        console = env.get("ORBIT_CONSOLE", "on").strip().lower()
+        if console not in SWITCHES:
+            raise ConfigError(f"ORBIT_CONSOLE: expected on or off, got {console!r}", field="ORBIT_CONSOLE")
         return cls(
             dsn=Dsn.parse(dsn_text),
+            console=SWITCHES[console],
+            console_secret=env.get("ORBIT_CONSOLE_SECRET") or None,
             http_host=host,
             http_port=port,
             tls_cert=env.get("ORBIT_TLS_CERT") or None,

@@ -67,6 +67,8 @@ def app_routes(app) -> tuple[dict[str, set[str]], set[str]]:
     http: dict[str, set[str]] = {}
     websockets: set[str] = set()
     for rule in app.url_map.iter_rules():
+        if rule.rule.startswith("/console"):
+            continue  # the console's HTML pages are not part of the API (docs/operations.md)
         path = re.sub(r"<(?:[a-z_]+:)?([a-z_]+)>", r"{\1}", rule.rule)
         if getattr(rule, "websocket", False):
             websockets.add(path)

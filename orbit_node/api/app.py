@@ -12,6 +12,7 @@ from werkzeug.exceptions import HTTPException
 from ..errors import InvalidArgument, NotFound, OrbitError, PayloadTooLarge
 from . import auth, envelope, explain, plans, queues, tasks, validation
 from .asgi import ClosingHTTPConnection
+from .console.views import blueprint as console_blueprint
 from .metrics import begin_request, observe_response
 from .metrics import blueprint as metrics_blueprint
 from .readiness import Readiness
@@ -119,4 +120,7 @@ def create_app(state: NodeState) -> QuartTrio:
     app.register_blueprint(v1_blueprint())
     # The Worker endpoint authenticates at the handshake itself (HTTP refusals, no upgrade).
     app.register_blueprint(workers_blueprint)
+    if state.config.console:
+        # The read-only console: HTML pages with a session cookie of their own (api/console/).
+        app.register_blueprint(console_blueprint)
     return app

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 import attrs
 import trio
 
@@ -30,6 +32,8 @@ class NodeState:
     # Verified bearer credentials (/v1 and /metrics), trusted for config.credential_cache_s.
     credentials: CredentialCache
     services: DispatchServices
+    # Signs console session cookies: ORBIT_CONSOLE_SECRET, or random for this process.
+    console_key: bytes = attrs.field(repr=False)
 
     @classmethod
     def build(
@@ -62,4 +66,5 @@ class NodeState:
             metrics=metrics,
             credentials=CredentialCache(tenancy, ttl_s=config.credential_cache_s),
             services=services,
+            console_key=(config.console_secret or "").encode() or secrets.token_bytes(32),
         )

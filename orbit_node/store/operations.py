@@ -8,7 +8,7 @@ are the per-node fairness counters of P3 section 3; each node records its own he
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -46,6 +46,8 @@ class QueueBacklog:
     running: int = 0
     # Queued tasks per priority level (levels with none are left out).
     queued_by_priority: Mapping[int, int] = attrs.field(factory=dict)
+    # Seconds the oldest due task has been due (database clock); None without due tasks.
+    oldest_due_age_s: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -191,9 +193,25 @@ class OperationsStore:
                 await self.application(application)
             else:
                 await self.namespace(application, namespace)
+        return await self._backlogs("ops_queues", {"application": application, "namespace": namespace})
 
+    async def namespace_backlogs(self, namespace_id: str, queue_ids: Sequence[str] | None) -> list[QueueBacklog]:
+        """The backlogs of one namespace's queues: all of them (None) or those of ``queue_ids``."""
+        if queue_ids is not None and not queue_ids:
+            return []
+        return await self._backlogs(
+            "ops_queues_of_namespace",
+            {
+                "namespace_id": namespace_id,
+                "all_queues": queue_ids is None,
+                # IN () is not valid SQL; the flag above makes this list irrelevant.
+                "queue_ids": tuple(queue_ids) if queue_ids is not None else ("",),
+            },
+        )
+
+    async def _backlogs(self, query: str, params: Mapping[str, Any]) -> list[QueueBacklog]:
         async def body(tx: Tx) -> list[QueueBacklog]:
-            queues = await tx.fetchall("ops_queues", {"application": application, "namespace": namespace})
+            queues = await tx.fetchall(query, params)
             if not queues:
                 return []
             ids = tuple(q["queue_id"] for q in queues)
@@ -203,6 +221,8 @@ class OperationsStore:
                 counts[row["state"]] = int(row["n"])
                 if row["state"] == "queued":
                     counts["due"] = int(row["due"] or 0)
+                    if row["oldest_due_age_s"] is not None:
+                        counts["oldest_due_age_s"] = float(row["oldest_due_age_s"])
             levels: dict[str, dict[int, int]] = {}
             step_us = PRIORITY_STEP_S * 1_000_000
             for row in await tx.fetchall("ops_queue_priorities", {"queue_ids": ids, "priority_step_us": step_us}):
@@ -220,7 +240,7 @@ class OperationsStore:
                     **{
                         k: v
                         for k, v in states.get(q["queue_id"], {}).items()
-                        if k in ("queued", "due", "reserved", "running")
+                        if k in ("queued", "due", "reserved", "running", "oldest_due_age_s")
                     },
                     queued_by_priority=levels.get(q["queue_id"], {}),
                 )
@@ -232,13 +252,14 @@ class OperationsStore:
 
     # -- tasks -------------------------------------------------------------------------
 
-    async def task(self, task_id: str) -> dict[str, Any]:
-        """A task of any namespace with its attempt history (no fencing tokens)."""
+    async def task(self, task_id: str, *, namespace_id: str | None = None) -> dict[str, Any]:
+        """A task with its attempt history (no fencing tokens): of any namespace, or only of
+        ``namespace_id`` (a task of another namespace is not found, like a missing one)."""
         if not is_hex32(task_id):
             raise NotFound(f"task {task_id} not found", field="task_id")
 
         async def body(tx: Tx) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-            row = await tx.fetchone("ops_task", {"task_id": task_id})
+            row = await tx.fetchone("ops_task", {"task_id": task_id, "namespace_id": namespace_id})
             attempts = await tx.fetchall("ops_task_attempts", {"task_id": task_id}) if row else []
             return row, attempts
 
@@ -268,3 +289,37 @@ class OperationsStore:
             for a in attempts
         ]
         return task
+
+    # -- Worker connections --------------------------------------------------------------
+
+    async def namespace_workers(self, namespace_id: str) -> list[dict[str, Any]]:
+        """Worker connections of one namespace registered by live nodes, with the tasks each holds."""
+        rows = await self.db.fetchall(
+            "ops_workers_of_namespace", {"namespace_id": namespace_id, "stale_s": NODE_STALE_S}
+        )
+        return [
+            {
+                "connection_id": r["connection_id"],
+                "node_id": r["node_id"],
+                "hostname": r["hostname"],
+                "http_addr": r["http_addr"],
+                "queues": _json_list(r["queues"]),
+                "capabilities": _json_list(r["capabilities"]),
+                "resource_key_support": bool(r["resource_key_support"]),
+                "client_name": r["client_name"],
+                "client_version": r["client_version"],
+                "connected_at": rfc3339(r["connected_at"]),
+                "heartbeat_age_s": float(r["heartbeat_age_s"]),
+                "held": int(r["held"]),
+            }
+            for r in rows
+        ]
+
+
+def _json_list(text: str) -> list[Any]:
+    """A JSON list column of the registry; anything else reads as empty (it informs, never decides)."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return []
+    return value if isinstance(value, list) else []

@@ -322,12 +322,27 @@ class TenancyStore:
             or not hmac.compare_digest(row["secret_sha256"], hash_secret(secret))
         ):
             raise Unauthenticated("authorization: unknown or revoked credential", field="authorization")
-        return Principal(
-            credential_id=credential_id,
-            namespace_id=row["namespace_id"],
-            namespace=row["namespace_name"],
-            environment=row["environment"],
-            application_id=row["application_id"],
-            application=row["application_name"],
-            scopes=json.loads(row["scopes"]),
-        )
+        return _principal(row)
+
+    async def principal_of(self, credential_id: str) -> Principal:
+        """The principal of a credential verified before (a console session holds its id, never
+        its token). Unknown and revoked credentials look the same."""
+        row = None
+        if is_hex32(credential_id):
+            row = await self.db.fetchone("credential_by_id", {"credential_id": credential_id})
+        if row is None or row["revoked_at"] is not None:
+            raise Unauthenticated("authorization: unknown or revoked credential", field="authorization")
+        return _principal(row)
+
+
+def _principal(row: Mapping[str, Any]) -> Principal:
+    """The principal of a ``credential_by_id`` row."""
+    return Principal(
+        credential_id=row["credential_id"],
+        namespace_id=row["namespace_id"],
+        namespace=row["namespace_name"],
+        environment=row["environment"],
+        application_id=row["application_id"],
+        application=row["application_name"],
+        scopes=json.loads(row["scopes"]),
+    )

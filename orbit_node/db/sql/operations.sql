@@ -98,10 +98,25 @@ SELECT q.queue_id, q.name, q.paused, q.max_concurrency, q.max_starts_per_second,
    AND (%(namespace)s IS NULL OR n.name = %(namespace)s)
  ORDER BY a.name, n.name, q.name
 
+-- The queues of one namespace (the console: a credential sees its own namespace only),
+-- all of them or those of %(queue_ids)s.
+-- name: ops_queues_of_namespace
+SELECT q.queue_id, q.name, q.paused, q.max_concurrency, q.max_starts_per_second,
+       n.namespace_id, n.name AS namespace, n.environment, a.application_id, a.name AS application
+  FROM queues q
+  JOIN namespaces n ON n.namespace_id = q.namespace_id
+  JOIN applications a ON a.application_id = q.application_id
+ WHERE q.namespace_id = %(namespace_id)s
+   AND (%(all_queues)s OR q.queue_id IN %(queue_ids)s)
+ ORDER BY q.name
+
 -- Live tasks per queue and state; queued ones split by due now or later. A range of the
 -- dispatch index per (queue, state), which also holds available_at: no row is read.
+-- The age of the oldest due task (queued, available_at passed) comes from the same range.
 -- name: ops_queue_states
-SELECT queue_id, state, COUNT(*) AS n, CAST(SUM(available_at <= NOW(6)) AS SIGNED) AS due
+SELECT queue_id, state, COUNT(*) AS n, CAST(SUM(available_at <= NOW(6)) AS SIGNED) AS due,
+       TIMESTAMPDIFF(MICROSECOND, MIN(IF(available_at <= NOW(6), available_at, NULL)), NOW(6)) / 1000000
+         AS oldest_due_age_s
   FROM tasks FORCE INDEX (ix_tasks_dispatch)
  WHERE queue_id IN %(queue_ids)s
    AND state IN ('queued', 'reserved', 'running')
@@ -136,6 +151,7 @@ SELECT t.task_id, t.application_id, t.namespace_id, t.queue_id, t.handler, t.han
   LEFT JOIN namespaces n ON n.namespace_id = t.namespace_id
   LEFT JOIN applications a ON a.application_id = t.application_id
  WHERE t.task_id = %(task_id)s
+   AND (%(namespace_id)s IS NULL OR t.namespace_id = %(namespace_id)s)
 
 -- Attempt history (fencing tokens are left out: they are the attempt's credential).
 -- name: ops_task_attempts
@@ -143,3 +159,26 @@ SELECT attempt, owner_node_id, connection_id, reserved_at, started_at, finished_
   FROM task_attempts
  WHERE task_id = %(task_id)s
  ORDER BY attempt_id
+
+-- ---------------------------------------------------------------------------------
+-- Worker connections of one namespace (the console)
+-- ---------------------------------------------------------------------------------
+
+-- Connections registered by live nodes, with the tasks each holds (reserved or running
+-- under its connection id) and the age of its registry heartbeat (refreshed by its node).
+-- name: ops_workers_of_namespace
+SELECT wc.connection_id, wc.node_id, n.hostname, n.http_addr, wc.queues, wc.capabilities,
+       wc.resource_key_support, wc.client_name, wc.client_version, wc.connected_at, wc.heartbeat_at,
+       TIMESTAMPDIFF(MICROSECOND, wc.heartbeat_at, NOW(6)) / 1000000 AS heartbeat_age_s,
+       COALESCE(h.held, 0) AS held
+  FROM worker_connections wc
+  JOIN nodes n ON n.node_id = wc.node_id
+  -- Live tasks are few (at most the Workers' capacity): a range of the lease index.
+  LEFT JOIN (SELECT t.connection_id, COUNT(*) AS held
+               FROM tasks t FORCE INDEX (ix_tasks_lease)
+              WHERE t.state IN ('reserved', 'running') AND t.namespace_id = %(namespace_id)s
+              GROUP BY t.connection_id) h ON h.connection_id = wc.connection_id
+ WHERE wc.namespace_id = %(namespace_id)s
+   AND n.stopped_at IS NULL
+   AND n.heartbeat_at > NOW(6) - INTERVAL %(stale_s)s SECOND
+ ORDER BY n.started_at, wc.node_id, wc.connected_at, wc.connection_id

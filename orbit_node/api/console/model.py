@@ -1,0 +1,141 @@
+"""What the console's panels show, computed from repository rows: pure, no I/O.
+
+Visibility is decided here from the principal's grants, the same way the API decides it:
+``tasks:read`` for a queue shows that queue's backlog, tasks, plans and the Workers serving
+it; ``metrics:read`` (node-wide) shows every application's claim turns, as ``/metrics`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+# Priority levels of P3, highest first (the order claims take them in).
+PRIORITY_LEVELS = tuple(range(9, -1, -1))
+# Height in pixels of the tallest bar of a queue's priority chart.
+BAR_HEIGHT = 40
+
+
+@attrs.frozen
+class Bar:
+    """One priority level of a queue's queued backlog."""
+
+    level: int
+    count: int
+    # 0..BAR_HEIGHT, relative to the queue's largest level (a level with tasks is at least 1).
+    height: int
+
+
+def priority_bars(queued_by_priority: Mapping[int, int]) -> list[Bar]:
+    """Bars for levels 9..0; the tallest level fills BAR_HEIGHT."""
+    top = max(queued_by_priority.values(), default=0)
+    bars = []
+    for level in PRIORITY_LEVELS:
+        count = int(queued_by_priority.get(level, 0))
+        height = 0 if top == 0 or count == 0 else max(1, round(BAR_HEIGHT * count / top))
+        bars.append(Bar(level, count, height))
+    return bars
+
+
+def duration(seconds: float | None) -> str:
+    """A short human duration: ``850 ms``, ``42 s``, ``3 min 5 s``, ``2 h 10 min``, ``3 d 4 h``."""
+    if seconds is None:
+        return "-"
+    if seconds < 0:
+        return "-" + duration(-seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+def limit(value: int | None) -> str:
+    return "unlimited" if value is None else str(value)
+
+
+@attrs.frozen(kw_only=True)
+class ApplicationTurns:
+    application_id: str
+    application: str
+    # Cumulative claim turns over the live nodes that record them.
+    turns: int
+    nodes: int
+    # Share of all visible turns (None when other applications are hidden).
+    share: float | None
+
+
+def application_turns(
+    rows: Iterable[Mapping[str, Any]], *, own_application_id: str, node_wide: bool
+) -> list[ApplicationTurns]:
+    """Claim turns per application from ``claim_turns`` rows of live nodes.
+
+    ``node_wide`` (``metrics:read``): every application with its share of all turns.
+    Otherwise only the principal's own application, without a share: the total would
+    tell how busy the other tenants are."""
+    totals: dict[str, list[Any]] = {}
+    for row in rows:
+        application_id = row["application_id"]
+        if not node_wide and application_id != own_application_id:
+            continue
+        entry = totals.setdefault(application_id, [row.get("application") or application_id, 0, 0])
+        entry[1] += int(row["turns"])
+        entry[2] += 1
+    grand = sum(entry[1] for entry in totals.values())
+    result = [
+        ApplicationTurns(
+            application_id=application_id,
+            application=name,
+            turns=turns,
+            nodes=nodes,
+            share=(turns / grand if grand else 0.0) if node_wide else None,
+        )
+        for application_id, (name, turns, nodes) in totals.items()
+    ]
+    return sorted(result, key=lambda a: (a.application, a.application_id))
+
+
+def visible_workers(
+    workers: Iterable[Mapping[str, Any]],
+    *,
+    readable: Sequence[str] | None,
+    queue_names: Mapping[str, str],
+    local_capacity: Mapping[str, int],
+) -> list[dict[str, Any]]:
+    """Worker connections serving a queue the principal reads, grouped by node.
+
+    ``readable`` None: every queue of the namespace. A connection shows only the queues
+    the principal reads. ``local_capacity``: capacity of the connections the serving node
+    holds itself (the registry does not record capacity; other nodes' show None)."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for worker in workers:
+        served = [q for q in worker["queues"] if readable is None or q in readable]
+        if not served:
+            continue
+        node = nodes.setdefault(
+            worker["node_id"],
+            {
+                "node_id": worker["node_id"],
+                "hostname": worker["hostname"],
+                "http_addr": worker["http_addr"],
+                "connections": [],
+            },
+        )
+        node["connections"].append(
+            {
+                **worker,
+                "queues": [{"queue_id": q, "name": queue_names.get(q, q)} for q in served],
+                "capacity": local_capacity.get(worker["connection_id"]),
+            }
+        )
+    return list(nodes.values())

@@ -1,0 +1,49 @@
+"""Console sessions: a cookie signed by the node that names a verified credential.
+
+Sign-in verifies the token once; the cookie then carries the credential's id (never the
+token), the time of sign-in and an HMAC-SHA256 signature under the node's console key
+(``ORBIT_CONSOLE_SECRET``, or a random key per process). A cookie is valid on every node
+that shares the key until ``max_age_s`` after sign-in; the credential itself is looked up
+again on every request, so a revoked credential ends its sessions at once.
+
+Signing and expiry are itsdangerous's (the Pallets library Flask and Quart sign their own
+sessions with): ``TimestampSigner`` over the id, with a salt of its own for this use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import attrs
+from itsdangerous import BadSignature, SignatureExpired, TimestampSigner
+
+from ...ids import is_hex32
+
+COOKIE_NAME = "orbit_console"
+# Separates these signatures from any other use of the same key.
+SALT = "orbit-console-session-v1"
+
+
+@attrs.frozen
+class SessionSigner:
+    key: bytes = attrs.field(repr=False)
+    max_age_s: float
+
+    def _signer(self) -> TimestampSigner:
+        return TimestampSigner(self.key, salt=SALT, digest_method=hashlib.sha256)
+
+    def issue(self, credential_id: str) -> str:
+        """The cookie value of a session of ``credential_id``, starting now."""
+        if not is_hex32(credential_id):
+            raise ValueError("a session names a credential id (32 hex digits)")
+        return self._signer().sign(credential_id).decode()
+
+    def credential_id(self, value: str | None) -> str | None:
+        """The credential id of a valid, unexpired cookie value; None for anything else."""
+        if not value:
+            return None
+        try:
+            credential_id = self._signer().unsign(value, max_age=int(self.max_age_s)).decode()
+        except (SignatureExpired, BadSignature, UnicodeDecodeError):
+            return None
+        return credential_id if is_hex32(credential_id) else None

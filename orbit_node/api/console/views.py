@@ -1,0 +1,435 @@
+"""Routes of the read-only console at /console (docs/operations.md, "The console").
+
+Every page is one template (``console/page.html``) around a panel; the panel alone is
+served to the page's own script for live refresh (``?fragment=live``), with an ETag, so
+an unchanged panel costs a ``304 Not Modified``. Nothing here writes to the database.
+
+Access: a session cookie (``session.py``) names a credential verified at sign-in; each
+request reads that credential again, so revoking it signs its sessions out at once. The
+credential needs ``tasks:read``; what a panel shows follows its grants like the API's
+(``model.py``). Queues, tasks and plans of another namespace render the very page a
+missing id renders.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import urllib.parse
+from typing import Any
+
+from quart import Blueprint, Response, g, render_template, request
+
+from ... import logs
+from ...errors import NotFound, OrbitError, PermissionDenied, Unauthenticated
+from ...ids import is_hex32
+from ...store.operations import OperationsStore
+from ...store.plans import PlanStore
+from ...store.tenancy import Principal
+from ...wire import rfc3339
+from ..auth import node_state
+from . import model
+from .session import COOKIE_NAME, SessionSigner
+
+log = logging.getLogger("orbit.console")
+
+blueprint = Blueprint(
+    "console",
+    __name__,
+    url_prefix="/console",
+    template_folder="templates",
+    static_folder="static",
+    static_url_path="/static",
+)
+
+# The scope that opens the console.
+SCOPE = "tasks:read"
+# Query parameter of a panel fetched alone by the page's script.
+FRAGMENT = "fragment"
+# Endpoints served without a session.
+PUBLIC_ENDPOINTS = {"console.sign_in_form", "console.sign_in", "console.sign_out", "console.static"}
+# How the sign-in page says why a session ended (the reason is a fixed word, never echoed text).
+ENDED = {
+    "revoked": "Your session ended: its credential is unknown, revoked or no longer holds tasks:read.",
+    "expired": "Your session expired. Sign in again.",
+    "signed-out": "You are signed out.",
+}
+# A page to return to after sign-in: a console path, nothing else.
+NEXT_PATH = re.compile(r"/console(/[A-Za-z0-9/_.-]*)?")
+# Rows shown by listings on a page.
+RECENT_TASKS = 25
+PLAN_TASKS = 20
+# No script but the console's own file, no framing, nothing loaded from elsewhere.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+NAVIGATION = (
+    ("console.overview", "Overview"),
+    ("console.fairness", "Fairness"),
+    ("console.workers", "Workers"),
+    ("console.plans", "Plans"),
+    ("console.tasks", "Tasks"),
+)
+# What a not-found page says, by the field of the NotFound error (never its id: the page
+# of another tenant's id must be the page of a missing one).
+NOT_FOUND_TEXT = {
+    "queue_id": "There is no queue with this id in your namespace.",
+    "task_id": "There is no task with this id in your namespace.",
+    "plan_id": "There is no plan with this id in your namespace.",
+}
+
+
+def signer() -> SessionSigner:
+    state = node_state()
+    return SessionSigner(state.console_key, state.config.console_session_s)
+
+
+def principal() -> Principal:
+    return g.console_principal
+
+
+def is_fragment() -> bool:
+    return request.args.get(FRAGMENT) == "live"
+
+
+# -- access -------------------------------------------------------------------------------
+
+
+@blueprint.before_request
+async def authenticate() -> Response | None:
+    if request.endpoint in PUBLIC_ENDPOINTS:
+        return None
+    cookie = request.cookies.get(COOKIE_NAME)
+    credential_id = signer().credential_id(cookie)
+    if credential_id is None:
+        return signed_out("expired" if cookie else None)
+    try:
+        who = await node_state().tenancy.principal_of(credential_id)
+    except Unauthenticated:
+        return signed_out("revoked")
+    if not who.scopes.get(SCOPE):
+        return signed_out("revoked")
+    g.console_principal = who
+    logs.bind(application=who.application, namespace_id=who.namespace_id)
+    return None
+
+
+def see_other(target: str, status: int = 303) -> Response:
+    """A redirect to a console path (303: the browser follows it with GET)."""
+    return Response("", status, headers={"Location": target})
+
+
+def sign_in_url(ended: str | None, next_path: str | None = None) -> str:
+    query = {}
+    if ended:
+        query["ended"] = ended
+    if next_path and next_path != "/console":
+        query["next"] = next_path
+    return "/console/sign-in" + ("?" + urllib.parse.urlencode(query) if query else "")
+
+
+def signed_out(ended: str | None) -> Response:
+    """No valid session: a page goes to sign-in; a panel's script is told 401 and where to go."""
+    target = sign_in_url(ended, request.path)
+    if is_fragment():
+        response = Response("signed out", 401, mimetype="text/plain")
+        response.headers["Orbit-Sign-In"] = target
+    else:
+        response = see_other(target)
+    if request.cookies.get(COOKIE_NAME) is not None:
+        clear_cookie(response)
+    return response
+
+
+def set_cookie(response: Response, value: str) -> None:
+    state = node_state()
+    response.set_cookie(
+        COOKIE_NAME,
+        value,
+        max_age=int(state.config.console_session_s),
+        path="/console",
+        secure=state.config.tls_cert is not None,
+        httponly=True,
+        samesite="Strict",
+    )
+
+
+def clear_cookie(response: Response) -> None:
+    state = node_state()
+    response.delete_cookie(
+        COOKIE_NAME, path="/console", secure=state.config.tls_cert is not None, httponly=True, samesite="Strict"
+    )
+
+
+def same_origin() -> bool:
+    """A form post comes from a console page of this host (no Origin: not a browser's cross-site post)."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    return urllib.parse.urlsplit(origin).netloc == request.host
+
+
+@blueprint.get("/sign-in")
+async def sign_in_form():
+    ended = request.args.get("ended")
+    return await sign_in_page(ENDED.get(ended or ""), next_path(request.args.get("next")))
+
+
+def next_path(value: str | None) -> str:
+    return value if value and NEXT_PATH.fullmatch(value) else "/console"
+
+
+async def sign_in_page(message: str | None, next_to: str, *, error: str | None = None, status: int = 200):
+    html = await render_template("console/sign_in.html", message=message, error=error, next_path=next_to)
+    return Response(html, status, mimetype="text/html")
+
+
+@blueprint.post("/sign-in")
+async def sign_in():
+    if not same_origin():
+        raise PermissionDenied("origin: sign-in is accepted from this console's own pages only", field="origin")
+    form = await request.form
+    next_to = next_path(form.get("next"))
+    token = (form.get("token") or "").strip()
+    if not token:
+        return await sign_in_page(None, next_to, error="token: paste the credential's token", status=400)
+    try:
+        who = await node_state().tenancy.authenticate(token)
+    except Unauthenticated:
+        return await sign_in_page(None, next_to, error="token: unknown or revoked credential", status=401)
+    if not who.scopes.get(SCOPE):
+        return await sign_in_page(None, next_to, error=f"token: the credential lacks scope {SCOPE}", status=403)
+    log.info("console sign-in of credential %s", who.credential_id)
+    response = see_other(next_to)
+    set_cookie(response, signer().issue(who.credential_id))
+    return response
+
+
+@blueprint.post("/sign-out")
+async def sign_out():
+    if not same_origin():
+        raise PermissionDenied("origin: sign-out is accepted from this console's own pages only", field="origin")
+    response = see_other(sign_in_url("signed-out"))
+    clear_cookie(response)
+    return response
+
+
+# -- rendering ----------------------------------------------------------------------------
+
+
+@blueprint.context_processor
+def helpers() -> dict[str, Any]:
+    return {
+        "principal": g.get("console_principal"),
+        "navigation": NAVIGATION,
+        "ts": lambda value: rfc3339(value) if value is not None and not isinstance(value, str) else (value or "-"),
+        "duration": model.duration,
+        "limit": model.limit,
+        "pretty": lambda value: json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False),
+        "levels": model.PRIORITY_LEVELS,
+        "bar_height": model.BAR_HEIGHT,
+    }
+
+
+async def page(title: str, panel: str, *, status: int = 200, **context: Any) -> Response:
+    """The page ``title`` around ``panel``; with ?fragment=live the panel alone, ETag'd.
+
+    Only a 200 page refreshes itself (its script polls the panel)."""
+    if is_fragment():
+        html = await render_template(panel, **context)
+        tag = hashlib.sha256(html.encode()).hexdigest()[:32]
+        if request.if_none_match.contains(tag):
+            response = Response("", 304)
+        else:
+            response = Response(html, status, mimetype="text/html")
+        response.set_etag(tag)
+        return response
+    live = request.path + "?" + urllib.parse.urlencode({FRAGMENT: "live"}) if status == 200 else None
+    context.setdefault("endpoint", request.endpoint)
+    html = await render_template("console/page.html", title=title, panel=panel, live_url=live, **context)
+    return Response(html, status, mimetype="text/html")
+
+
+@blueprint.after_request
+async def security_headers(response: Response) -> Response:
+    response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["X-Frame-Options"] = "DENY"
+    # same-origin, not no-referrer: with no-referrer a browser posts the sign-in form with
+    # "Origin: null", which the origin check must refuse.
+    response.headers["Referrer-Policy"] = "same-origin"
+    if request.endpoint != "console.static":
+        # Pages and panels carry tenant data: never stored by a cache (the script sends
+        # If-None-Match itself).
+        response.headers["Cache-Control"] = "no-store"
+        response.vary.add("Cookie")
+    return response
+
+
+async def error_page(status: int, title: str, text: str) -> Response:
+    if is_fragment():
+        return Response(text, status, mimetype="text/plain")
+    html = await render_template("console/error.html", title=title, text=text)
+    return Response(html, status, mimetype="text/html")
+
+
+@blueprint.errorhandler(NotFound)
+async def not_found(exc: NotFound):
+    return await error_page(404, "Not found", NOT_FOUND_TEXT.get(exc.field or "", "There is no such page."))
+
+
+@blueprint.errorhandler(PermissionDenied)
+async def forbidden(exc: PermissionDenied):
+    return await error_page(403, "Not allowed", exc.message)
+
+
+@blueprint.errorhandler(OrbitError)
+async def other_error(exc: OrbitError):
+    if exc.http_status >= 500:
+        log.warning("console page failed: %s", exc.code)
+        return await error_page(exc.http_status, "Unavailable", "The node cannot read the database now; retry later.")
+    return await error_page(exc.http_status, "Cannot show this", exc.message)
+
+
+# -- panels -------------------------------------------------------------------------------
+
+
+def operations() -> OperationsStore:
+    return OperationsStore(node_state().db)
+
+
+def readable() -> list[str] | None:
+    return principal().queue_filter(SCOPE)
+
+
+async def queue_names() -> dict[str, str]:
+    who = principal()
+    queues = await node_state().tenancy.list_queues(who.namespace_id, queue_ids=readable(), limit=1000)
+    return {q.queue_id: q.name for q in queues}
+
+
+@blueprint.get("")
+async def overview():
+    who = principal()
+    ops = operations()
+    backlogs = await ops.namespace_backlogs(who.namespace_id, readable())
+    application = await ops.application(who.application)
+    return await page(
+        "Overview",
+        "console/panels/overview.html",
+        application=application,
+        queues=[(q, model.priority_bars(q.queued_by_priority)) for q in backlogs],
+    )
+
+
+@blueprint.get("/queues/<queue_id>")
+async def queue(queue_id: str):
+    who = principal()
+    state = node_state()
+    found = await state.tenancy.get_queue(who.namespace_id, queue_id)
+    who.require(SCOPE, found.queue_id)
+    backlogs = await operations().namespace_backlogs(who.namespace_id, [found.queue_id])
+    if not backlogs:
+        raise NotFound("queue_id: not found", field="queue_id")
+    recent = await state.tasks.list(who.namespace_id, queue_ids=readable(), queue_id=found.queue_id, limit=RECENT_TASKS)
+    plans = await PlanStore(state.db).list(who.namespace_id, queue_ids=readable(), queue_id=found.queue_id)
+    backlog = backlogs[0]
+    return await page(
+        f"Queue {found.name}",
+        "console/panels/queue.html",
+        queue=backlog,
+        bars=model.priority_bars(backlog.queued_by_priority),
+        tasks=recent.tasks,
+        plans=plans,
+    )
+
+
+@blueprint.get("/fairness")
+async def fairness():
+    who = principal()
+    node_wide = who.allows("metrics:read")
+    rows = await operations().live_turns()
+    return await page(
+        "Fairness",
+        "console/panels/fairness.html",
+        node_wide=node_wide,
+        applications=model.application_turns(rows, own_application_id=who.application_id, node_wide=node_wide),
+    )
+
+
+@blueprint.get("/workers")
+async def workers():
+    who = principal()
+    hub = node_state().services.hub
+    local = {cid: conn.hello.capacity for cid, conn in hub.connections.items() if conn.hello} if hub else {}
+    registered = await operations().namespace_workers(who.namespace_id)
+    nodes = model.visible_workers(
+        registered, readable=readable(), queue_names=await queue_names(), local_capacity=local
+    )
+    return await page("Workers", "console/panels/workers.html", nodes=nodes, this_node=node_state().node_id)
+
+
+@blueprint.get("/tasks")
+async def tasks():
+    who = principal()
+    wanted = request.args.get("task_id")
+    error = None
+    if wanted is not None:
+        wanted = wanted.strip().lower()
+        if is_hex32(wanted):
+            return see_other(f"/console/tasks/{wanted}")
+        error = "task_id: a task id is 32 hexadecimal digits"
+    recent = await node_state().tasks.list(who.namespace_id, queue_ids=readable(), limit=RECENT_TASKS)
+    return await page(
+        "Tasks",
+        "console/panels/tasks.html",
+        status=200 if error is None else 400,
+        tasks=recent.tasks,
+        queue_names=await queue_names(),
+        error=error,
+    )
+
+
+@blueprint.get("/tasks/<task_id>")
+async def task(task_id: str):
+    who = principal()
+    story = await operations().task(task_id, namespace_id=who.namespace_id)
+    who.require(SCOPE, story["queue_id"])
+    explanation = await node_state().services.store.explain(who.namespace_id, task_id)
+    return await page(
+        f"Task {task_id}", "console/panels/task.html", task=story, explanation=explanation, endpoint="console.tasks"
+    )
+
+
+@blueprint.get("/plans")
+async def plans():
+    who = principal()
+    found = await PlanStore(node_state().db).list(who.namespace_id, queue_ids=readable(), limit=100)
+    return await page("Plans", "console/panels/plans.html", plans=found, queue_names=await queue_names())
+
+
+@blueprint.get("/plans/<plan_id>")
+async def plan(plan_id: str):
+    who = principal()
+    store = PlanStore(node_state().db)
+    found = await store.get(who.namespace_id, plan_id)
+    who.require(SCOPE, found.queue_id)
+    versions = await store.list_versions(who.namespace_id, found.plan_id)
+    fired = await store.list_tasks(who.namespace_id, found.plan_id, limit=PLAN_TASKS)
+    return await page(
+        f"Plan {found.name}",
+        "console/panels/plan.html",
+        plan=found,
+        versions=versions,
+        tasks=fired.tasks,
+        queue_names=await queue_names(),
+        endpoint="console.plans",
+    )
+
+
+@blueprint.route("/<path:rest>", methods=["GET"])
+async def unknown(rest: str):
+    raise NotFound("path: no such console page", field="path")

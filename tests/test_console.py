@@ -1,0 +1,366 @@
+"""The console over HTTP: sessions, scopes, escaping, security headers, live panels.
+
+The browser tests (tests/test_console_browser.py) drive the same pages in Chromium; these
+check each rule directly on the responses of a real node.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+import httpx
+import pytest
+from itsdangerous import TimestampSigner
+
+from orbit_node.api.console import model
+from orbit_node.api.console.session import COOKIE_NAME, SessionSigner
+from orbit_node.config import NodeConfig
+from orbit_node.errors import ConfigError
+from orbit_node.services import default_services
+from orbit_node.store.plans import PlanStore
+from orbit_node.store.tenancy import TenancyStore
+
+from . import seed
+from .nodeutil import make_tenant, make_token, run_node
+from .wsclient import raw_worker
+
+MISSING = "0" * 32
+
+
+def console(node, **kwargs) -> httpx.AsyncClient:
+    return node.client(follow_redirects=False, **kwargs)
+
+
+async def sign_in(client: httpx.AsyncClient, token: str) -> httpx.Response:
+    response = await client.post("/console/sign-in", data={"token": token})
+    assert response.status_code == 303, response.text
+    return response
+
+
+def main_of(html: str) -> str:
+    return html[html.index("<main>") : html.index("</main>")]
+
+
+def submit(queue_id: str, payload: object = None, priority: int = 0, **more: object) -> dict:
+    return {
+        "queue_id": queue_id,
+        "handler": "h",
+        "handler_version": "v1",
+        "payload_version": "v1",
+        "payload": {} if payload is None else payload,
+        "priority": priority,
+        **more,
+    }
+
+
+async def test_sign_in_sets_a_strict_http_only_cookie_and_pages_carry_the_security_headers(running_node, db):
+    tenant = await make_tenant(db)
+    async with console(running_node) as client:
+        response = await sign_in(client, tenant.token)
+        assert response.headers["location"] == "/console"
+        cookie = response.headers["set-cookie"]
+        assert cookie.startswith(f"{COOKIE_NAME}=")
+        attributes = {part.strip().split("=")[0].lower() for part in cookie.split(";")[1:]}
+        assert {"httponly", "path", "max-age", "samesite"} <= attributes
+        assert "SameSite=Strict" in cookie and "Path=/console" in cookie and "Max-Age=28800" in cookie
+        assert "secure" not in attributes  # plain HTTP: a Secure cookie would never come back
+        assert tenant.token not in cookie  # the cookie names the credential, never its token
+
+        for path in ("/console", "/console/static/console.js", "/console/sign-in"):
+            page = await client.get(path)
+            assert page.status_code == 200, path
+            policy = page.headers["content-security-policy"]
+            assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy, path
+            assert "unsafe-inline" not in policy
+            assert page.headers["x-content-type-options"] == "nosniff", path
+        overview = await client.get("/console")
+        assert overview.headers["cache-control"] == "no-store"
+        # No inline script: every <script> names a file of the console.
+        scripts = re.findall(r"<script[^>]*>(.*?)</script>", overview.text, flags=re.S)
+        assert scripts == [""]
+        assert '<script src="/console/static/console.js" defer>' in overview.text
+
+
+async def test_without_a_valid_session_pages_go_to_sign_in_and_panels_answer_401(running_node, db):
+    tenant = await make_tenant(db)
+    async with console(running_node) as client:
+        page = await client.get("/console/workers")
+        assert (page.status_code, page.headers["location"]) == (303, "/console/sign-in?next=%2Fconsole%2Fworkers")
+        panel = await client.get("/console?fragment=live")
+        assert panel.status_code == 401 and panel.headers["orbit-sign-in"] == "/console/sign-in"
+
+        # A cookie signed with another key, a tampered one, and one of a past session are refused.
+        credential_id = tenant.token[4:36]
+        foreign = SessionSigner(b"k" * 32, 3600).issue(credential_id)
+        for value in (foreign, "garbage", foreign[:-2] + "xx"):
+            client.cookies.set(COOKIE_NAME, value, path="/console")
+            refused = await client.get("/console")
+            assert (refused.status_code, refused.headers["location"]) == (303, "/console/sign-in?ended=expired")
+            assert f"{COOKIE_NAME}=" in refused.headers["set-cookie"] and "Max-Age=0" in refused.headers["set-cookie"]
+
+        bad = await client.post("/console/sign-in", data={"token": "orb_" + "0" * 96})
+        assert bad.status_code == 401 and "unknown or revoked credential" in bad.text
+        empty = await client.post("/console/sign-in", data={"token": " "})
+        assert empty.status_code == 400 and "token: paste" in empty.text
+        submit_only = await make_token(db, tenant, {"tasks:submit": "*"})
+        lacking = await client.post("/console/sign-in", data={"token": submit_only})
+        assert lacking.status_code == 403 and "lacks scope tasks:read" in lacking.text
+        assert "set-cookie" not in lacking.headers
+        cross_site = await client.post(
+            "/console/sign-in", data={"token": tenant.token}, headers={"Origin": "https://evil.example"}
+        )
+        assert cross_site.status_code == 403 and "set-cookie" not in cross_site.headers
+
+
+def test_a_session_expires_after_its_lifetime():
+    class Clock(SessionSigner):
+        now = 1_000_000
+
+        def _signer(self) -> TimestampSigner:
+            signer = super()._signer()
+            signer.get_timestamp = lambda: Clock.now  # type: ignore[method-assign]
+            return signer
+
+    signer = Clock(b"s" * 32, 60)
+    value = signer.issue("a" * 32)
+    Clock.now += 60
+    assert signer.credential_id(value) == "a" * 32
+    Clock.now += 1
+    assert signer.credential_id(value) is None
+    with pytest.raises(ValueError):
+        signer.issue("not-an-id")
+
+
+async def test_a_revoked_credential_loses_its_session_at_the_next_request(running_node, db):
+    tenant = await make_tenant(db)
+    credential_id, token = await TenancyStore(db).create_credential(tenant.namespace_id, "viewer", {"tasks:read": "*"})
+    async with console(running_node) as client, console(running_node) as second:
+        await sign_in(client, token)
+        await sign_in(second, token)
+        assert (await client.get("/console")).status_code == 200
+        assert (await client.get("/console?fragment=live")).status_code == 200
+        await TenancyStore(db).revoke_credential(credential_id)
+        panel = await client.get("/console?fragment=live")
+        assert panel.status_code == 401 and panel.headers["orbit-sign-in"] == "/console/sign-in?ended=revoked"
+        assert "Max-Age=0" in panel.headers["set-cookie"]
+        page = await second.get("/console/fairness")
+        assert page.headers["location"] == "/console/sign-in?ended=revoked&next=%2Fconsole%2Ffairness"
+        ended = await client.get("/console/sign-in?ended=revoked")
+        assert "its credential is unknown, revoked" in ended.text
+        assert (await client.post("/console/sign-in", data={"token": token})).status_code == 401
+
+
+async def test_sign_out_clears_the_cookie(running_node, db):
+    tenant = await make_tenant(db)
+    async with console(running_node) as client:
+        await sign_in(client, tenant.token)
+        out = await client.post("/console/sign-out")
+        assert (out.status_code, out.headers["location"]) == (303, "/console/sign-in?ended=signed-out")
+        assert "Max-Age=0" in out.headers["set-cookie"]
+        assert (await client.get("/console")).status_code == 303
+
+
+async def test_overview_shows_the_backlog_per_priority_and_the_panel_answers_304_until_it_changes(running_node, db):
+    tenant = await make_tenant(db, queues=("work", "idle"))
+    async with console(running_node) as client, running_node.client(tenant.token) as api:
+        await sign_in(client, tenant.token)
+        # Not due for an hour: nothing on the panel ages while it is watched.
+        for n, priority in enumerate((9, 9, 4)):
+            task = submit(tenant.queues["work"], priority=priority, delay_s=3600)
+            created = await api.post("/v1/tasks", json=task, headers={"Idempotency-Key": f"k{n}"})
+            assert created.status_code == 201
+        assert (await api.post("/v1/queues/" + tenant.queues["idle"] + "/pause", json={})).status_code == 200
+        panel = await client.get("/console?fragment=live")
+        assert panel.status_code == 200 and "<html" not in panel.text
+        work = row_of(panel.text, tenant.queues["work"])
+        assert 'data-queued="3"' in work
+        assert counts(work) == {9: 2, 4: 1}
+        assert "paused" in row_of(panel.text, tenant.queues["idle"])
+        tag = panel.headers["etag"]
+        same = await client.get("/console?fragment=live", headers={"If-None-Match": tag})
+        assert same.status_code == 304 and same.text == ""
+        task = submit(tenant.queues["work"], priority=0, delay_s=3600)
+        assert (await api.post("/v1/tasks", json=task, headers={"Idempotency-Key": "k9"})).status_code == 201
+        changed = await client.get("/console?fragment=live", headers={"If-None-Match": tag})
+        assert changed.status_code == 200 and changed.headers["etag"] != tag
+        assert counts(row_of(changed.text, tenant.queues["work"])) == {9: 2, 4: 1, 0: 1}
+
+
+def row_of(html: str, queue_id: str) -> str:
+    start = html.index(f'<tr data-queue-id="{queue_id}"')
+    return html[start : html.index("</tr>", start)]
+
+
+def counts(html: str) -> dict[int, int]:
+    found = re.findall(r'data-level="(\d)" data-count="(\d+)"', html)
+    return {int(level): int(n) for level, n in found if int(n)}
+
+
+async def test_tenant_input_is_shown_escaped(running_node, db):
+    tenant = await make_tenant(db)
+    markup = "<script>alert(1)</script><b>bold</b>"
+    async with console(running_node) as client, running_node.client(tenant.token) as api:
+        await sign_in(client, tenant.token)
+        created = await api.post(
+            "/v1/tasks", json=submit(tenant.queue_id, {"note": markup}), headers={"Idempotency-Key": "x"}
+        )
+        task_id = created.json()["data"]["task_id"]
+        page = await client.get(f"/console/tasks/{task_id}")
+        assert page.status_code == 200
+        assert markup not in page.text and "&lt;script&gt;alert(1)&lt;/script&gt;&lt;b&gt;bold&lt;/b&gt;" in page.text
+
+
+async def test_another_tenants_ids_render_the_page_of_a_missing_one(running_node, db):
+    tenant = await make_tenant(db)
+    other = await make_tenant(db, "other")
+    async with running_node.client(other.token) as api:
+        task_id = (await api.post("/v1/tasks", json=submit(other.queue_id), headers={"Idempotency-Key": "o"})).json()[
+            "data"
+        ]["task_id"]
+    plan = await PlanStore(db).create(other.namespace_id, other.queue_id, "nightly")
+    async with console(running_node) as client:
+        await sign_in(client, tenant.token)
+        for kind, foreign in (("queues", other.queue_id), ("tasks", task_id), ("plans", plan.plan_id)):
+            theirs = await client.get(f"/console/{kind}/{foreign}")
+            missing = await client.get(f"/console/{kind}/{MISSING}")
+            malformed = await client.get(f"/console/{kind}/not-an-id")
+            assert theirs.status_code == missing.status_code == malformed.status_code == 404, kind
+            assert theirs.text == missing.text == malformed.text, kind
+            assert foreign not in theirs.text
+        overview = await client.get("/console")
+        assert other.queue_id not in overview.text and "other" not in main_of(overview.text)
+
+
+async def test_a_grant_limited_to_one_queue_shows_that_queue_only(running_node, db):
+    tenant = await make_tenant(db, queues=("seen", "hidden"))
+    token = await make_token(db, tenant, {"tasks:read": [tenant.queues["seen"]]})
+    async with running_node.client(tenant.token) as api:
+        hidden_task = (
+            await api.post("/v1/tasks", json=submit(tenant.queues["hidden"]), headers={"Idempotency-Key": "h"})
+        ).json()["data"]["task_id"]
+    async with console(running_node) as client:
+        await sign_in(client, token)
+        overview = await client.get("/console")
+        assert tenant.queues["seen"] in overview.text and tenant.queues["hidden"] not in overview.text
+        # Like the API: the namespace's own queue outside the grant is 403, not 404.
+        assert (await client.get(f"/console/queues/{tenant.queues['hidden']}")).status_code == 403
+        assert (await client.get(f"/console/tasks/{hidden_task}")).status_code == 403
+        assert hidden_task not in (await client.get("/console/tasks")).text
+
+
+async def test_fairness_shows_every_application_only_with_metrics_read(running_node, db):
+    alpha = await make_tenant(db, "alpha")
+    beta = await make_tenant(db, "beta")
+    node_id = "f" * 32
+    await db.run(
+        lambda tx: tx.execute_raw(
+            "INSERT INTO nodes (node_id, hostname, http_addr, version) VALUES (%s, 'h', 'a', 'v')", (node_id,)
+        )
+    )
+    for application_id, turns in ((alpha.application_id, 30), (beta.application_id, 10)):
+        await db.run(
+            lambda tx, a=application_id, t=turns: tx.execute_raw(
+                "INSERT INTO claim_turns (node_id, application_id, turns) VALUES (%s, %s, %s)", (node_id, a, t)
+            )
+        )
+    operator = await make_token(db, alpha, {"tasks:read": "*", "metrics:read": "*"})
+    reader = await make_token(db, alpha, {"tasks:read": "*"})
+    async with console(running_node) as client:
+        await sign_in(client, reader)
+        own = await client.get("/console/fairness")
+        assert 'data-application="alpha" data-turns="30"' in own.text
+        assert "beta" not in own.text and 'id="own-only"' in own.text and " %" not in own.text
+        await sign_in(client, operator)
+        every = await client.get("/console/fairness")
+        assert 'data-application="beta" data-turns="10"' in every.text
+        assert "75.0 %" in every.text and "25.0 %" in every.text and 'id="own-only"' not in every.text
+
+
+async def test_workers_of_the_namespace_with_capacity_and_held_tasks(node_config, db):
+    tenant = await make_tenant(db)
+    other = await make_tenant(db, "other")
+    await seed.insert_tasks(
+        db, seed.Tenant(tenant.application_id, tenant.namespace_id, tenant.queue_id), [seed.TaskSpec()] * 2
+    )
+    async with run_node(node_config, services=default_services()) as node:
+        async with raw_worker(node.base_url, tenant.token) as mine, raw_worker(node.base_url, other.token) as theirs:
+            await mine.hello([tenant.queue_id], capacity=5)
+            assert len((await mine.recv_type("dispatch"))["tasks"]) == 2
+            await theirs.hello([other.queue_id], capacity=3)
+            async with console(node) as client:
+                await sign_in(client, tenant.token)
+                page = await client.get("/console/workers")
+                assert page.status_code == 200
+                rows = re.findall(r'<tr data-connection-id="([^"]+)" data-held="(\d+)">(.*?)</tr>', page.text, re.S)
+                assert len(rows) == 1 and rows[0][1] == "2"
+                assert '<td class="n">5</td>' in rows[0][2]  # capacity, known to the node holding it
+                assert "(this node)" in page.text and ">q1</a>" in rows[0][2]
+
+
+async def test_console_off_and_a_short_secret_are_settings(node_config):
+    with pytest.raises(ConfigError) as info:
+        NodeConfig.from_env({"ORBIT_MYSQL_DSN": "mysql://root@h/d", "ORBIT_CONSOLE_SECRET": "short"})
+    assert info.value.field == "ORBIT_CONSOLE_SECRET"
+    with pytest.raises(ConfigError) as info:
+        NodeConfig.from_env({"ORBIT_MYSQL_DSN": "mysql://root@h/d", "ORBIT_CONSOLE": "maybe"})
+    assert info.value.field == "ORBIT_CONSOLE"
+    config = NodeConfig.from_env(
+        {"ORBIT_MYSQL_DSN": "mysql://root@h/d", "ORBIT_CONSOLE_SECRET": "x" * 32, "ORBIT_CONSOLE_SESSION_S": "60"}
+    )
+    assert (config.console, config.console_session_s) == (True, 60.0) and "x" * 32 not in repr(config)
+    async with run_node(attrs.evolve(node_config, console=False)) as node, node.client() as client:
+        assert (await client.get("/console")).status_code == 404
+
+
+async def test_nodes_sharing_a_secret_accept_each_others_sessions(node_config, db):
+    tenant = await make_tenant(db)
+    shared = attrs.evolve(node_config, console_secret="s" * 40)
+    async with run_node(shared) as one, run_node(shared) as two, run_node(node_config) as alone:
+        async with console(one) as client:
+            cookie = (await sign_in(client, tenant.token)).cookies[COOKIE_NAME]
+        for node, status in ((two, 200), (alone, 303)):
+            async with console(node) as client:
+                client.cookies.set(COOKIE_NAME, cookie, path="/console")
+                assert (await client.get("/console")).status_code == status
+
+
+def test_priority_bars_are_relative_to_the_largest_level():
+    bars = model.priority_bars({9: 10, 4: 5, 0: 1})
+    assert [b.level for b in bars] == list(range(9, -1, -1))
+    heights = {b.level: b.height for b in bars}
+    assert (heights[9], heights[4], heights[0], heights[5]) == (model.BAR_HEIGHT, model.BAR_HEIGHT // 2, 4, 0)
+    assert all(b.height == 0 for b in model.priority_bars({}))
+    assert model.priority_bars({3: 1000, 2: 1})[7].height == 1  # a level with tasks stays visible
+
+
+def test_application_turns_hide_other_tenants_without_a_node_wide_grant():
+    rows = [
+        {"node_id": "n1", "application_id": "a", "application": "alpha", "turns": 3},
+        {"node_id": "n2", "application_id": "a", "application": "alpha", "turns": 3},
+        {"node_id": "n1", "application_id": "b", "application": "beta", "turns": 2},
+    ]
+    every = model.application_turns(rows, own_application_id="a", node_wide=True)
+    assert [(a.application, a.turns, a.nodes, a.share) for a in every] == [("alpha", 6, 2, 0.75), ("beta", 2, 1, 0.25)]
+    own = model.application_turns(rows, own_application_id="a", node_wide=False)
+    assert [(a.application, a.turns, a.share) for a in own] == [("alpha", 6, None)]
+
+
+def test_visible_workers_keep_the_readable_queues_only():
+    worker = {"connection_id": "c1", "node_id": "n", "hostname": "h", "http_addr": "a", "queues": ["q1", "q2"]}
+    shown = model.visible_workers([worker], readable=["q2"], queue_names={"q2": "two"}, local_capacity={"c1": 4})
+    assert shown[0]["connections"][0]["queues"] == [{"queue_id": "q2", "name": "two"}]
+    assert shown[0]["connections"][0]["capacity"] == 4
+    assert model.visible_workers([worker], readable=["q3"], queue_names={}, local_capacity={}) == []
+
+
+def test_durations_read_as_words():
+    assert [model.duration(s) for s in (None, 0.25, 4.2, 42, 185, 7800, 200000)] == [
+        "-",
+        "250 ms",
+        "4.2 s",
+        "42 s",
+        "3 min 5 s",
+        "2 h 10 min",
+        "2 d 7 h",
+    ]

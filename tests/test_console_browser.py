@@ -1,0 +1,261 @@
+"""The console in a real browser: headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, which ``make test`` installs) driven by Selenium against a real node
+on this test's database.
+
+Selenium blocks, so every browser step runs in a thread (``trio.to_thread``) while the node
+serves in the test's own trio loop. Waits are on what the page shows (WebDriverWait), and
+on the page's own poll counter (``body[data-polls]``), never on a fixed sleep. Screenshots
+of each page go to ``var/console-screenshots/`` (ignored by git).
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import trio
+from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from orbit_node.store.plans import PlanStore
+from orbit_node.store.tenancy import TenancyStore
+
+from . import seed
+from .nodeutil import make_tenant
+from .test_console import submit
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+SCREENSHOTS = REPO / "var" / "console-screenshots"
+# The network of a test machine is closed: nothing of the browser's own may try it.
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1000",
+)
+# Longest wait for something the page should show (a poll is every 2 s).
+WAIT_S = 20
+MISSING = "0" * 32
+T = TypeVar("T")
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    if not CHROMEDRIVER.exists() or not CHROMIUM.exists():
+        pytest.fail("headless Chromium is missing: `make test` installs Debian's chromium and chromium-driver")
+    with tempfile.TemporaryDirectory(prefix="orbit-chromium-") as profile:
+        options = webdriver.ChromeOptions()
+        options.binary_location = str(CHROMIUM)
+        for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+            options.add_argument(flag)
+        driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+        try:
+            yield driver
+        finally:
+            driver.quit()
+
+
+async def step(fn: Callable[..., T], *args: Any) -> T:
+    """One blocking browser step, in a thread, while the node keeps serving."""
+    return await trio.to_thread.run_sync(functools.partial(fn, *args))
+
+
+def wait(driver: WebDriver, condition: Callable[[WebDriver], Any], what: str) -> Any:
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition, message=what)
+
+
+def shot(driver: WebDriver, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+
+
+def polls(driver: WebDriver) -> int:
+    return int(driver.execute_script("return Number(document.body.dataset.polls || 0)"))
+
+
+def after_next_poll(driver: WebDriver) -> None:
+    seen = polls(driver)
+    wait(driver, lambda d: polls(d) > seen, "the page polled its panel again")
+
+
+def sign_in(driver: WebDriver, base_url: str, token: str) -> None:
+    driver.get(base_url + "/console")
+    wait(driver, lambda d: "/console/sign-in" in d.current_url, "redirected to sign-in")
+    shot(driver, "sign-in")
+    driver.find_element(By.ID, "token").send_keys(token)
+    driver.find_element(By.CSS_SELECTOR, "form.sign-in button").click()
+    wait(driver, lambda d: d.current_url == base_url + "/console", "the overview after sign-in")
+
+
+def bar_count(driver: WebDriver, queue_id: str, level: int) -> int | None:
+    try:
+        bar = driver.find_element(By.CSS_SELECTOR, f'tr[data-queue-id="{queue_id}"] g.bar[data-level="{level}"]')
+    except NoSuchElementException:
+        return None
+    return int(bar.get_attribute("data-count") or 0)
+
+
+def main_html(driver: WebDriver) -> str:
+    return driver.find_element(By.TAG_NAME, "main").get_attribute("innerHTML") or ""
+
+
+@pytest.mark.time_cap(300)
+async def test_the_console_in_chromium(running_node, db, browser):
+    base = running_node.base_url
+    shop = await make_tenant(db, "shop", queues=("orders", "reports", "emails", "inbox"))
+    rival = await make_tenant(db, "rival")
+    orders = shop.queues["orders"]
+    async with running_node.client(shop.token) as api:
+        for n, priority in enumerate((9, 5, 5, 2, 0, 0, 0)):
+            created = await api.post(
+                "/v1/tasks",
+                json=submit(shop.queues["reports"], priority=priority),
+                headers={"Idempotency-Key": f"r{n}"},
+            )
+            assert created.status_code == 201
+        assert (await api.post(f"/v1/queues/{shop.queues['emails']}/pause", json={})).status_code == 200
+
+        # Sign in; the overview shows the backlog per priority level.
+        await step(sign_in, browser, base, shop.token)
+        assert await step(bar_count, browser, orders, 7) == 0
+        assert await step(bar_count, browser, shop.queues["reports"], 5) == 2
+        await step(browser.execute_script, "window.orbitSamePage = true")
+
+        # Tasks submitted now appear in the bars without a reload.
+        for n in range(3):
+            created = await api.post("/v1/tasks", json=submit(orders, priority=7), headers={"Idempotency-Key": f"o{n}"})
+            assert created.status_code == 201
+        await step(wait, browser, lambda d: bar_count(d, orders, 7) == 3, "three priority-7 tasks in the bars")
+        assert await step(browser.execute_script, "return window.orbitSamePage === true")
+        assert "paused" in await step(
+            lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-queue-id="{shop.queues["emails"]}"]').text
+        )
+        await step(shot, browser, "overview")
+
+        # A task with markup in its payload and in an attempt's error; one attempt failed.
+        markup = "<script>window.orbitInjected = true</script><b>bold</b>"
+        inbox = shop.queues["inbox"]
+        created = await api.post(
+            "/v1/tasks", json=submit(inbox, {"note": markup}, priority=3), headers={"Idempotency-Key": "m"}
+        )
+        task_id = created.json()["data"]["task_id"]
+    store = seed.dispatch_store(db)
+    owner = seed.Tenant(shop.application_id, shop.namespace_id, inbox)
+    (attempt,) = await store.claim(seed.claim_request(owner))
+    assert attempt.task_id == task_id
+    await store.start(task_id, attempt.fencing_token)
+    error = {"code": "BOOM", "message": "<img src=x onerror=window.orbitInjected=true>"}
+    await store.finish(task_id, attempt.fencing_token, error=error, retryable=True)
+    # Its retry is due in an hour (a chosen time: the explanation says NOT_DUE however slow the page).
+    await db.run(
+        lambda tx: tx.execute_raw(
+            "UPDATE tasks SET available_at = NOW(6) + INTERVAL 1 HOUR WHERE task_id = %s", (task_id,)
+        )
+    )
+
+    await step(browser.get, f"{base}/console/tasks/{task_id}")
+    assert await step(lambda: browser.find_element(By.ID, "task-priority").text) == "3"
+    rows = await step(
+        lambda: [
+            r.get_attribute("data-outcome")
+            for r in browser.find_elements(By.CSS_SELECTOR, "#attempts tr[data-attempt]")
+        ]
+    )
+    assert rows == ["retry"]
+    reasons = await step(
+        lambda: [li.get_attribute("data-code") for li in browser.find_elements(By.CSS_SELECTOR, "#explanation li")]
+    )
+    assert "NOT_DUE" in reasons and "NO_CAPABLE_WORKER" in reasons  # backing off, and no Worker serves it
+    explanation = await step(lambda: browser.find_element(By.ID, "explanation").text)
+    assert "not due for another" in explanation and "no connected Worker serves this queue" in explanation
+    # Markup is shown as text: no element came of it and nothing ran.
+    assert markup in await step(lambda: browser.find_element(By.ID, "payload").text)
+    assert await step(lambda: browser.find_elements(By.CSS_SELECTOR, "#payload *, #attempts img")) == []
+    assert "<img src=x onerror=window.orbitInjected=true>" in await step(
+        lambda: browser.find_element(By.ID, "attempts").text
+    )
+    assert await step(browser.execute_script, "return window.orbitInjected === undefined")
+    await step(shot, browser, "task")
+
+    # Fairness: claim turns of every application (the credential holds metrics:read), live.
+    node_id = "f" * 32
+    await db.run(
+        lambda tx: tx.execute_raw(
+            "INSERT INTO nodes (node_id, hostname, http_addr, version) VALUES (%s, 'node-a', '10.0.0.1:8080', 'dev')",
+            (node_id,),
+        )
+    )
+    await step(browser.get, f"{base}/console/fairness")
+    for round_ in range(1, 6):
+        for application_id, per_round in ((shop.application_id, 40), (rival.application_id, 40)):
+            await db.run(
+                lambda tx, a=application_id, t=per_round * round_: tx.execute_raw(
+                    "INSERT INTO claim_turns (node_id, application_id, turns) VALUES (%s, %s, %s) "
+                    "ON DUPLICATE KEY UPDATE turns = VALUES(turns)",
+                    (node_id, a, t),
+                )
+            )
+        await step(after_next_poll, browser)
+    lines = await step(lambda: browser.find_elements(By.CSS_SELECTOR, "#turn-chart polyline"))
+    assert len(lines) == 2
+    legend = await step(lambda: browser.find_element(By.ID, "turn-legend").text)
+    assert "shop:" in legend and "rival:" in legend and "50.0 % of the turns shown" in legend
+    assert "50.0 %" in await step(lambda: browser.find_element(By.ID, "turns").text)
+    await step(shot, browser, "fairness")
+
+    # Plans and Workers.
+    plan = await PlanStore(db).create(shop.namespace_id, orders, "nightly")
+    await step(browser.get, f"{base}/console/plans")
+    assert "nightly" in await step(lambda: browser.find_element(By.ID, "plans").text)
+    await step(shot, browser, "plans")
+    await step(browser.get, f"{base}/console/plans/{plan.plan_id}")
+    await step(shot, browser, "plan")
+    await step(browser.get, f"{base}/console/workers")
+    await step(shot, browser, "workers")
+    await step(browser.get, f"{base}/console/queues/{orders}")
+    assert (
+        await step(
+            lambda: browser.find_element(By.CSS_SELECTOR, '#live svg.bars g.bar[data-level="7"]').get_attribute(
+                "data-count"
+            )
+        )
+        == "3"
+    )
+    await step(shot, browser, "queue")
+
+    # Another tenant's queue renders the page of a missing one.
+    await step(browser.get, f"{base}/console/queues/{rival.queue_id}")
+    theirs = await step(main_html, browser)
+    await step(shot, browser, "not-found")
+    await step(browser.get, f"{base}/console/queues/{MISSING}")
+    assert await step(main_html, browser) == theirs
+    assert "There is no queue with this id in your namespace." in theirs and rival.queue_id not in theirs
+
+    # A revoked credential is signed out by the next poll of an open page.
+    await step(browser.get, f"{base}/console")
+    await step(after_next_poll, browser)
+    await TenancyStore(db).revoke_credential(shop.token[4:36])
+    await step(
+        wait, browser, lambda d: "/console/sign-in?ended=revoked" in d.current_url, "signed out after revocation"
+    )
+    message = await step(lambda: browser.find_element(By.ID, "sign-in-message").text)
+    assert "revoked" in message
+    await step(shot, browser, "signed-out")
+    await step(browser.get, f"{base}/console")
+    assert "/console/sign-in" in await step(lambda: browser.current_url)

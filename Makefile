@@ -22,12 +22,17 @@ install: $(STAMP)
 db:
 	@if [ -z "$$ORBIT_MYSQL_DSN" ]; then scripts/devdb.sh start >/dev/null; fi
 
+# The credentials file is written beside the node, once the node answers /readyz and
+# accepts its token (bootstrap --when-ready): a node that fails to start leaves an
+# existing file as it was. The shell's pid ($$$$) becomes the node's with `exec`.
+READY_WAIT_S ?= 600
 run: install db
 	@DSN="$${ORBIT_MYSQL_DSN:-$$(scripts/devdb.sh dsn)}"; \
 	mkdir -p var; \
 	ORBIT_MYSQL_DSN="$$DSN" $(BIN)/orbit-migrate up && \
-	ORBIT_MYSQL_DSN="$$DSN" $(BIN)/orbit-admin bootstrap --application dev --namespace default \
-	  --environment test --queue initial --worker-access --output $(CREDENTIALS) && \
+	{ ORBIT_MYSQL_DSN="$$DSN" $(BIN)/orbit-admin bootstrap --application dev --namespace default \
+	  --environment test --queue initial --worker-access --output $(CREDENTIALS) \
+	  --when-ready $(READY_WAIT_S) --node-pid $$$$ & } && \
 	ORBIT_MYSQL_DSN="$$DSN" exec $(BIN)/orbit
 
 # Lint, format check and type check (configuration in pyproject.toml); `make test` runs it first.

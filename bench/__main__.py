@@ -1,9 +1,9 @@
 """``python -m bench <scenario> [options]``: run benchmark scenarios.
 
-Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http soak (each: a table, a JSON result and PNG plots under
+Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http soak cancel (each: a table, a JSON result and PNG plots under
 bench/results/), ``all`` (every one of them, in that order, S2 using S1's figure), and
 ``claim`` (the dispatch core's micro-benchmark, its own options). ``soak`` (ten minutes and
-more) is not part of ``all``.
+more) and ``cancel`` (cancel latency, up to a renew interval per sample) are not part of ``all``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ SCENARIOS = {
     "bulk": "bench.bulk",
     "http": "bench.http",
     "soak": "bench.soak",
+    "cancel": "bench.cancel",
 }
 # The order of ``all``.
 ALL = ("s0", "s1", "e2e", "s2", "s3", "s4", "s5", "locks", "bulk", "http")

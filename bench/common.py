@@ -434,6 +434,7 @@ async def node_process(
     claims_per_connection_per_cycle: int | None = None,
     claim_batch_size: int | None = None,
     stats_interval_s: float | None = None,
+    run_lease_s: float | None = None,
 ) -> AsyncIterator[NodeProcess]:
     """Start ``python -m bench.nodeproc`` on a free port of 127.0.0.1; SIGTERM it on exit."""
     workdir = Path(tempfile.mkdtemp(prefix="orbit-bench-node-"))
@@ -446,6 +447,8 @@ async def node_process(
         cmd += ["--claim-batch-size", str(claim_batch_size)]
     if stats_interval_s is not None:
         cmd += ["--stats-interval-s", str(stats_interval_s)]
+    if run_lease_s is not None:
+        cmd += ["--run-lease-s", str(run_lease_s)]
     try:
         async with ready_process(
             cmd, ready, name="node", start_timeout_s=NODE_START_TIMEOUT_S, stop_timeout_s=NODE_STOP_TIMEOUT_S

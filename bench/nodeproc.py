@@ -43,6 +43,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--claim-batch-size", type=int, default=None, help="tasks one claim may take (default: the node's, 64)"
     )
+    parser.add_argument(
+        "--run-lease-s", type=float, default=None, help="lease of a running attempt (default: the node's, 60)"
+    )
     parser.add_argument("--log-level", default="warning")
     return parser.parse_args(argv)
 
@@ -96,6 +99,7 @@ async def serve(args: argparse.Namespace) -> None:
         log_level=args.log_level,
         scheduler=limits,
         **({} if args.claim_batch_size is None else {"claim_batch_size": args.claim_batch_size}),
+        **({} if args.run_lease_s is None else {"run_lease_s": args.run_lease_s}),
     )
     node = Node(config, services=default_services())
 

@@ -29,6 +29,34 @@ def cli(command: str, *args: str, dsn: Dsn | None = None, env: dict | None = Non
     )
 
 
+def bootstrap_args(output: Path | str, *, application: str = "dev") -> list[str]:
+    """``orbit-admin bootstrap`` as ``make run`` calls it (namespace ``default``, queue
+    ``initial``, Worker access), writing the credentials file ``output``."""
+    return [
+        "bootstrap",
+        "--application",
+        application,
+        "--namespace",
+        "default",
+        "--environment",
+        "test",
+        "--queue",
+        "initial",
+        "--worker-access",
+        "--output",
+        str(output),
+    ]
+
+
+async def bootstrap(dsn: Dsn, output: Path, *, application: str = "dev", env: dict | None = None) -> Path:
+    """Write the credentials file of a development application (``bootstrap_args``); returns ``output``."""
+    result = await trio.to_thread.run_sync(
+        lambda: cli("orbit-admin", *bootstrap_args(output, application=application), dsn=dsn, env=env)
+    )
+    assert result.returncode == 0, result.stderr
+    return output
+
+
 # How often wait_until asks again: often enough that a wait ends soon after its condition
 # holds, rarely enough that polling the database costs nothing worth measuring.
 POLL_S = 0.02

@@ -9,7 +9,7 @@ import stat
 from orbit_node.db import Database, migrate
 from orbit_node.store.tenancy import TenancyStore
 
-from .helpers import cli
+from .helpers import bootstrap_args, cli
 
 
 async def test_migrate_cli_up_status_and_idempotence(empty_dsn):
@@ -31,20 +31,7 @@ def test_migrate_cli_without_dsn_is_one_line():
 
 async def test_bootstrap_twice_is_idempotent_and_writes_a_private_usable_file(dsn, tmp_path):
     out = tmp_path / "creds.json"
-    args = [
-        "bootstrap",
-        "--application",
-        "priority-example",
-        "--namespace",
-        "default",
-        "--environment",
-        "test",
-        "--queue",
-        "initial",
-        "--worker-access",
-        "--output",
-        str(out),
-    ]
+    args = bootstrap_args(out, application="priority-example")
     env = {"ORBIT_HTTP_ADDR": "127.0.0.1:8080"}
     first = cli("orbit-admin", *args, dsn=dsn, env=env)
     assert first.returncode == 0, first.stderr

@@ -19,7 +19,7 @@ import trio
 
 from orbit_node.services import default_services
 
-from .helpers import REPO, cli
+from .helpers import REPO, bootstrap
 from .nodeutil import run_node
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -31,6 +31,9 @@ SKIPPED = {
         "the test's node and scratch database stand in for it"
     ),
     ".venv/bin/orbit": "runs a node until it is stopped; the test's node stands in for it",
+    "for example in retries plan fanout resource_keys; do": (
+        "tests/test_examples.py runs each of these examples against a node and checks every line it prints"
+    ),
 }
 
 
@@ -55,28 +58,8 @@ def test_every_skip_names_a_block_that_exists():
 async def docs_node(node_config, dsn, tmp_path):
     """A node on a scratch database, and the credentials file ``make run`` would write."""
     async with run_node(node_config, services=default_services()) as running:
-        creds = tmp_path / "dev.credentials.json"
         address = running.base_url.removeprefix("http://")
-        boot = await trio.to_thread.run_sync(
-            lambda: cli(
-                "orbit-admin",
-                "bootstrap",
-                "--application",
-                "dev",
-                "--namespace",
-                "default",
-                "--environment",
-                "test",
-                "--queue",
-                "initial",
-                "--worker-access",
-                "--output",
-                str(creds),
-                dsn=dsn,
-                env={"ORBIT_HTTP_ADDR": address},
-            )  # fmt: skip
-        )
-        assert boot.returncode == 0, boot.stderr
+        creds = await bootstrap(dsn, tmp_path / "dev.credentials.json", env={"ORBIT_HTTP_ADDR": address})
         yield running, creds, address
 
 

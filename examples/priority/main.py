@@ -1,9 +1,8 @@
-"""Priority example (P3 section 4): three tasks submitted as 0, 9, 4 run as 9, 4, 0.
+"""Priorities: three tasks submitted as 0, 9, 4 run as 9, 4, 0 (a higher priority runs first).
 
-Run from the repository root inside .venv, against a running node:
+Run from the repository root, against a running node (``make run``):
 
-    ORBIT_URL=http://127.0.0.1:8080 ORBIT_CREDENTIALS_FILE=var/dev.credentials.json \\
-        python examples/priority/main.py
+    ORBIT_CREDENTIALS_FILE=var/dev.credentials.json .venv/bin/python examples/priority/main.py
 
 It creates its own queue and handler name, submits three tasks (each with a 20 s
 deadline), then starts a capacity-1 automatic Worker whose handler returns its input
@@ -19,35 +18,26 @@ prints one line on stderr and exits non-zero. History is kept.
 from __future__ import annotations
 
 import datetime as dt
-import os
-import secrets
 import sys
+from pathlib import Path
 
-import trio
+from orbit_node.sdk import OrbitClient, SubmitTaskRequest, Worker, WorkerTask
 
-from orbit_node.sdk.client import Credentials, OrbitClient, SubmitTaskRequest
-from orbit_node.sdk.worker import Worker, WorkerTask
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import ScenarioFailed, main, run_id, serving  # noqa: E402
 
 SUBMITTED = (0, 9, 4)
 # Deadline of each task, and the bound on the whole scenario.
 TASK_DEADLINE_S = 20
 SCENARIO_LIMIT_S = 25
-# Bound on the clean-up after a failure.
-CLEANUP_S = 3
 # A payload integer far beyond 64 bits: it must come back exactly.
 BIG = 2**100 + 7
 
 
-class ScenarioFailed(Exception):
-    pass
-
-
-async def scenario() -> tuple[list[int], int, set[int], bool]:
-    run = secrets.token_hex(4)
+async def scenario() -> tuple[list[str], bool]:
+    run = run_id()
     handler = f"object.prepare.{run}"
-    credentials = Credentials.load(os.environ["ORBIT_CREDENTIALS_FILE"])
-    url = os.environ.get("ORBIT_URL") or credentials.url
-    async with OrbitClient.from_credentials(credentials, url=url) as client:
+    async with OrbitClient.from_env() as client:
         queue = await client.create_queue(f"priority-example-{run}")
         deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=TASK_DEADLINE_S)
         payloads, task_ids = {}, []
@@ -69,23 +59,15 @@ async def scenario() -> tuple[list[int], int, set[int], bool]:
             task_ids.append(accepted.task.task_id)
 
         executed: list[int] = []
-        worker = Worker(
-            url=url, token=credentials.token, queues=[queue.queue_id], capacity=1, client_name="priority-example"
-        )
+        worker = Worker.from_env(queues=[queue.queue_id], capacity=1, client_name="priority-example")
 
-        async def prepare(task: WorkerTask):
+        @worker.handler(handler, "v1", "v1")
+        async def prepare(task: WorkerTask) -> object:
             executed.append(task.priority)
             return task.payload
 
-        worker.register(handler, "v1", "v1", prepare)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            try:
-                await worker.wait_completed(len(SUBMITTED))
-            finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_S):
-                    await worker.drain()
-                nursery.cancel_scope.cancel()
+        async with serving(worker):
+            await worker.wait_completed(len(SUBMITTED))
 
         attempts = set()
         for task_id in task_ids:
@@ -93,27 +75,13 @@ async def scenario() -> tuple[list[int], int, set[int], bool]:
             if task.state != "succeeded" or task.result != payloads[task_id]:
                 raise ScenarioFailed(f"task {task_id} ended {task.state} with result {task.result!r}")
             attempts.add(task.attempts)
-        return executed, worker.completed, attempts, worker.drained
-
-
-async def main() -> int:
-    try:
-        with trio.fail_after(SCENARIO_LIMIT_S):
-            executed, completed, attempts, drained = await scenario()
-    except KeyError as exc:
-        print(f"error: {exc.args[0]} is not set", file=sys.stderr)
-        return 1
-    except trio.TooSlowError:
-        print(f"error: the scenario did not finish within {SCENARIO_LIMIT_S} s", file=sys.stderr)
-        return 1
-    except Exception as exc:  # one line, never a traceback
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(f"submitted_priorities={','.join(map(str, SUBMITTED))} executed_priorities={','.join(map(str, executed))}")
     per_task = ",".join(str(a) for a in sorted(attempts))
-    print(f"completed={completed} attempts_per_task={per_task} worker_drained={'true' if drained else 'false'}")
-    return 0 if executed == [9, 4, 0] and completed == 3 and attempts == {1} and drained else 1
+    lines = [
+        f"submitted_priorities={','.join(map(str, SUBMITTED))} executed_priorities={','.join(map(str, executed))}",
+        f"completed={worker.completed} attempts_per_task={per_task} worker_drained={'true' if worker.drained else 'false'}",
+    ]
+    return lines, executed == [9, 4, 0] and worker.completed == 3 and attempts == {1} and worker.drained
 
 
 if __name__ == "__main__":
-    sys.exit(trio.run(main))
+    sys.exit(main(scenario, limit_s=SCENARIO_LIMIT_S))

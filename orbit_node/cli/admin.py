@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,12 @@ from ..store.dispatch import DispatchStore
 from ..store.operations import OperationsStore
 from ..store.tenancy import ALL_QUEUES, NODE_SCOPES, SCOPES, TenancyStore
 from .common import Parser, database_from_env, fail, print_json, run_command
+from .ready import wait_until_served
 
 BASE_SCOPES = ("queues:manage", "tasks:submit", "tasks:read", "tasks:cancel")
 WORKER_SCOPES = ("workers:connect", "workers:consume")
+# The longest bootstrap --when-ready waits for a node (a day: a bound, not a policy).
+MAX_READY_WAIT_S = 86400.0
 
 
 def node_url(env=None) -> str:
@@ -67,12 +71,15 @@ async def bootstrap(
     worker_access: bool,
     output: Path,
     url: str,
+    when_ready: Callable[[str, str], Awaitable[None]] | None = None,
 ) -> dict:
     """Create (idempotently) the application, namespace, queues and a credential; write the file.
 
     An existing credentials file whose token is still valid for this namespace and has
     the requested scopes is kept (secrets are stored hashed, so a token cannot be
-    re-read); otherwise a new credential is issued.
+    re-read); otherwise a new credential is issued. With ``when_ready``, the file is
+    written only once ``await when_ready(url, token)`` returns (it raises to leave the
+    file as it was).
     """
     tenancy = TenancyStore(db)
     app_row = await tenancy.ensure_application(application)
@@ -108,6 +115,8 @@ async def bootstrap(
         "scopes": scopes,
         "queues": queue_ids,
     }
+    if when_ready is not None:
+        await when_ready(url, token)
     write_private_file(output, json.dumps(document, indent=2) + "\n")
     return document
 
@@ -254,6 +263,19 @@ def build_parser() -> argparse.ArgumentParser:
     boot.add_argument("--queue", required=True, action="append", help="queue name (repeatable)")
     boot.add_argument("--worker-access", action="store_true", help="also grant workers:connect and workers:consume")
     boot.add_argument("--output", required=True, type=Path, help="credentials file to write (mode 0600)")
+    boot.add_argument(
+        "--when-ready",
+        type=float,
+        metavar="SECONDS",
+        help="write the file only once the node at its url answers GET /readyz and accepts its token, "
+        "waiting at most SECONDS; until then an existing file stays as it was (make run uses this)",
+    )
+    boot.add_argument(
+        "--node-pid",
+        type=int,
+        metavar="PID",
+        help="with --when-ready: stop waiting, the file unchanged, as soon as process PID (the node) has exited",
+    )
     boot.add_argument("--json", action="store_true", help="print the written document (token masked)")
 
     cred = sub.add_parser("credential", help="create, revoke or list credentials").add_subparsers(
@@ -373,6 +395,16 @@ async def _bootstrap(db: Database, args) -> None:
             fail(f"{name}: must be 1-128 characters")
     if not args.output.parent.exists():
         fail(f"--output: directory {args.output.parent} does not exist")
+    if args.node_pid is not None and args.when_ready is None:
+        fail("--node-pid: goes with --when-ready", 2)
+    if args.when_ready is not None and not 0 < args.when_ready <= MAX_READY_WAIT_S:
+        fail(f"--when-ready: must be more than 0 and at most {MAX_READY_WAIT_S:g} seconds", 2)
+
+    async def when_ready(url: str, token: str) -> None:
+        why = await wait_until_served(url, token, timeout_s=args.when_ready, node_pid=args.node_pid)
+        if why is not None:
+            fail(f"{why}; {args.output} left as it was")
+
     document = await bootstrap(
         db,
         application=args.application,
@@ -382,6 +414,7 @@ async def _bootstrap(db: Database, args) -> None:
         worker_access=args.worker_access,
         output=args.output,
         url=run_command(node_url),
+        when_ready=None if args.when_ready is None else when_ready,
     )
     if args.json:
         print_json({**document, "token": "***"})

@@ -7,6 +7,7 @@ check each rule directly on the responses of a real node.
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta
 
 import attrs
 import httpx
@@ -277,25 +278,61 @@ async def test_fairness_shows_every_application_only_with_metrics_read(running_n
         assert "75.0 %" in every.text and "25.0 %" in every.text and 'id="own-only"' not in every.text
 
 
+async def test_fairness_history_covers_the_last_minutes_of_every_node(running_node, db):
+    """Minute rows of two nodes (written with chosen times, as nodes write them) are summed
+    per application; rows older than the window are left out; tenants see only their own."""
+    alpha = await make_tenant(db, "alpha")
+    beta = await make_tenant(db, "beta")
+    rows = [
+        (alpha.application_id, 0, "1" * 32, 6),
+        (alpha.application_id, 0, "2" * 32, 4),
+        (alpha.application_id, 3, "1" * 32, 5),
+        (beta.application_id, 0, "1" * 32, 10),
+        (beta.application_id, 30, "1" * 32, 1000),  # outside the 15 minutes shown
+    ]
+    for application_id, ago, node_id, turns in rows:
+        await db.run(
+            lambda tx, a=application_id, m=ago, n=node_id, t=turns: tx.execute_raw(
+                "INSERT INTO claim_turn_minutes (application_id, minute, node_id, turns)"
+                " VALUES (%s, NOW() - INTERVAL SECOND(NOW()) SECOND - INTERVAL %s MINUTE, %s, %s)",
+                (a, m, n, t),
+            )
+        )
+    operator = await make_token(db, alpha, {"tasks:read": "*", "metrics:read": "*"})
+    reader = await make_token(db, alpha, {"tasks:read": "*"})
+    legend = re.compile(r'<li data-application-id="(\w+)" data-turns="(\d+)">.*?</li>', re.S)
+    async with console(running_node) as client:
+        await sign_in(client, operator)
+        page = await client.get("/console/fairness")
+        assert dict(legend.findall(page.text)) == {alpha.application_id: "15", beta.application_id: "10"}
+        assert "alpha: 15 turns, 60.0 %" in page.text and "beta: 10 turns, 40.0 %" in page.text
+        assert page.text.count("<polyline ") == 2
+        await sign_in(client, reader)
+        own = await client.get("/console/fairness")
+        assert dict(legend.findall(own.text)) == {alpha.application_id: "15"} and "beta" not in own.text
+
+
 async def test_workers_of_the_namespace_with_capacity_and_held_tasks(node_config, db):
     tenant = await make_tenant(db)
     other = await make_tenant(db, "other")
     await seed.insert_tasks(
         db, seed.Tenant(tenant.application_id, tenant.namespace_id, tenant.queue_id), [seed.TaskSpec()] * 2
     )
-    async with run_node(node_config, services=default_services()) as node:
+    async with run_node(node_config, services=default_services()) as node, run_node(node_config) as viewer:
         async with raw_worker(node.base_url, tenant.token) as mine, raw_worker(node.base_url, other.token) as theirs:
             await mine.hello([tenant.queue_id], capacity=5)
             assert len((await mine.recv_type("dispatch"))["tasks"]) == 2
             await theirs.hello([other.queue_id], capacity=3)
-            async with console(node) as client:
-                await sign_in(client, tenant.token)
-                page = await client.get("/console/workers")
-                assert page.status_code == 200
-                rows = re.findall(r'<tr data-connection-id="([^"]+)" data-held="(\d+)">(.*?)</tr>', page.text, re.S)
-                assert len(rows) == 1 and rows[0][1] == "2"
-                assert '<td class="n">5</td>' in rows[0][2]  # capacity, known to the node holding it
-                assert "(this node)" in page.text and ">q1</a>" in rows[0][2]
+            for serving, this_node in ((node, True), (viewer, False)):
+                async with console(serving) as client:
+                    await sign_in(client, tenant.token)
+                    page = await client.get("/console/workers")
+                    assert page.status_code == 200
+                    rows = re.findall(r'<tr data-connection-id="([^"]+)" data-held="(\d+)">(.*?)</tr>', page.text, re.S)
+                    assert len(rows) == 1 and rows[0][1] == "2"
+                    # The capacity of the hello, from the registry: the same on every node.
+                    assert '<td class="n">5</td>' in rows[0][2]
+                    assert ("(this node)" in page.text) is this_node and ">q1</a>" in rows[0][2]
 
 
 async def test_console_off_and_a_short_secret_are_settings(node_config):
@@ -334,6 +371,36 @@ def test_priority_bars_are_relative_to_the_largest_level():
     assert model.priority_bars({3: 1000, 2: 1})[7].height == 1  # a level with tasks stays visible
 
 
+def test_turn_history_buckets_minutes_and_scales_to_the_peak():
+    now = datetime(2030, 1, 1, 12, 0)
+    rows = [
+        {"application_id": "a", "application": "alpha", "minute": now, "turns": 8, "current_minute": now},
+        {
+            "application_id": "a",
+            "application": "alpha",
+            "minute": now - timedelta(minutes=2),
+            "turns": 4,
+            "current_minute": now,
+        },
+        {
+            "application_id": "b",
+            "application": "beta",
+            "minute": now - timedelta(minutes=99),
+            "turns": 50,
+            "current_minute": now,
+        },
+    ]
+    history = model.turn_history(rows, own_application_id="a", node_wide=True, minutes=4)
+    assert history.peak == 8 and [s.application for s in history.series] == ["alpha"]
+    (alpha,) = history.series
+    ys = [float(point.split(",")[1]) for point in alpha.points.split()]
+    assert len(ys) == 5 and ys[-1] == model.CHART_TOP and ys[0] == model.CHART_BOTTOM
+    assert ys[2] == (model.CHART_TOP + model.CHART_BOTTOM) / 2  # 4 of 8, two minutes ago
+    assert (alpha.total, alpha.share) == (12, 1.0)
+    hidden = model.turn_history(rows, own_application_id="b", node_wide=False, minutes=4)
+    assert hidden.series == [] and hidden.peak == 0
+
+
 def test_application_turns_hide_other_tenants_without_a_node_wide_grant():
     rows = [
         {"node_id": "n1", "application_id": "a", "application": "alpha", "turns": 3},
@@ -347,11 +414,18 @@ def test_application_turns_hide_other_tenants_without_a_node_wide_grant():
 
 
 def test_visible_workers_keep_the_readable_queues_only():
-    worker = {"connection_id": "c1", "node_id": "n", "hostname": "h", "http_addr": "a", "queues": ["q1", "q2"]}
-    shown = model.visible_workers([worker], readable=["q2"], queue_names={"q2": "two"}, local_capacity={"c1": 4})
+    worker = {
+        "connection_id": "c1",
+        "node_id": "n",
+        "hostname": "h",
+        "http_addr": "a",
+        "queues": ["q1", "q2"],
+        "capacity": 4,
+    }
+    shown = model.visible_workers([worker], readable=["q2"], queue_names={"q2": "two"})
     assert shown[0]["connections"][0]["queues"] == [{"queue_id": "q2", "name": "two"}]
     assert shown[0]["connections"][0]["capacity"] == 4
-    assert model.visible_workers([worker], readable=["q3"], queue_names={}, local_capacity={}) == []
+    assert model.visible_workers([worker], readable=["q3"], queue_names={}) == []
 
 
 def test_durations_read_as_words():

@@ -185,6 +185,19 @@ async def test_a_scripted_workload_shows_exactly_its_counts(node_config, db):
                 )
             )
             assert {r["application_id"]: r["turns"] for r in rows} == {alpha.application_id: 2, beta.application_id: 2}
+            # And to the minute's row of the history; a flush with nothing new adds nothing.
+            await turns.flush()
+            minutes = await db.run(
+                lambda tx: tx.fetchall_raw(
+                    "SELECT application_id, SUM(turns) AS turns, COUNT(*) AS n FROM claim_turn_minutes"
+                    " WHERE node_id = %s GROUP BY application_id",
+                    (running.node.node_id,),
+                )
+            )
+            assert {r["application_id"]: int(r["turns"]) for r in minutes} == {
+                alpha.application_id: 2,
+                beta.application_id: 2,
+            }
 
             # The open server serves /metrics and nothing else; the node's HTTP address has none.
             async with httpx.AsyncClient(timeout=10) as client:

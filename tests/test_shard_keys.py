@@ -27,6 +27,7 @@ SHARDED_TABLES = (
     "plans",
     "plan_versions",
     "claim_turns",
+    "claim_turn_minutes",
 )
 ROUTING_KEYS = ("application_id", "namespace_id", "queue_id", "task_id", "plan_id")
 
@@ -41,6 +42,8 @@ SCATTER_ALLOWED = {
     "rows on every shard, one row per application, nothing else is read or changed",
     "ops_turns_prune": "the same clean-up for nodes that stopped without it",
     "ops_turns_live": "orbit-admin top: an operator's read across all applications",
+    "ops_turn_minutes_recent": "the console's fairness history: an operator's read across all applications",
+    "ops_turn_minutes_prune": "clean-up of history older than an hour, per shard; it decides nothing",
     "ops_applications": "orbit-admin application list: an operator's read across all applications",
 }
 

@@ -41,12 +41,23 @@ class TurnRecorder:
     prune_interval_s: float = TURNS_PRUNE_S
     flushes: int = 0
     _recorded: dict[str, int] = attrs.field(factory=dict, init=False)
+    # Per application, the cumulative turns already added to claim_turn_minutes.
+    _in_minutes: dict[str, int] = attrs.field(factory=dict, init=False)
     _next_prune: float | None = attrs.field(default=None, init=False)
     _flushed: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     async def flush(self) -> int:
-        """Write the changed counters now; returns how many applications were written."""
+        """Write the changed counters now; returns how many applications were written.
+
+        The turns granted since the last write also go to the current minute's row of
+        ``claim_turn_minutes`` (the console's history), each application's once: a
+        delta counts as added only after its own statement succeeded."""
         current = dict(self.turns())
+        for app, n in sorted(current.items()):
+            added = self._in_minutes.get(app, 0)
+            if n > added:
+                await self.store.add_turn_minutes(self.node_id, app, n - added)
+                self._in_minutes[app] = n
         changed = {app: n for app, n in current.items() if self._recorded.get(app) != n}
         if changed:
             await self.store.record_turns(self.node_id, changed)
@@ -67,6 +78,7 @@ class TurnRecorder:
                     if self._next_prune is None or now >= self._next_prune:
                         self._next_prune = now + self.prune_interval_s
                         await self.store.prune_turns()
+                        await self.store.prune_turn_minutes()
                 except OrbitError as exc:
                     # The database may be unreachable; the counters are written next time.
                     log.warning("could not record claim turns: %s", exc.message)

@@ -25,6 +25,8 @@ LIVE_STATES = ("queued", "reserved", "running")
 NODE_STALE_S = 30
 # Claim-turn rows of nodes that stopped, or whose heartbeat is older than this, are pruned.
 TURNS_STALE_S = 3600
+# Minutes of claim-turn history kept (claim_turn_minutes): the console shows the last 15.
+TURN_MINUTES_KEPT = 60
 
 
 @attrs.frozen(kw_only=True)
@@ -88,6 +90,19 @@ class OperationsStore:
                 "application_ids": tuple(sorted(turns)),
             },
         )
+
+    async def add_turn_minutes(self, node_id: str, application_id: str, turns: int) -> None:
+        """Add ``turns`` this node granted the application to the current database-clock minute."""
+        await self.db.execute(
+            "ops_turn_minutes_add", {"application_id": application_id, "node_id": node_id, "turns": turns}
+        )
+
+    async def recent_turn_minutes(self, minutes: int) -> list[dict[str, Any]]:
+        """(application_id, application, minute, turns, current_minute) over the last ``minutes``."""
+        return await self.db.fetchall("ops_turn_minutes_recent", {"minutes": minutes})
+
+    async def prune_turn_minutes(self, keep_minutes: int = TURN_MINUTES_KEPT) -> int:
+        return await self.db.execute("ops_turn_minutes_prune", {"keep_minutes": keep_minutes})
 
     async def forget_turns(self, node_id: str) -> None:
         await self.db.execute("ops_turns_forget_node", {"node_id": node_id})
@@ -306,6 +321,7 @@ class OperationsStore:
                 "queues": _json_list(r["queues"]),
                 "capabilities": _json_list(r["capabilities"]),
                 "resource_key_support": bool(r["resource_key_support"]),
+                "capacity": None if r["capacity"] is None else int(r["capacity"]),
                 "client_name": r["client_name"],
                 "client_version": r["client_version"],
                 "connected_at": rfc3339(r["connected_at"]),

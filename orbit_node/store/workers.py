@@ -20,6 +20,7 @@ class WorkerRegistryStore:
         queues,
         capabilities,
         resource_key_support: bool,
+        capacity: int,
         client_name: str | None,
         client_version: str | None,
     ) -> None:
@@ -34,6 +35,7 @@ class WorkerRegistryStore:
                     sorted([c.handler, c.handler_version, c.payload_version] for c in capabilities)
                 ),
                 "resource_key_support": int(resource_key_support),
+                "capacity": capacity,
                 "client_name": client_name,
                 "client_version": client_version,
             },

@@ -95,6 +95,7 @@ class WorkerHub:
                 queues=conn.hello.queues,
                 capabilities=conn.hello.capabilities,
                 resource_key_support=conn.hello.resource_keys,
+                capacity=conn.hello.capacity,
                 client_name=conn.hello.client_name,
                 client_version=conn.hello.client_version,
             )

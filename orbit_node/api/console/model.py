@@ -75,6 +75,87 @@ class ApplicationTurns:
     share: float | None
 
 
+# Minutes of claim-turn history the fairness panel draws.
+HISTORY_MINUTES = 15
+# The history chart's drawing area inside its 640 x 220 viewBox.
+CHART_LEFT, CHART_RIGHT, CHART_TOP, CHART_BOTTOM = 44.0, 630.0, 12.0, 190.0
+# Distinct line colours (console.css colours data-colour 0..7).
+COLOURS = 8
+
+
+@attrs.frozen(kw_only=True)
+class TurnSeries:
+    """One application's claim turns per minute, as an SVG polyline."""
+
+    application_id: str
+    application: str
+    colour: int
+    # "x,y x,y ..." in the chart's viewBox, oldest minute first.
+    points: str
+    # Turns in the window, and the share of all visible turns in it (None: others hidden).
+    total: int
+    share: float | None
+
+
+@attrs.frozen(kw_only=True)
+class TurnHistory:
+    minutes: int
+    # The most turns one application had in one minute (the top of the y axis).
+    peak: int
+    series: list[TurnSeries]
+    # The drawing area inside the chart's viewBox.
+    left: float = CHART_LEFT
+    right: float = CHART_RIGHT
+    top: float = CHART_TOP
+    bottom: float = CHART_BOTTOM
+
+
+def turn_history(
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    own_application_id: str,
+    node_wide: bool,
+    minutes: int = HISTORY_MINUTES,
+) -> TurnHistory:
+    """Turns per application and minute (``claim_turn_minutes`` summed over nodes) for the
+    last ``minutes`` minutes, the current one included, as chart lines; visibility as in
+    ``application_turns``."""
+    buckets: dict[str, list[int]] = {}
+    names: dict[str, str] = {}
+    for row in rows:
+        application_id = row["application_id"]
+        if not node_wide and application_id != own_application_id:
+            continue
+        ago = int((row["current_minute"] - row["minute"]).total_seconds() // 60)
+        if not 0 <= ago <= minutes:
+            continue
+        names[application_id] = row.get("application") or application_id
+        buckets.setdefault(application_id, [0] * (minutes + 1))[minutes - ago] += int(row["turns"])
+    peak = max((n for counts in buckets.values() for n in counts), default=0)
+    grand = sum(sum(counts) for counts in buckets.values())
+    step = (CHART_RIGHT - CHART_LEFT) / minutes
+    series = []
+    ordered = sorted(buckets, key=lambda a: (names[a], a))
+    for index, application_id in enumerate(ordered):
+        counts = buckets[application_id]
+        points = " ".join(
+            f"{CHART_LEFT + i * step:.1f},{CHART_BOTTOM - (n / peak if peak else 0) * (CHART_BOTTOM - CHART_TOP):.1f}"
+            for i, n in enumerate(counts)
+        )
+        total = sum(counts)
+        series.append(
+            TurnSeries(
+                application_id=application_id,
+                application=names[application_id],
+                colour=index % COLOURS,
+                points=points,
+                total=total,
+                share=(total / grand if grand else 0.0) if node_wide else None,
+            )
+        )
+    return TurnHistory(minutes=minutes, peak=peak, series=series)
+
+
 def application_turns(
     rows: Iterable[Mapping[str, Any]], *, own_application_id: str, node_wide: bool
 ) -> list[ApplicationTurns]:
@@ -110,13 +191,12 @@ def visible_workers(
     *,
     readable: Sequence[str] | None,
     queue_names: Mapping[str, str],
-    local_capacity: Mapping[str, int],
 ) -> list[dict[str, Any]]:
     """Worker connections serving a queue the principal reads, grouped by node.
 
     ``readable`` None: every queue of the namespace. A connection shows only the queues
-    the principal reads. ``local_capacity``: capacity of the connections the serving node
-    holds itself (the registry does not record capacity; other nodes' show None)."""
+    the principal reads, and the capacity its hello announced (from the registry, so for
+    every node's connections alike)."""
     nodes: dict[str, dict[str, Any]] = {}
     for worker in workers:
         served = [q for q in worker["queues"] if readable is None or q in readable]
@@ -135,7 +215,6 @@ def visible_workers(
             {
                 **worker,
                 "queues": [{"queue_id": q, "name": queue_names.get(q, q)} for q in served],
-                "capacity": local_capacity.get(worker["connection_id"]),
             }
         )
     return list(nodes.values())

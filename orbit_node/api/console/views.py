@@ -352,23 +352,21 @@ async def fairness():
     who = principal()
     node_wide = who.allows("metrics:read")
     rows = await operations().live_turns()
+    minutes = await operations().recent_turn_minutes(model.HISTORY_MINUTES)
     return await page(
         "Fairness",
         "console/panels/fairness.html",
         node_wide=node_wide,
         applications=model.application_turns(rows, own_application_id=who.application_id, node_wide=node_wide),
+        history=model.turn_history(minutes, own_application_id=who.application_id, node_wide=node_wide),
     )
 
 
 @blueprint.get("/workers")
 async def workers():
     who = principal()
-    hub = node_state().services.hub
-    local = {cid: conn.hello.capacity for cid, conn in hub.connections.items() if conn.hello} if hub else {}
     registered = await operations().namespace_workers(who.namespace_id)
-    nodes = model.visible_workers(
-        registered, readable=readable(), queue_names=await queue_names(), local_capacity=local
-    )
+    nodes = model.visible_workers(registered, readable=readable(), queue_names=await queue_names())
     return await page("Workers", "console/panels/workers.html", nodes=nodes, this_node=node_state().node_id)
 
 

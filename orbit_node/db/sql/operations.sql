@@ -15,6 +15,27 @@ SELECT %(node_id)s, a.application_id,
  WHERE a.application_id IN %(application_ids)s
 ON DUPLICATE KEY UPDATE turns = VALUES(turns)
 
+-- The turns one node granted one application since its last write, added to the current
+-- database-clock minute (one application per statement: the application is the shard key).
+-- name: ops_turn_minutes_add
+INSERT INTO claim_turn_minutes (application_id, minute, node_id, turns)
+VALUES (%(application_id)s, (NOW() - INTERVAL SECOND(NOW()) SECOND), %(node_id)s, %(turns)s)
+ON DUPLICATE KEY UPDATE turns = turns + VALUES(turns)
+
+-- Turns per application and minute over the last %(minutes)s minutes (every node summed),
+-- oldest first, with the database clock's current minute.
+-- name: ops_turn_minutes_recent
+SELECT m.application_id, a.name AS application, m.minute, SUM(m.turns) AS turns,
+       (NOW() - INTERVAL SECOND(NOW()) SECOND) AS current_minute
+  FROM claim_turn_minutes m
+  LEFT JOIN applications a ON a.application_id = m.application_id
+ WHERE m.minute >= (NOW() - INTERVAL SECOND(NOW()) SECOND) - INTERVAL %(minutes)s MINUTE
+ GROUP BY m.application_id, a.name, m.minute
+ ORDER BY m.minute, m.application_id
+
+-- name: ops_turn_minutes_prune
+DELETE FROM claim_turn_minutes WHERE minute < NOW() - INTERVAL %(keep_minutes)s MINUTE
+
 -- name: ops_turns_forget_node
 DELETE FROM claim_turns WHERE node_id = %(node_id)s
 
@@ -168,7 +189,7 @@ SELECT attempt, owner_node_id, connection_id, reserved_at, started_at, finished_
 -- under its connection id) and the age of its registry heartbeat (refreshed by its node).
 -- name: ops_workers_of_namespace
 SELECT wc.connection_id, wc.node_id, n.hostname, n.http_addr, wc.queues, wc.capabilities,
-       wc.resource_key_support, wc.client_name, wc.client_version, wc.connected_at, wc.heartbeat_at,
+       wc.resource_key_support, wc.capacity, wc.client_name, wc.client_version, wc.connected_at, wc.heartbeat_at,
        TIMESTAMPDIFF(MICROSECOND, wc.heartbeat_at, NOW(6)) / 1000000 AS heartbeat_age_s,
        COALESCE(h.held, 0) AS held
   FROM worker_connections wc

@@ -210,8 +210,8 @@ async def test_the_writer_server_dies_then_the_nodes_split_over_two_servers(clus
         assert {t["task_id"] for t in tasks} == set(load.acknowledged.values())
         for task in tasks:
             # Exactly one terminal state, reached by one attempt; one owner at a time.
-            assert task["state"] == "succeeded", task
             history = await assert_attempt_history(db, task["task_id"])
+            assert task["state"] == "succeeded", (task, history)
             assert [a["outcome"] for a in history if a["outcome"] in TERMINAL] == ["succeeded"], history
     finally:
         for node in nodes:

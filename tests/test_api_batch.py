@@ -278,3 +278,25 @@ async def test_parallel_batches_with_the_same_keys_create_each_task_once(running
         assert sorted(r["status"] for r in answered) == [200, 200, 200, 201]
         assert len({r["task"]["task_id"] for r in answered}) == 1
     assert await stored_counts(db) == {"tasks": 200, "idempotency_records": 200, "resource_keys": 0}
+
+
+async def test_prefer_return_minimal_answers_ids_and_states_only(running_node, db):
+    """RFC 7240: ``Prefer: return=minimal`` gives each accepted item its task id and state
+    (``Preference-Applied`` says so); refusals and the counts are the same; anything else
+    in the header is ignored."""
+    tenant = await make_tenant(db)
+    items = [task(tenant.queue_id, "m1"), task(tenant.queue_id, "m2", priority=10), task(tenant.queue_id, "m1")]
+    async with running_node.client(tenant.token) as client:
+        minimal = await batch(client, items, headers={"Prefer": 'respond-async, return="minimal"; x=1'})
+        assert minimal.headers["Preference-Applied"] == "return=minimal"
+        first, refused, repeat = results(minimal)
+        assert set(first) == {"index", "status", "task_id", "state"}
+        assert (first["status"], first["state"]) == (201, "queued")
+        item_error(refused, 400, "INVALID_ARGUMENT", "tasks[1].priority")
+        assert (repeat["status"], repeat["task_id"]) == (200, first["task_id"])
+        # The same keys again with the whole representation: the tasks of the minimal answer.
+        full = results(await batch(client, items[:1]))
+        assert full[0]["task"]["task_id"] == first["task_id"] and full[0]["status"] == 200
+        ignored = await batch(client, items[:1], headers={"Prefer": "return=representation, wait=5"})
+        assert "task" in results(ignored)[0] and "Preference-Applied" not in ignored.headers
+    assert (await stored_counts(db))["tasks"] == 1

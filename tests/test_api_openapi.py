@@ -170,6 +170,8 @@ async def test_real_responses_match_the_document(running_node, db):
             component("SubmitTasksItem").validate(item)
         batch = check(await client.post("/v1/tasks/batch", json={"tasks": items}), "/v1/tasks/batch")
         assert [r["status"] for r in batch["data"]["results"]] == [200, 409, 400, 404, 201]
+        minimal = await client.post("/v1/tasks/batch", json={"tasks": items}, headers={"Prefer": "return=minimal"})
+        assert [r["status"] for r in check(minimal, "/v1/tasks/batch")["data"]["results"]] == [200, 409, 400, 404, 200]
         check(await client.post("/v1/tasks/batch", json={"tasks": []}), "/v1/tasks/batch")
         check(
             await client.post(

@@ -83,10 +83,11 @@ async def test_skip_locked_on_two_servers_fails_certification_and_is_replayed(cl
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(one.transaction, first)
                 nursery.start_soon(second)
-        # The first transaction lost certification at COMMIT and ran again on what the
-        # second had committed: both increments are there, each once.
-        assert one.replays == 1 and two.replays == 0
-        assert [r["v"] for r in runs[1]] == [10]
+        # The first transaction lost certification at COMMIT and ran again until it ran on
+        # what the second had committed (a replay that reads before server one applied the
+        # other write set loses certification once more): both increments, each once.
+        assert one.replays >= 1 and two.replays == 0
+        assert len(runs) == one.replays + 1 and [r["v"] for r in runs[-1]] == [10]
         assert (await rows(one, "SELECT v FROM t"))[0]["v"] == 11
     finally:
         await one.aclose()

@@ -259,3 +259,10 @@ async def test_sdk_submit_many_round_trip(running_node, db):
         assert [r.task for r in again] == [r.task for r in got[:25]]
         fetched = await client.get_task(got[7].task.task_id)  # type: ignore[union-attr]
         assert fetched == got[7].task
+        assert [(r.task_id, r.state) for r in got[:3]] == [(r.task.task_id, "queued") for r in got[:3] if r.task]
+
+        # Ids and states only: the same acceptance, a lighter answer.
+        light = await client.submit_many(pairs[:3] + [("sdk-new", request(q))], return_tasks=False)
+        assert [r.status for r in light] == [200, 200, 200, 201]
+        assert all(r.task is None and r.state == "queued" for r in light)
+        assert [r.task_id for r in light[:3]] == [r.task.task_id for r in got[:3] if r.task]

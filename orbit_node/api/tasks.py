@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint
+from quart import Blueprint, request
 
 from .. import logs, rules
 from ..errors import OrbitError, PermissionDenied
@@ -94,6 +94,17 @@ def item_error(exc: OrbitError) -> dict[str, Any]:
     return {"code": exc.code, "message": exc.message, "field": exc.field}
 
 
+def prefers_minimal() -> bool:
+    """The request's ``Prefer`` header (RFC 7240) asks for ``return=minimal``; other
+    preferences, and a malformed header, are ignored as the RFC says."""
+    for header in request.headers.getlist("Prefer"):
+        for preference in header.split(","):
+            name, _, value = preference.split(";", 1)[0].partition("=")
+            if name.strip().lower() == "return" and value.strip().strip('"').lower() == "minimal":
+                return True
+    return False
+
+
 @bp.post("/tasks/batch")
 async def submit_batch():
     """Up to 1,000 submissions, each with its own key and the single submit's rules, in one
@@ -116,6 +127,7 @@ async def submit_batch():
             refused[index] = exc
             continue
         submissions.append(Submission(key, new, key_field=f"tasks[{index}].idempotency_key", queue_field=field))
+    minimal = prefers_minimal()
     state = node_state()
     outcomes = iter(await state.tasks.submit_many(who.namespace_id, submissions))
     results: list[dict[str, Any]] = []
@@ -130,13 +142,21 @@ async def submit_batch():
         counts["created" if outcome.created else "existing"] += 1
         if outcome.created:
             arrived.add(outcome.task.queue_id)
-        results.append({"index": index, "status": 201 if outcome.created else 200, "task": task_json(outcome.task)})
+        status = 201 if outcome.created else 200
+        if minimal:
+            task = outcome.task
+            results.append({"index": index, "status": status, "task_id": task.task_id, "state": task.state})
+        else:
+            results.append({"index": index, "status": status, "task": task_json(outcome.task)})
     logs.bind(tasks=len(items), **counts)
     claims = state.services.pool
     if claims is not None:
         for queue_id in sorted(arrived):
             claims.task_arrived(queue_id)
-    return envelope.ok({**counts, "results": results})
+    response = envelope.ok({**counts, "results": results})
+    if minimal:
+        response.headers["Preference-Applied"] = "return=minimal"
+    return response
 
 
 @bp.get("/tasks/<task_id>")

@@ -97,10 +97,11 @@ class Node:
     async def _heartbeat(self) -> None:
         while True:
             await trio.sleep(NODE_HEARTBEAT_S)
-            try:
-                await self.db.execute("node_heartbeat", {"node_id": self.node_id})
-            except Exception as exc:  # the database may be down; readiness reports it
-                log.warning("node heartbeat failed: %s", exc)
+            for db in self.databases:
+                try:
+                    await db.execute("node_heartbeat", {"node_id": self.node_id})
+                except Exception as exc:  # the database may be down; readiness reports it
+                    log.warning("node heartbeat failed: %s", exc)
 
     async def _follow_writer(self, db: Database) -> None:
         while True:
@@ -112,19 +113,22 @@ class Node:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve until ``request_shutdown()``; reports the bound addresses when listening."""
-        try:
-            with trio.move_on_after(5):
-                await self.db.execute(
-                    "node_register",
-                    {
-                        "node_id": self.node_id,
-                        "hostname": socket.gethostname()[:255],
-                        "http_addr": f"{self.config.http_host}:{self.config.http_port}",
-                        "version": __version__,
-                    },
-                )
-        except Exception as exc:
-            log.warning("node registration failed (continuing; readiness reports the database): %s", exc)
+        # The node is registered on every shard: each shard's operator reads (its Worker
+        # connections, claim turns and explanations) join its own `nodes` table.
+        for db in self.databases:
+            try:
+                with trio.move_on_after(5):
+                    await db.execute(
+                        "node_register",
+                        {
+                            "node_id": self.node_id,
+                            "hostname": socket.gethostname()[:255],
+                            "http_addr": f"{self.config.http_host}:{self.config.http_port}",
+                            "version": __version__,
+                        },
+                    )
+            except Exception as exc:
+                log.warning("node registration failed (continuing; readiness reports the database): %s", exc)
         app = create_app(self.state)
         served = trio.Event()
 
@@ -161,10 +165,11 @@ class Node:
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
-                try:
-                    await self.db.execute("node_stopped", {"node_id": self.node_id})
-                except Exception:
-                    pass
+                for db in self.databases:
+                    try:
+                        await db.execute("node_stopped", {"node_id": self.node_id})
+                    except Exception:
+                        pass
                 for db in self.databases:
                     await db.aclose()
 

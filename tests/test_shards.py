@@ -160,6 +160,7 @@ async def test_two_shards_on_two_servers_one_node(empty_dsn: Dsn, private_mariad
                     assert got[key][:2] == list(order[key]), key
                     assert sorted(got[key][2:]) == sorted(submitted[key]), key
 
+                shards = services.shards
                 # Fairness: the one pool of the node gave claim turns to both applications,
                 # and each shard's recorder wrote its own application's counters.
                 turns = services.pool.statistics().turns_by_application
@@ -167,8 +168,13 @@ async def test_two_shards_on_two_servers_one_node(empty_dsn: Dsn, private_mariad
                 await wait_until(lambda: rows(main_db, "SELECT 1 FROM claim_turns"))
                 await wait_until(lambda: rows(shard_db, "SELECT 1 FROM claim_turns"))
 
+                # Each shard's operator reads see the node (it registers on every shard):
+                # the live claim turns and the Worker registry of shard 2 are B's.
+                live = await shards.all[1].operations.live_turns()
+                assert [r["application_id"] for r in live] == [b.application_id]
+                assert await names(shard_db, "SELECT node_id FROM nodes") == [node.node.node_id]
+
                 # The routing a transaction follows: B's claims, transitions and queues are shard 2's.
-                shards = services.shards
                 assert [s.label for s in shards.all] == ["main", "shard 2"]
                 assert shards.of_application(a.application_id).db is node.node.db
                 assert shards.of_application(b.application_id).db is node.node.shard_dbs[0]

@@ -1,9 +1,10 @@
 """``python -m bench <scenario> [options]``: run benchmark scenarios.
 
-Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http soak cancel (each: a table, a JSON result and PNG plots under
-bench/results/), ``all`` (every one of them, in that order, S2 using S1's figure), and
+Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http soak cancel shards (each: a table, a JSON result and PNG
+plots under bench/results/), ``all`` (every one of them, in that order, S2 using S1's figure), and
 ``claim`` (the dispatch core's micro-benchmark, its own options). ``soak`` (ten minutes and
-more) and ``cancel`` (cancel latency, up to a renew interval per sample) are not part of ``all``.
+more), ``cancel`` (cancel latency, up to a renew interval per sample) and ``shards`` (S1's
+burn-down on one and on two database servers; it starts a private mariadbd) are not part of ``all``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ SCENARIOS = {
     "http": "bench.http",
     "soak": "bench.soak",
     "cancel": "bench.cancel",
+    "shards": "bench.shards",
 }
 # The order of ``all``.
 ALL = ("s0", "s1", "e2e", "s2", "s3", "s4", "s5", "locks", "bulk", "http")

@@ -435,8 +435,11 @@ async def node_process(
     claim_batch_size: int | None = None,
     stats_interval_s: float | None = None,
     run_lease_s: float | None = None,
+    shards: str = "",
 ) -> AsyncIterator[NodeProcess]:
-    """Start ``python -m bench.nodeproc`` on a free port of 127.0.0.1; SIGTERM it on exit."""
+    """Start ``python -m bench.nodeproc`` on a free port of 127.0.0.1; SIGTERM it on exit.
+
+    ``shards``: the node's ORBIT_SHARDS (none: every application on ``dsn``)."""
     workdir = Path(tempfile.mkdtemp(prefix="orbit-bench-node-"))
     ready = workdir / "ready.json"
     stats = workdir / "stats.jsonl"
@@ -449,6 +452,8 @@ async def node_process(
         cmd += ["--stats-interval-s", str(stats_interval_s)]
     if run_lease_s is not None:
         cmd += ["--run-lease-s", str(run_lease_s)]
+    if shards:
+        cmd += ["--shards", shards]
     try:
         async with ready_process(
             cmd, ready, name="node", start_timeout_s=NODE_START_TIMEOUT_S, stop_timeout_s=NODE_STOP_TIMEOUT_S

@@ -23,7 +23,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from orbit_node.config import Dsn, NodeConfig, SchedulerLimits
+from orbit_node.config import Dsn, NodeConfig, SchedulerLimits, parse_shards
 from orbit_node.node import Node
 from orbit_node.services import default_services
 
@@ -46,16 +46,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--run-lease-s", type=float, default=None, help="lease of a running attempt (default: the node's, 60)"
     )
+    parser.add_argument("--shards", default="", help="ORBIT_SHARDS of the node (default: none, one database)")
     parser.add_argument("--log-level", default="warning")
     return parser.parse_args(argv)
 
 
 def _commit_stats(node: Node) -> dict[str, int]:
-    commits = node.state.services.commits
-    if commits is None:
+    """The group commits' counters, summed over the node's shards."""
+    stats = [s.commits.statistics() for s in node.state.services.shards.all if s.commits is not None]
+    if not stats:
         return {}
-    c = commits.statistics()
-    return {"transition_groups": c.groups, "transition_batches": c.batches, "transition_items": c.items}
+    return {
+        "transition_groups": sum(c.groups for c in stats),
+        "transition_batches": sum(c.batches for c in stats),
+        "transition_items": sum(c.items for c in stats),
+    }
 
 
 async def _stats_loop(node: Node, path: Path, interval_s: float) -> None:
@@ -93,6 +98,7 @@ async def serve(args: argparse.Namespace) -> None:
         limits = attrs.evolve(limits, claims_per_connection_per_cycle=args.claims_per_connection_per_cycle)
     config = NodeConfig(
         dsn=Dsn.parse(args.dsn),
+        shards=parse_shards(args.shards),
         http_host="127.0.0.1",
         http_port=0,
         shutdown_grace_s=2.0,

@@ -109,6 +109,11 @@ class Dsn:
             failover_hosts=tuple(hosts[1:]),
         )
 
+    @property
+    def location(self) -> tuple[tuple[DsnHost, ...], str, str | None]:
+        """Which database this is, whatever the credentials: its servers, name and socket."""
+        return (self.hosts, self.database, self.unix_socket)
+
     def with_database(self, database: str) -> Dsn:
         return attrs.evolve(self, database=database)
 
@@ -120,10 +125,66 @@ class Dsn:
         return f"mysql://{auth}@{hosts}/{urllib.parse.quote(self.database)}{query}"
 
 
+# Longest application name (the applications table's column).
+APPLICATION_NAME_MAX = 128
+
+
+@attrs.frozen
+class ShardEntry:
+    """One entry of ``ORBIT_SHARDS``: the database that holds an application's rows."""
+
+    application: str
+    dsn: Dsn
+
+
+def parse_shards(text: str) -> tuple[ShardEntry, ...]:
+    """``ORBIT_SHARDS``: ``APPLICATION=DSN;APPLICATION=DSN...`` (docs/scaling.md).
+
+    Each DSN has the form of ``ORBIT_MYSQL_DSN`` (a Galera shard lists its servers). Empty
+    entries (a trailing ``;``) are ignored; an application named twice is an error. Errors
+    name the entry by its position and application, never by its DSN (it holds a password)."""
+    entries: list[ShardEntry] = []
+    seen: set[str] = set()
+    # Database location -> the first entry naming it.
+    places: dict[tuple[Any, ...], ShardEntry] = {}
+    for position, raw in enumerate(text.split(";"), start=1):
+        item = raw.strip()
+        if not item:
+            continue
+        name, sep, dsn_text = item.partition("=")
+        name, dsn_text = name.strip(), dsn_text.strip()
+        where = f"entry {position}" + (f" ({name!r})" if name else "")
+        if not sep or not name or not dsn_text:
+            raise ConfigError(f"ORBIT_SHARDS: {where}: expected APPLICATION=DSN", field="ORBIT_SHARDS")
+        if len(name) > APPLICATION_NAME_MAX:
+            raise ConfigError(
+                f"ORBIT_SHARDS: {where}: an application name has at most {APPLICATION_NAME_MAX} characters",
+                field="ORBIT_SHARDS",
+            )
+        if name in seen:
+            raise ConfigError(f"ORBIT_SHARDS: {where}: application {name!r} is listed twice", field="ORBIT_SHARDS")
+        seen.add(name)
+        try:
+            dsn = Dsn.parse(dsn_text)
+        except ConfigError as exc:
+            reason = exc.message.removeprefix("ORBIT_MYSQL_DSN: ")
+            raise ConfigError(f"ORBIT_SHARDS: {where}: {reason}", field="ORBIT_SHARDS") from None
+        first = places.setdefault(dsn.location, ShardEntry(name, dsn))
+        if first.dsn != dsn:
+            raise ConfigError(
+                f"ORBIT_SHARDS: {where}: names the database of {first.application!r} with other credentials "
+                "(one database, one DSN)",
+                field="ORBIT_SHARDS",
+            )
+        entries.append(ShardEntry(name, dsn))
+    return tuple(entries)
+
+
 # Every ORBIT_* variable a node, orbit-admin, orbit-migrate or the SDK reads.
 SETTING_VARIABLES = frozenset(
     {
         "ORBIT_MYSQL_DSN",
+        "ORBIT_SHARDS",
         "ORBIT_HTTP_ADDR",
         "ORBIT_TLS_CERT",
         "ORBIT_TLS_KEY",
@@ -211,7 +272,11 @@ class SchedulerLimits:
 
 @attrs.frozen(kw_only=True)
 class NodeConfig:
+    # The node's database: the directory (nodes, schema) and the shard of every
+    # application ORBIT_SHARDS does not name.
     dsn: Dsn
+    # ORBIT_SHARDS: applications whose rows live on another database (docs/scaling.md).
+    shards: tuple[ShardEntry, ...] = ()
     http_host: str = "127.0.0.1"
     http_port: int = 8080
     tls_cert: str | None = None
@@ -273,6 +338,13 @@ class NodeConfig:
     console_session_s: float = attrs.field(default=8 * 3600.0, validator=_positive)
 
     def __attrs_post_init__(self):
+        for entry in self.shards:
+            if entry.dsn.location == self.dsn.location and entry.dsn != self.dsn:
+                raise ConfigError(
+                    f"ORBIT_SHARDS: {entry.application!r} names the database of ORBIT_MYSQL_DSN with other "
+                    "credentials (one database, one DSN)",
+                    field="ORBIT_SHARDS",
+                )
         if self.console_secret is not None and len(self.console_secret) < CONSOLE_SECRET_MIN:
             raise ConfigError(
                 f"ORBIT_CONSOLE_SECRET: needs at least {CONSOLE_SECRET_MIN} characters "
@@ -307,6 +379,15 @@ class NodeConfig:
                 "/metrics on the HTTP address)",
                 field="ORBIT_METRICS_ADDR",
             )
+
+    @property
+    def shard_dsns(self) -> tuple[Dsn, ...]:
+        """The databases of ORBIT_SHARDS other than the node's own, each once, in order."""
+        found: dict[tuple[Any, ...], Dsn] = {}
+        for entry in self.shards:
+            found.setdefault(entry.dsn.location, entry.dsn)
+        found.pop(self.dsn.location, None)
+        return tuple(found.values())
 
     @property
     def base_url(self) -> str:
@@ -367,6 +448,7 @@ class NodeConfig:
             raise ConfigError(f"ORBIT_CONSOLE: expected on or off, got {console!r}", field="ORBIT_CONSOLE")
         return cls(
             dsn=Dsn.parse(dsn_text),
+            shards=parse_shards(env.get("ORBIT_SHARDS", "")),
             console=SWITCHES[console],
             console_secret=env.get("ORBIT_CONSOLE_SECRET") or None,
             http_host=host,

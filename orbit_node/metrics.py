@@ -17,7 +17,7 @@ business: ``orbit_node.api.metrics``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
@@ -103,11 +103,15 @@ class NodeMetrics:
         *,
         hub: WorkerHub | None,
         pool: ClaimPool | None,
-        sweeper: Sweeper | None,
-        commits: GroupCommitter | None = None,
+        sweepers: Sequence[Sweeper] = (),
+        commits: Sequence[GroupCommitter] = (),
+        databases: Sequence[Database] = (),
     ) -> None:
-        """Read the node's services at every scrape (called once, when the node is built)."""
-        self.registry.register(NodeCollector(self, hub, pool, sweeper, commits))
+        """Read the node's services at every scrape (called once, when the node is built).
+
+        A node with several shards has a sweeper, a group commit and a database per shard:
+        their figures are summed (``databases`` defaults to the node's own)."""
+        self.registry.register(NodeCollector(self, hub, pool, sweepers, commits, databases or (self.db,)))
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -150,14 +154,16 @@ class NodeCollector:
         metrics: NodeMetrics,
         hub: WorkerHub | None,
         pool: ClaimPool | None,
-        sweeper: Sweeper | None,
-        commits: GroupCommitter | None = None,
+        sweepers: Sequence[Sweeper],
+        commits: Sequence[GroupCommitter],
+        databases: Sequence[Database],
     ):
         self.metrics = metrics
         self.hub = hub
         self.pool = pool
-        self.sweeper = sweeper
+        self.sweepers = sweepers
         self.commits = commits
+        self.databases = databases
 
     def collect(self) -> Iterator[Metric]:
         metrics = self.metrics
@@ -190,19 +196,22 @@ class NodeCollector:
                 finished.add_metric([outcome], hub.finished.get(outcome, 0))
             yield finished
 
-        commits = self.commits
-        if commits is not None:
-            group = commits.statistics()
+        if self.commits:
+            groups = [commits.statistics() for commits in self.commits]
             yield CounterMetricFamily(
-                "orbit_transition_groups", "Group transactions of Worker transitions.", value=group.groups
+                "orbit_transition_groups",
+                "Group transactions of Worker transitions.",
+                value=sum(g.groups for g in groups),
             )
             yield CounterMetricFamily(
                 "orbit_transition_batches",
                 "Transition batches (one per Worker message) committed in groups.",
-                value=group.batches,
+                value=sum(g.batches for g in groups),
             )
             yield CounterMetricFamily(
-                "orbit_transition_items", "Task transitions decided in group transactions.", value=group.items
+                "orbit_transition_items",
+                "Task transitions decided in group transactions.",
+                value=sum(g.items for g in groups),
             )
 
         pool = self.pool
@@ -255,8 +264,7 @@ class NodeCollector:
                 turns.add_metric([application_id, names.get(application_id, "")], count)
             yield turns
 
-        sweeper = self.sweeper
-        if sweeper is not None:
+        if self.sweepers:
             recovered = CounterMetricFamily(
                 "orbit_leases_recovered",
                 "Tasks this node's recovery sweeper settled: requeued (reservation lease "
@@ -265,11 +273,19 @@ class NodeCollector:
                 labels=["outcome"],
             )
             for outcome in RECOVERY_OUTCOMES:
-                recovered.add_metric([outcome], getattr(sweeper.totals, outcome))
+                recovered.add_metric([outcome], sum(getattr(s.totals, outcome) for s in self.sweepers))
             yield recovered
-            yield CounterMetricFamily("orbit_recovery_passes", "Recovery sweeper passes run.", value=sweeper.passes)
+            yield CounterMetricFamily(
+                "orbit_recovery_passes", "Recovery sweeper passes run.", value=sum(s.passes for s in self.sweepers)
+            )
 
-        db = metrics.db.statistics()
-        yield GaugeMetricFamily("orbit_db_pool_size", "Database connections this node may open.", value=db.size)
-        yield GaugeMetricFamily("orbit_db_connections_open", "Database connections open now.", value=db.open)
-        yield GaugeMetricFamily("orbit_db_connections_in_use", "Database connections borrowed now.", value=db.in_use)
+        pools = [db.statistics() for db in self.databases]
+        yield GaugeMetricFamily(
+            "orbit_db_pool_size", "Database connections this node may open.", value=sum(db.size for db in pools)
+        )
+        yield GaugeMetricFamily(
+            "orbit_db_connections_open", "Database connections open now.", value=sum(db.open for db in pools)
+        )
+        yield GaugeMetricFamily(
+            "orbit_db_connections_in_use", "Database connections borrowed now.", value=sum(db.in_use for db in pools)
+        )

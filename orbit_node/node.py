@@ -39,6 +39,8 @@ class Node:
     config: NodeConfig
     node_id: str = attrs.field(factory=random_id)
     db: Database = attrs.field(init=False)
+    # One database per ORBIT_SHARDS database other than ORBIT_MYSQL_DSN's (config.shard_dsns).
+    shard_dbs: tuple[Database, ...] = attrs.field(init=False)
     state: NodeState = attrs.field(init=False)
     bound: list[str] = attrs.field(factory=list, init=False)
     # Addresses of the open metrics server (ORBIT_METRICS=open), once listening.
@@ -50,13 +52,26 @@ class Node:
     services: ServiceSet = ServiceSet()
 
     def __attrs_post_init__(self) -> None:
-        self.db = Database(
-            self.config.dsn, size=self.config.db_pool_size, operation_timeout_s=self.config.db_operation_timeout_s
+        self.db, *shard_dbs = (
+            Database(dsn, size=self.config.db_pool_size, operation_timeout_s=self.config.db_operation_timeout_s)
+            for dsn in (self.config.dsn, *self.config.shard_dsns)
         )
+        self.shard_dbs = tuple(shard_dbs)
         self.state = NodeState.build(
-            config=self.config, db=self.db, node_id=self.node_id, run=self.services, shutdown_requested=self._shutdown
+            config=self.config,
+            db=self.db,
+            shard_dbs=self.shard_dbs,
+            node_id=self.node_id,
+            run=self.services,
+            shutdown_requested=self._shutdown,
         )
-        self.db.on_replay = self.state.metrics.observe_replay
+        for db in self.databases:
+            db.on_replay = self.state.metrics.observe_replay
+
+    @property
+    def databases(self) -> tuple[Database, ...]:
+        """Every database this node uses: ORBIT_MYSQL_DSN's, then the other shards'."""
+        return (self.db, *self.shard_dbs)
 
     def request_shutdown(self) -> None:
         self._shutdown.set()
@@ -82,34 +97,38 @@ class Node:
     async def _heartbeat(self) -> None:
         while True:
             await trio.sleep(NODE_HEARTBEAT_S)
-            try:
-                await self.db.execute("node_heartbeat", {"node_id": self.node_id})
-            except Exception as exc:  # the database may be down; readiness reports it
-                log.warning("node heartbeat failed: %s", exc)
+            for db in self.databases:
+                try:
+                    await db.execute("node_heartbeat", {"node_id": self.node_id})
+                except Exception as exc:  # the database may be down; readiness reports it
+                    log.warning("node heartbeat failed: %s", exc)
 
-    async def _follow_writer(self) -> None:
+    async def _follow_writer(self, db: Database) -> None:
         while True:
             await trio.sleep(WRITER_CHECK_S)
             try:
-                await self.db.check_writer()
+                await db.check_writer()
             except Exception as exc:  # the pool moves on by itself when its server is lost
                 log.debug("database writer check failed: %s", exc)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve until ``request_shutdown()``; reports the bound addresses when listening."""
-        try:
-            with trio.move_on_after(5):
-                await self.db.execute(
-                    "node_register",
-                    {
-                        "node_id": self.node_id,
-                        "hostname": socket.gethostname()[:255],
-                        "http_addr": f"{self.config.http_host}:{self.config.http_port}",
-                        "version": __version__,
-                    },
-                )
-        except Exception as exc:
-            log.warning("node registration failed (continuing; readiness reports the database): %s", exc)
+        # The node is registered on every shard: each shard's operator reads (its Worker
+        # connections, claim turns and explanations) join its own `nodes` table.
+        for db in self.databases:
+            try:
+                with trio.move_on_after(5):
+                    await db.execute(
+                        "node_register",
+                        {
+                            "node_id": self.node_id,
+                            "hostname": socket.gethostname()[:255],
+                            "http_addr": f"{self.config.http_host}:{self.config.http_port}",
+                            "version": __version__,
+                        },
+                    )
+            except Exception as exc:
+                log.warning("node registration failed (continuing; readiness reports the database): %s", exc)
         app = create_app(self.state)
         served = trio.Event()
 
@@ -128,8 +147,9 @@ class Node:
                 await nursery.start(self.state.services.run, self._shutdown)
                 nursery.start_soon(self._heartbeat)
                 nursery.start_soon(self._note_shutdown)
-                if self.db.order.several:
-                    nursery.start_soon(self._follow_writer)
+                for db in self.databases:
+                    if db.order.several:
+                        nursery.start_soon(self._follow_writer, db)
                 if self.config.metrics == "open":
                     self.metrics_bound = await nursery.start(
                         serve_metrics, self.state.metrics, self.config.metrics_host, self.config.metrics_port
@@ -145,11 +165,13 @@ class Node:
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
-                try:
-                    await self.db.execute("node_stopped", {"node_id": self.node_id})
-                except Exception:
-                    pass
-                await self.db.aclose()
+                for db in self.databases:
+                    try:
+                        await db.execute("node_stopped", {"node_id": self.node_id})
+                    except Exception:
+                        pass
+                for db in self.databases:
+                    await db.aclose()
 
     @property
     def shutdown_requested(self) -> trio.Event:

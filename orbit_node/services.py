@@ -1,18 +1,23 @@
 """The node's dispatch services, built once per node and shared, typed, by everything.
 
-``DispatchServices`` is one frozen value: the node's one ``DispatchStore`` and, when the
-node runs them, the group commit of Worker transitions, the fair claim pool, the Worker hub, the claim-turn recorder, the
-recovery sweeper and the plan trigger. The API reads it (``NodeState.services``);
-nothing writes into it after it is built.
+``DispatchServices`` is one frozen value: the node's shards (``Shards``: the database of
+ORBIT_MYSQL_DSN and those of ORBIT_SHARDS), each a ``Shard`` with its repositories and,
+when the node runs them, its group commit of Worker transitions, claim-turn recorder,
+recovery sweeper and plan trigger; and the node-wide fair claim pool and Worker hub,
+which reach an application's shard through ``Shards``. The API reads it
+(``NodeState.services``); nothing writes into it after it is built, but for the
+application ids ``Shards`` learns from verified credentials.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import attrs
 import trio
 
+from .claims import ClaimRequest
 from .config import NodeConfig
 from .db import Database
 from .dispatch.commit import GroupCommitter
@@ -21,12 +26,16 @@ from .dispatch.pool import ClaimPool
 from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import FairScheduler
 from .dispatch.turns import TurnRecorder
+from .errors import Unauthenticated, Unavailable
 from .metrics import NodeMetrics
 from .store.dispatch import DispatchStore
 from .store.operations import OperationsStore
+from .store.ownership import Reservation
 from .store.plans import PlanStore
-from .store.tenancy import TenancyStore
+from .store.tasks import TaskStore
+from .store.tenancy import Principal, TenancyStore
 from .store.workers import WorkerRegistryStore
+from .workers.connection import TransitionStore
 from .workers.hub import WorkerHub
 
 log = logging.getLogger("orbit.node")
@@ -50,15 +59,187 @@ def default_services() -> ServiceSet:
 
 
 @attrs.frozen(kw_only=True)
-class DispatchServices:
+class Shard:
+    """One database holding applications' rows, its repositories, and the services that
+    work on it: the group commit of its Worker transitions, its claim-turn recorder, its
+    recovery sweeper and its plan trigger. Each transaction any of them runs touches this
+    database only."""
+
+    # "main" for ORBIT_MYSQL_DSN, else "shard N" (N from 2, in ORBIT_SHARDS order).
+    label: str
+    db: Database
+    tenancy: TenancyStore
+    tasks: TaskStore
+    plans: PlanStore
+    operations: OperationsStore
     store: DispatchStore
-    # The group commit of Worker transitions (Start/renew/Finish/release).
+    registry: WorkerRegistryStore
     commits: GroupCommitter | None = None
-    pool: ClaimPool | None = None
-    hub: WorkerHub | None = None
     turns: TurnRecorder | None = None
     sweeper: Sweeper | None = None
-    plans: PlanTrigger | None = None
+    trigger: PlanTrigger | None = None
+
+    def transitions(self, application_id: str) -> TransitionStore:
+        """Where Worker transitions of ``application_id`` go: its lane of this shard's group
+        commit (one application per transaction), or the store itself."""
+        if self.commits is not None:
+            return self.commits.for_application(application_id)
+        return self.store
+
+
+@attrs.define(eq=False)
+class Shards:
+    """Which shard holds an application: ORBIT_SHARDS by application name, ORBIT_MYSQL_DSN
+    for the others (docs/scaling.md).
+
+    A request reaches its shard through its credential: ``authenticate`` looks the token's
+    credential up on every shard and keeps the row of the shard the map places its
+    application on. The id of every application so verified is remembered, so that what
+    carries only an application id (a claim, a Worker's transitions) finds the same shard.
+    Without ORBIT_SHARDS every lookup is the main shard, at no cost."""
+
+    main: Shard
+    # The databases of ORBIT_SHARDS other than the main one, in order.
+    others: tuple[Shard, ...] = ()
+    # Application name -> its shard, from ORBIT_SHARDS.
+    _by_name: dict[str, Shard] = attrs.field(factory=dict)
+    # Application id -> its shard, of every application verified through ``authenticate``.
+    _by_id: dict[str, Shard] = attrs.field(factory=dict, init=False)
+
+    @property
+    def all(self) -> tuple[Shard, ...]:
+        return (self.main, *self.others)
+
+    @property
+    def sharded(self) -> bool:
+        return bool(self._by_name)
+
+    def of_name(self, application: str) -> Shard:
+        """The shard of the application named ``application``."""
+        return self._by_name.get(application, self.main)
+
+    def of(self, principal: Principal) -> Shard:
+        """The shard of a verified principal's application."""
+        if not self._by_name:
+            return self.main
+        return self.of_name(principal.application)
+
+    def of_application(self, application_id: str) -> Shard:
+        """The shard of an application verified through ``authenticate`` (every claim and
+        transition comes from a connection whose credential was)."""
+        if not self._by_name:
+            return self.main
+        shard = self._by_id.get(application_id)
+        if shard is None:
+            raise LookupError(f"application {application_id} has not been verified on this node")
+        return shard
+
+    def holds(self, shard: Shard, application_id: str) -> bool:
+        """Whether ``application_id`` (verified through ``authenticate``) lives on ``shard``."""
+        if not self._by_name:
+            return shard is self.main
+        return self._by_id.get(application_id) is shard
+
+    async def _verified(self, lookup: Callable[[TenancyStore], Awaitable[Principal]]) -> Principal:
+        if not self._by_name:
+            return await lookup(self.main.tenancy)
+        unavailable: Unavailable | None = None
+        for shard in self.all:
+            try:
+                principal = await lookup(shard.tenancy)
+            except Unauthenticated:
+                continue
+            except Unavailable as exc:
+                unavailable = exc
+                continue
+            # A row on a shard the map does not place its application on (a copy left
+            # behind by a move) is not the application's.
+            if self.of_name(principal.application) is shard:
+                self._by_id[principal.application_id] = shard
+                return principal
+        if unavailable is not None:
+            raise unavailable
+        raise Unauthenticated("authorization: unknown or revoked credential", field="authorization")
+
+    async def authenticate(self, token: str | None) -> Principal:
+        """The principal of a bearer token (``TenancyStore.authenticate`` on its shard)."""
+        return await self._verified(lambda tenancy: tenancy.authenticate(token))
+
+    async def principal_of(self, credential_id: str) -> Principal:
+        """The principal of a credential verified before (``TenancyStore.principal_of``)."""
+        return await self._verified(lambda tenancy: tenancy.principal_of(credential_id))
+
+    # -- what the node-wide claim pool and Worker hub route by application -----------------
+
+    async def claim(self, request: ClaimRequest) -> Sequence[Reservation]:
+        return await self.of_application(request.application_id).store.claim(request)
+
+    async def release(self, application_id: str, items: Sequence[tuple[str, str]]) -> object:
+        return await self.of_application(application_id).store.release_many(items)
+
+    def transitions_for(self, application_id: str) -> TransitionStore:
+        return self.of_application(application_id).transitions(application_id)
+
+    def tenancy_for(self, application_id: str) -> TenancyStore:
+        return self.of_application(application_id).tenancy
+
+    def registry_for(self, application_id: str) -> WorkerRegistryStore:
+        return self.of_application(application_id).registry
+
+    def registries(self) -> Sequence[WorkerRegistryStore]:
+        return [shard.registry for shard in self.all]
+
+    def turns_on(self, shard: Shard, turns: Mapping[str, int]) -> Mapping[str, int]:
+        """Of the node's claim turns per application id, those of ``shard``'s applications."""
+        if not self._by_name:
+            return turns
+        return {app: n for app, n in turns.items() if self.holds(shard, app)}
+
+
+def _turns_of(shards: Callable[[], Shards], index: int, scheduler: FairScheduler) -> Callable[[], Mapping[str, int]]:
+    """The claim turns a shard's recorder writes: the node's, of that shard's applications."""
+
+    def turns() -> Mapping[str, int]:
+        routed = shards()
+        return routed.turns_on(routed.all[index], scheduler.statistics().turns_by_application)
+
+    return turns
+
+
+def shard_labels(config: NodeConfig) -> list[str]:
+    """The label of each shard: "main", then "shard 2", "shard 3"... (``config.shard_dsns`` order)."""
+    return ["main", *(f"shard {n}" for n in range(2, 2 + len(config.shard_dsns)))]
+
+
+@attrs.frozen(kw_only=True)
+class DispatchServices:
+    """The node's shards with their services, and the node-wide ones: ONE fair claim pool
+    (fairness rotates applications across every shard) and one Worker hub."""
+
+    shards: Shards
+    pool: ClaimPool | None = None
+    hub: WorkerHub | None = None
+
+    # The main shard's services (a node without ORBIT_SHARDS has no other).
+    @property
+    def store(self) -> DispatchStore:
+        return self.shards.main.store
+
+    @property
+    def commits(self) -> GroupCommitter | None:
+        return self.shards.main.commits
+
+    @property
+    def turns(self) -> TurnRecorder | None:
+        return self.shards.main.turns
+
+    @property
+    def sweeper(self) -> Sweeper | None:
+        return self.shards.main.sweeper
+
+    @property
+    def plans(self) -> PlanTrigger | None:
+        return self.shards.main.trigger
 
     @classmethod
     def build(
@@ -66,44 +247,87 @@ class DispatchServices:
         *,
         config: NodeConfig,
         db: Database,
+        shard_dbs: Sequence[Database] = (),
         node_id: str,
-        tenancy: TenancyStore,
         metrics: NodeMetrics,
         shutdown_requested: trio.Event,
         run: ServiceSet,
     ) -> DispatchServices:
-        store = DispatchStore.from_config(db, config)
-        commits = pool = hub = turns = sweeper = plans = None
+        """``db`` is ORBIT_MYSQL_DSN's database, ``shard_dbs`` one per ``config.shard_dsns``."""
+        if len(shard_dbs) != len(config.shard_dsns):
+            raise ValueError(f"{len(config.shard_dsns)} shard databases configured, {len(shard_dbs)} given")
+        shards: Shards | None = None
+
+        def routed() -> Shards:
+            assert shards is not None, "the shards are built before anything runs"
+            return shards
+
+        pool = None
         if run.workers:
-            commits = GroupCommitter(store)
+
+            async def claim(request: ClaimRequest) -> Sequence[Reservation]:
+                return await routed().claim(request)
+
+            async def release(application_id: str, items: Sequence[tuple[str, str]]) -> object:
+                return await routed().release(application_id, items)
+
             pool = ClaimPool(
-                FairScheduler(config.scheduler),
-                claim=store.claim,
-                release=store.release_many,
-                observe=metrics.observe_claim,
+                FairScheduler(config.scheduler), claim=claim, release=release, observe=metrics.observe_claim
             )
+        built: list[Shard] = []
+        for label, shard_db in zip(shard_labels(config), (db, *shard_dbs), strict=True):
+            store = DispatchStore.from_config(shard_db, config)
+            commits = turns = sweeper = trigger = None
+            if pool is not None:
+                commits = GroupCommitter(store)
+                # Claim turns go to the database too: operators see every node's rotation in one place.
+                turns = TurnRecorder(OperationsStore(shard_db), node_id, _turns_of(routed, len(built), pool.scheduler))
+            if run.recovery:
+                sweeper = Sweeper(store, config.sweep_interval_s)
+            if run.plans:
+                trigger = PlanTrigger(
+                    PlanStore(shard_db),
+                    config.plan_interval_s,
+                    tasks_arrived=None if pool is None else pool.task_arrived,
+                )
+            built.append(
+                Shard(
+                    label=label,
+                    db=shard_db,
+                    tenancy=TenancyStore(shard_db),
+                    tasks=TaskStore(shard_db),
+                    plans=PlanStore(shard_db),
+                    operations=OperationsStore(shard_db),
+                    store=store,
+                    registry=WorkerRegistryStore(shard_db),
+                    commits=commits,
+                    turns=turns,
+                    sweeper=sweeper,
+                    trigger=trigger,
+                )
+            )
+        by_location = {dsn.location: shard for dsn, shard in zip(config.shard_dsns, built[1:], strict=True)}
+        by_name = {entry.application: by_location.get(entry.dsn.location, built[0]) for entry in config.shards}
+        shards = Shards(built[0], tuple(built[1:]), by_name)
+        hub = None
+        if pool is not None:
             hub = WorkerHub(
                 config=config,
                 node_id=node_id,
-                store=commits,
                 pool=pool,
-                tenancy=tenancy,
-                registry=WorkerRegistryStore(db),
+                shards=shards,
                 shutdown_requested=shutdown_requested,
                 on_start=metrics.observe_start,
                 on_application=metrics.note_application,
             )
-            # Claim turns go to the database too: operators see every node's rotation in one place.
-            scheduler = pool.scheduler
-            turns = TurnRecorder(OperationsStore(db), node_id, lambda: scheduler.statistics().turns_by_application)
-        if run.recovery:
-            sweeper = Sweeper(store, config.sweep_interval_s)
-        if run.plans:
-            plans = PlanTrigger(
-                PlanStore(db), config.plan_interval_s, tasks_arrived=None if pool is None else pool.task_arrived
-            )
-        metrics.collect_from(hub=hub, pool=pool, sweeper=sweeper, commits=commits)
-        return cls(store=store, commits=commits, pool=pool, hub=hub, turns=turns, sweeper=sweeper, plans=plans)
+        metrics.collect_from(
+            hub=hub,
+            pool=pool,
+            sweepers=[s.sweeper for s in built if s.sweeper is not None],
+            commits=[s.commits for s in built if s.commits is not None],
+            databases=[s.db for s in built],
+        )
+        return cls(shards=shards, pool=pool, hub=hub)
 
     async def run(self, shutdown_requested: trio.Event, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run every built service until cancelled; reports when all have started.
@@ -112,18 +336,20 @@ class DispatchServices:
         (pending claims are cancelled, in-flight ones finish and deliver); connections are
         told to drain by their own shutdown watch."""
         async with trio.open_nursery() as nursery:
-            if self.commits is not None:
-                await nursery.start(self.commits.run)
+            for shard in self.shards.all:
+                if shard.commits is not None:
+                    await nursery.start(shard.commits.run)
             if self.pool is not None:
                 await nursery.start(self.pool.run)
             if self.hub is not None:
                 nursery.start_soon(self.hub.run)
-            if self.turns is not None:
-                await nursery.start(self.turns.run)
-            if self.sweeper is not None:
-                await nursery.start(self.sweeper.run)
-            if self.plans is not None:
-                await nursery.start(self.plans.run)
+            for shard in self.shards.all:
+                if shard.turns is not None:
+                    await nursery.start(shard.turns.run)
+                if shard.sweeper is not None:
+                    await nursery.start(shard.sweeper.run)
+                if shard.trigger is not None:
+                    await nursery.start(shard.trigger.run)
             task_status.started()
             if self.pool is not None:
                 await shutdown_requested.wait()

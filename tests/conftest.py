@@ -18,6 +18,7 @@ import trio
 from orbit_node.config import Dsn, NodeConfig
 from orbit_node.db import Database, migrate
 
+from .faults.mariadb import PrivateMariaDB
 from .nodeutil import run_node
 
 # Every async test runs under a time cap (tests/timecap.py); pytester tests that cap.
@@ -99,3 +100,16 @@ async def running_node(node_config):
     """
     async with run_node(node_config) as running:
         yield running
+
+
+@pytest.fixture
+async def private_mariadb():
+    """A private ``mariadbd`` of the test's own (tests/faults/mariadb.py), removed afterwards."""
+    server = PrivateMariaDB()
+    try:
+        await server.start()
+        yield server
+    finally:
+        with trio.CancelScope(shield=True):
+            await server.stop()
+        server.remove()

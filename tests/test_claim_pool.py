@@ -124,8 +124,8 @@ async def test_results_of_a_departed_connection_are_released(autojump_clock):
             SimpleNamespace(task_id="t2", fencing_token="1-bb"),
         ]
 
-    async def release(reservations):
-        released.extend(reservations)
+    async def release(application_id, reservations):
+        released.extend((application_id, *r) for r in reservations)
 
     pool = ClaimPool(FairScheduler(SchedulerLimits()), claim=claim, release=release)
     with trio.fail_after(10):
@@ -137,7 +137,8 @@ async def test_results_of_a_departed_connection_are_released(autojump_clock):
             go.set()
             await trio.testing.wait_all_tasks_blocked()
             pool.close()
-    assert released == [("t1", "1-aa"), ("t2", "1-bb")]
+    # Given back to the application's shard, named by the application of the request.
+    assert released == [(ticket().application_id, "t1", "1-aa"), (ticket().application_id, "t2", "1-bb")]
 
 
 @pytest.mark.parametrize("blocked_by", ["application_in_flight", "paced_out"])

@@ -71,3 +71,44 @@ def test_a_dsn_names_several_hosts_in_order():
         with pytest.raises(ConfigError) as info:
             Dsn.parse(bad)
         assert info.value.field == "ORBIT_MYSQL_DSN" and words in info.value.message
+
+
+def test_orbit_shards_maps_applications_to_databases():
+    env = {
+        "ORBIT_MYSQL_DSN": "mysql://r@main/orbit",
+        "ORBIT_SHARDS": " billing = mysql://r:s%3Bx@db2:3307/orbit ; search=mysql://r@db3/orbit;"
+        "mail=mysql://r:s%3Bx@db2:3307/orbit;home=mysql://r@main/orbit;",
+    }
+    config = NodeConfig.from_env(env)
+    assert [(e.application, e.dsn.host, e.dsn.port) for e in config.shards] == [
+        ("billing", "db2", 3307),
+        ("search", "db3", 3306),
+        ("mail", "db2", 3307),
+        ("home", "main", 3306),
+    ]
+    assert config.shards[0].dsn.password == "s;x"
+    # Each other database once, in order; an entry naming the node's own database adds none.
+    assert [d.host for d in config.shard_dsns] == ["db2", "db3"]
+    assert NodeConfig.from_env({"ORBIT_MYSQL_DSN": "mysql://r@main/orbit"}).shards == ()
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("billing", "entry 1 ('billing'): expected APPLICATION=DSN"),
+        ("a=mysql://r@h/d;=mysql://r@h/d", "entry 2: expected APPLICATION=DSN"),
+        ("a=mysql://r@h/d;b=", "entry 2 ('b'): expected APPLICATION=DSN"),
+        ("a=mysql://r@h/d;a=mysql://r@h2/d", "entry 2 ('a'): application 'a' is listed twice"),
+        ("a=postgres://r:secret@h/d", "entry 1 ('a'): scheme must be mysql://"),
+        ("a=mysql://r:secret@h", "entry 1 ('a'): the path must name one database"),
+        ("x" * 129 + "=mysql://r@h/d", "at most 128 characters"),
+        ("a=mysql://r:secret@h2/d;b=mysql://s@h2/d", "entry 2 ('b'): names the database of 'a' with other credentials"),
+        ("a=mysql://r:secret@h/d", "'a' names the database of ORBIT_MYSQL_DSN with other credentials"),
+    ],
+)
+def test_a_bad_orbit_shards_entry_is_named(text, words):
+    with pytest.raises(ConfigError) as info:
+        NodeConfig.from_env({"ORBIT_MYSQL_DSN": "mysql://r@h/d", "ORBIT_SHARDS": text})
+    assert info.value.field == "ORBIT_SHARDS"
+    assert info.value.message.startswith("ORBIT_SHARDS: ") and words in info.value.message
+    assert "secret" not in info.value.message

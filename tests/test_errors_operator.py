@@ -25,7 +25,6 @@ from orbit_node.config import Dsn, NodeConfig
 from orbit_node.db import Database, migrate
 
 from .conftest import server_dsn
-from .faults.mariadb import PrivateMariaDB
 from .faults.nodeproc import free_port
 from .helpers import BIN
 from .nodeutil import assert_error, make_tenant, run_node
@@ -146,18 +145,6 @@ async def test_a_database_that_cannot_serve_is_a_generic_503_for_tenants_and_a_c
     assert all(driver_words in r.getMessage() for r in logged), [r.getMessage() for r in logged]
     warnings = readiness_lines(caplog, logging.WARNING)
     assert len(warnings) == 1 and warnings[0].startswith(f"not ready ({cause})"), warnings
-
-
-@pytest.fixture
-async def private_mariadb():
-    server = PrivateMariaDB()
-    try:
-        await server.start()
-        yield server
-    finally:
-        with trio.CancelScope(shield=True):
-            await server.stop()
-        server.remove()
 
 
 @pytest.mark.time_cap(120)

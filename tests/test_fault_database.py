@@ -18,7 +18,6 @@ from orbit_node.store.ownership import RecoveryStats
 from . import seed
 from .faults.checks import assert_attempt_history, rows, tenant_with_token
 from .faults.clock import LaterDatabase
-from .faults.mariadb import PrivateMariaDB
 from .faults.nodeproc import NodeProcess, free_port
 from .faults.proxy import open_fault_proxy
 from .helpers import wait_until
@@ -192,18 +191,6 @@ async def test_a_black_holed_database_connection_does_not_wedge_the_node(node_co
 
 
 # -- scenario 5 --------------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def private_mariadb():
-    server = PrivateMariaDB()
-    try:
-        await server.start()
-        yield server
-    finally:
-        with trio.CancelScope(shield=True):
-            await server.stop()
-        server.remove()
 
 
 # The node start (20 s), the scenario's own bound (90 s) and the checks after it.

@@ -82,11 +82,30 @@ def _same_but_ids(a: httpx.Response, b: httpx.Response, *ids: str) -> None:
     assert set(a.headers) - {"x-request-id", "date"} == set(b.headers) - {"x-request-id", "date"}
 
 
+# Ids of the right form that name nothing.
+UNKNOWN_TASK, UNKNOWN_QUEUE = "cd" * 16, "ab" * 16
+
+
+async def foreign_ids_look_missing(http: httpx.AsyncClient, task_id: str, queue_id: str) -> None:
+    """Another tenant's task and queue: 404 on every read and cancel, exactly as for ids that
+    exist nowhere."""
+    for method, path in (("GET", "/v1/tasks/{}"), ("POST", "/v1/tasks/{}/cancel"), ("GET", "/v1/tasks/{}/explain")):
+        foreign = await http.request(method, path.format(task_id))
+        missing = await http.request(method, path.format(UNKNOWN_TASK))
+        assert foreign.status_code == 404, (path, foreign.text)
+        _same_but_ids(foreign, missing, task_id, UNKNOWN_TASK)
+    for path in (f"/v1/queues/{queue_id}", f"/v1/tasks?queue_id={queue_id}"):
+        foreign = await http.get(path)
+        missing = await http.get(path.replace(queue_id, UNKNOWN_QUEUE))
+        assert foreign.status_code == 404, (path, foreign.text)
+        _same_but_ids(foreign, missing, queue_id, UNKNOWN_QUEUE)
+
+
 async def test_another_tenant_cannot_submit_read_cancel_or_consume_and_learns_nothing(full_node, db):
     a = await make_tenant(db, "tenant-a")
     b = await make_tenant(db, "tenant-b")
     task_id = await seed.insert_task(db, seed.Tenant(a.application_id, a.namespace_id, a.queue_id))
-    unknown_queue, unknown_task = "ab" * 16, "cd" * 16
+    unknown_queue = UNKNOWN_QUEUE
     async with full_node.client(b.token) as http:
         foreign = await http.post("/v1/tasks", json={**TASK, "queue_id": a.queue_id}, headers={"Idempotency-Key": "x1"})
         missing = await http.post(
@@ -94,16 +113,7 @@ async def test_another_tenant_cannot_submit_read_cancel_or_consume_and_learns_no
         )
         assert foreign.status_code == 404 and foreign.json()["error"]["code"] == "NOT_FOUND"
         _same_but_ids(foreign, missing, a.queue_id, unknown_queue)
-        for method, path in (("GET", "/v1/tasks/{}"), ("POST", "/v1/tasks/{}/cancel"), ("GET", "/v1/tasks/{}/explain")):
-            foreign = await http.request(method, path.format(task_id))
-            missing = await http.request(method, path.format(unknown_task))
-            assert foreign.status_code == 404, (path, foreign.text)
-            _same_but_ids(foreign, missing, task_id, unknown_task)
-        for path in (f"/v1/queues/{a.queue_id}", f"/v1/tasks?queue_id={a.queue_id}"):
-            foreign = await http.get(path)
-            missing = await http.get(path.replace(a.queue_id, unknown_queue))
-            assert foreign.status_code == 404, (path, foreign.text)
-            _same_but_ids(foreign, missing, a.queue_id, unknown_queue)
+        await foreign_ids_look_missing(http, task_id, a.queue_id)
         listing = await http.get("/v1/tasks")
         assert listing.status_code == 200 and listing.json()["data"] == []
     # Consume: a Worker of B naming A's queue is refused exactly like one naming no queue at all.

@@ -46,13 +46,20 @@ def create_app(state: NodeState) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.extensions["orbit"] = state
     app.register_blueprint(metrics_blueprint)
-    readiness = Readiness(state.db)
+    # One per database: ORBIT_MYSQL_DSN's, then each other shard's (named when there are several).
+    shards = state.shards.all
+    readiness = [Readiness(shard.db, label=shard.label if len(shards) > 1 else None) for shard in shards]
+
+    async def probe():
+        """The first database that is not ready, or the main one's ready answer."""
+        verdicts = [await each.probe() for each in readiness]
+        return next((v for v in verdicts if not v.ready), verdicts[0])
 
     @app.before_serving
     async def _check_database():
         # Once at start-up: an operator learns at once (a warning saying what to run)
         # that the node cannot serve yet; /readyz logs only changes after this.
-        await readiness.probe()
+        await probe()
 
     # One hook before and one after every request (each hook is a call per request).
     @app.before_request
@@ -111,7 +118,7 @@ def create_app(state: NodeState) -> QuartTrio:
 
     @app.get("/readyz")
     async def readyz():
-        verdict = await readiness.probe()
+        verdict = await probe()
         if verdict.ready:
             return envelope.ok({"status": "ready", "schema_version": verdict.schema_version})
         # Answered here, not raised: the error handler would log every probe.

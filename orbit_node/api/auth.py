@@ -11,6 +11,7 @@ from werkzeug.datastructures import Headers
 
 from .. import logs
 from ..errors import PermissionDenied, Unauthenticated
+from ..services import Shard
 from ..store.tenancy import ALL_QUEUES, Principal
 from .state import NodeState
 
@@ -43,6 +44,11 @@ async def authenticate() -> None:
 
 def principal() -> Principal:
     return g.principal
+
+
+def shard() -> Shard:
+    """The repositories and services of the shard of the request's application."""
+    return node_state().shard(g.principal)
 
 
 def require_any(scope: str) -> Principal:

@@ -20,12 +20,13 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 import trio
 
 from ..errors import Unauthenticated, Unavailable
-from ..store.tenancy import Principal, TenancyStore
+from ..store.tenancy import Principal
 
 # Default bound on how long a verified credential is trusted (ORBIT_CREDENTIAL_CACHE_S).
 DEFAULT_TTL_S = 1.0
@@ -37,9 +38,15 @@ def token_key(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+class Verifier(Protocol):
+    """Verifies a bearer token against the database (``services.Shards``, ``TenancyStore``)."""
+
+    async def authenticate(self, token: str | None) -> Principal: ...
+
+
 @attrs.define(eq=False)
 class CredentialCache:
-    tenancy: TenancyStore
+    tenancy: Verifier
     ttl_s: float = DEFAULT_TTL_S
     max_entries: int = MAX_ENTRIES
     # A monotonic clock in seconds (trio's by default; tests inject their own).

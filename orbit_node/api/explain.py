@@ -12,7 +12,7 @@ from quart import Blueprint
 
 from .. import rules
 from . import envelope
-from .auth import node_state, require_any
+from .auth import require_any, shard
 
 blueprint = Blueprint("explain", __name__)
 
@@ -20,6 +20,6 @@ blueprint = Blueprint("explain", __name__)
 @blueprint.get("/tasks/<task_id>/explain")
 async def explain_task(task_id: str):
     who = require_any("tasks:read")
-    explanation = await node_state().services.store.explain(who.namespace_id, rules.path_id(task_id, "task_id"))
+    explanation = await shard().store.explain(who.namespace_id, rules.path_id(task_id, "task_id"))
     who.require("tasks:read", explanation["queue_id"])
     return envelope.ok(explanation)

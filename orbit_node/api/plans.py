@@ -18,7 +18,7 @@ from ..plans.definition import parse_definition
 from ..store.plans import Plan, PlanStore, PlanTask, PlanVersion
 from ..store.tenancy import Principal
 from . import envelope, validation
-from .auth import node_state, require_any
+from .auth import require_any, shard
 from .tasks import check_queue_filter, summary_json
 
 bp = Blueprint("plans", __name__)
@@ -68,7 +68,7 @@ def plan_task_json(task: PlanTask) -> dict[str, Any]:
 
 
 def _store() -> PlanStore:
-    return PlanStore(node_state().db)
+    return shard().plans
 
 
 async def _plan(plan_id: str, scope: str) -> tuple[Principal, Plan]:

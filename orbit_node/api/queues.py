@@ -9,7 +9,7 @@ from quart import Blueprint
 from .. import rules
 from ..store.tenancy import Queue
 from . import envelope, validation
-from .auth import node_state, principal, readable_queues, require_all_queues, require_queue_read
+from .auth import principal, readable_queues, require_all_queues, require_queue_read, shard
 
 bp = Blueprint("queues", __name__)
 
@@ -34,7 +34,7 @@ async def create_queue():
     # A new queue is in no queue list, so creating one needs the scope for all queues.
     who = require_all_queues("queues:manage")
     fields = rules.create_queue(await validation.json_object(required=True))
-    queue, _ = await node_state().tenancy.create_queue(
+    queue, _ = await shard().tenancy.create_queue(
         who.namespace_id,
         who.application_id,
         fields["name"],
@@ -47,7 +47,7 @@ async def create_queue():
 @bp.get("/queues/<queue_id>")
 async def get_queue(queue_id: str):
     who = require_queue_read(rules.path_id(queue_id, "queue_id"))
-    return envelope.ok(queue_json(await node_state().tenancy.get_queue(who.namespace_id, queue_id)))
+    return envelope.ok(queue_json(await shard().tenancy.get_queue(who.namespace_id, queue_id)))
 
 
 @bp.get("/queues")
@@ -56,7 +56,7 @@ async def list_queues():
     params = validation.query(LIST_PARAMS)
     after = validation.decode_cursor(CURSOR_KIND, params)
     limit = validation.limit(params)
-    queues = await node_state().tenancy.list_queues(
+    queues = await shard().tenancy.list_queues(
         principal().namespace_id, after=after or "", limit=limit + 1, queue_ids=queue_ids
     )
     last = queues[limit - 1].queue_id if len(queues) > limit else None
@@ -74,18 +74,18 @@ def _manage(queue_id: str) -> str:
 async def pause_queue(queue_id: str):
     namespace_id = _manage(queue_id)
     rules.no_fields(await validation.json_object(required=False))
-    return envelope.ok(queue_json(await node_state().tenancy.set_queue_paused(namespace_id, queue_id, True)))
+    return envelope.ok(queue_json(await shard().tenancy.set_queue_paused(namespace_id, queue_id, True)))
 
 
 @bp.post("/queues/<queue_id>/resume")
 async def resume_queue(queue_id: str):
     namespace_id = _manage(queue_id)
     rules.no_fields(await validation.json_object(required=False))
-    return envelope.ok(queue_json(await node_state().tenancy.set_queue_paused(namespace_id, queue_id, False)))
+    return envelope.ok(queue_json(await shard().tenancy.set_queue_paused(namespace_id, queue_id, False)))
 
 
 @bp.patch("/queues/<queue_id>/controls")
 async def set_queue_controls(queue_id: str):
     namespace_id = _manage(queue_id)
     changes = rules.queue_controls(await validation.json_object(required=True))
-    return envelope.ok(queue_json(await node_state().tenancy.update_queue_controls(namespace_id, queue_id, changes)))
+    return envelope.ok(queue_json(await shard().tenancy.update_queue_controls(namespace_id, queue_id, changes)))

@@ -48,6 +48,8 @@ class Verdict:
     cause: str | None
     schema_version: int | None = None
     detail: str = ""
+    # Which of the node's databases answered ("shard 2"); None on a node of one database.
+    label: str | None = None
 
     @property
     def ready(self) -> bool:
@@ -55,16 +57,17 @@ class Verdict:
 
     def error(self) -> Unavailable:
         """The /readyz answer: 503 with the cause class, and the versions when it is the schema."""
+        which = "" if self.label is None else f" ({self.label})"
         if self.cause in ("schema_behind", "schema_ahead"):
             relation = "older than" if self.cause == "schema_behind" else "newer than"
             return SchemaNotReady(
-                f"schema: the database is at version {self.schema_version:06d}, {relation} this node's "
+                f"schema: the database{which} is at version {self.schema_version:06d}, {relation} this node's "
                 f"{migrate.HEAD:06d}",
                 field="schema",
                 cause=self.cause,
             )
         assert self.cause is not None
-        return Unavailable(MESSAGES[self.cause], field="database", cause=self.cause)
+        return Unavailable(MESSAGES[self.cause] + which, field="database", cause=self.cause)
 
 
 # The state before the first probe (so that the first answer is always logged).
@@ -75,6 +78,8 @@ _UNKNOWN = "unknown"
 class Readiness:
     db: Database
     timeout_s: float = READY_TIMEOUT_S
+    # Names the database in answers and log lines when a node has several (its shard).
+    label: str | None = None
     # The cause of the last answer (None: ready); logged again only when it changes.
     _last: str | None = attrs.field(default=_UNKNOWN, init=False)
 
@@ -91,8 +96,9 @@ class Readiness:
                 cause = verdict.cause
                 assert cause is not None  # not ready always names its cause
                 log.warning(
-                    "not ready (%s): %s; %s",
+                    "not ready (%s): %s%s; %s",
                     cause,
+                    "" if self.label is None else f"{self.label}: ",
                     verdict.detail,
                     REMEDIES[cause],
                     extra={"cause": cause},
@@ -100,6 +106,9 @@ class Readiness:
         return verdict
 
     async def _ask(self) -> Verdict:
+        return attrs.evolve(await self._answer(), label=self.label)
+
+    async def _answer(self) -> Verdict:
         try:
             with trio.fail_after(self.timeout_s):
                 version = await migrate.current_version(self.db)

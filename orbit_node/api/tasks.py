@@ -13,7 +13,7 @@ from ..store.tasks import Task, TaskSummary
 from ..store.tenancy import Principal
 from ..wire import stored_json
 from . import envelope, validation
-from .auth import node_state, require_any
+from .auth import node_state, require_any, shard
 
 bp = Blueprint("tasks", __name__)
 
@@ -80,7 +80,7 @@ async def submit_task():
     new = rules.submit_task(await validation.json_object(required=True))
     who.require("tasks:submit", new.queue_id)
     state = node_state()
-    accepted = await state.tasks.submit(who.namespace_id, key, new)
+    accepted = await state.shard(who).tasks.submit(who.namespace_id, key, new)
     logs.bind(queue_id=new.queue_id, task_id=accepted.task.task_id)
     claims = state.services.pool
     if accepted.created and claims is not None:
@@ -129,7 +129,7 @@ async def submit_batch():
         submissions.append(Submission(key, new, key_field=f"tasks[{index}].idempotency_key", queue_field=field))
     minimal = prefers_minimal()
     state = node_state()
-    outcomes = iter(await state.tasks.submit_many(who.namespace_id, submissions))
+    outcomes = iter(await state.shard(who).tasks.submit_many(who.namespace_id, submissions))
     results: list[dict[str, Any]] = []
     arrived: set[str] = set()
     counts = {"created": 0, "existing": 0, "refused": 0}
@@ -162,7 +162,7 @@ async def submit_batch():
 @bp.get("/tasks/<task_id>")
 async def get_task(task_id: str):
     who = require_any("tasks:read")
-    task = await node_state().tasks.get(who.namespace_id, rules.path_id(task_id, "task_id"))
+    task = await shard().tasks.get(who.namespace_id, rules.path_id(task_id, "task_id"))
     who.require("tasks:read", task.queue_id)
     return envelope.ok(task_json(task))
 
@@ -172,7 +172,7 @@ async def check_queue_filter(who: Principal, queue_id: str | None) -> None:
     if queue_id is not None:
         rules.path_id(queue_id, "queue_id")
         who.require("tasks:read", queue_id)
-        await node_state().tenancy.get_queue(who.namespace_id, queue_id)
+        await shard().tenancy.get_queue(who.namespace_id, queue_id)
 
 
 @bp.get("/tasks")
@@ -184,7 +184,7 @@ async def list_tasks():
     before = validation.decode_cursor(CURSOR_KIND, params)
     limit = validation.limit(params)
     await check_queue_filter(who, queue_id)
-    page = await node_state().tasks.list(
+    page = await shard().tasks.list(
         who.namespace_id,
         queue_ids=who.queue_filter("tasks:read"),
         queue_id=queue_id,
@@ -202,7 +202,7 @@ async def cancel_task(task_id: str):
     who = require_any("tasks:cancel")
     rules.path_id(task_id, "task_id")
     rules.no_fields(await validation.json_object(required=False))
-    tasks = node_state().tasks
+    tasks = shard().tasks
     task = await tasks.get(who.namespace_id, task_id)
     who.require("tasks:cancel", task.queue_id)
     cancelled = await tasks.cancel(who.namespace_id, task_id)

@@ -53,7 +53,7 @@ async def connect():
             raise InvalidArgument(
                 "credentials must be sent in the Authorization header, never in the query string", field="query"
             )
-        principal = await state.tenancy.authenticate(bearer_token(websocket.headers))
+        principal = await state.shards.authenticate(bearer_token(websocket.headers))
         principal.require("workers:connect")
         if hub is None or hub.shutdown_requested.is_set():
             raise Unavailable("this node is not accepting Worker connections", field="node")

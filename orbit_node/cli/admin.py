@@ -740,7 +740,8 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    db = run_command(database_from_env)
+    # A command about one application works on the database of its shard (ORBIT_SHARDS).
+    db = run_command(lambda: database_from_env(application=getattr(args, "application", None)))
 
     async def go():
         try:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ..config import Dsn, check_environment
+from ..config import Dsn, check_environment, parse_shards
 from ..db import Database
 from ..errors import ConfigError, OrbitError
 
@@ -26,7 +26,9 @@ class Parser(argparse.ArgumentParser):
         fail(f"{self.prog}: {message} (see --help)", 2)
 
 
-def database_from_env(env=None) -> Database:
+def dsns_from_env(env=None) -> list[tuple[str, Dsn]]:
+    """ORBIT_MYSQL_DSN's database, then each other database of ORBIT_SHARDS, labelled as a
+    node labels its shards ("main", "shard 2", ...)."""
     env = os.environ if env is None else env
     try:
         check_environment(env)
@@ -35,7 +37,19 @@ def database_from_env(env=None) -> Database:
     dsn_text = env.get("ORBIT_MYSQL_DSN")
     if not dsn_text:
         fail("ORBIT_MYSQL_DSN is not set")
-    return Database(Dsn.parse(dsn_text), size=2)
+    main = Dsn.parse(dsn_text)
+    found = {main.location: main}
+    for entry in parse_shards(env.get("ORBIT_SHARDS", "")):
+        found.setdefault(entry.dsn.location, entry.dsn)
+    return [("main" if n == 1 else f"shard {n}", dsn) for n, dsn in enumerate(found.values(), start=1)]
+
+
+def database_from_env(env=None, *, application: str | None = None) -> Database:
+    """The database of ORBIT_MYSQL_DSN or, for an ``application`` ORBIT_SHARDS names, its shard's."""
+    env = os.environ if env is None else env
+    main = dsns_from_env(env)[0][1]
+    shards = {entry.application: entry.dsn for entry in parse_shards(env.get("ORBIT_SHARDS", ""))}
+    return Database(shards.get(application, main) if application is not None else main, size=2)
 
 
 def run_command(fn: Callable[[], Any]) -> Any:

@@ -51,9 +51,9 @@ class ClaimPool:
     scheduler: FairScheduler
     # Runs the claim SQL (``DispatchStore.claim``); returns the reservations.
     claim: Callable[[ClaimRequest], Awaitable[Sequence[Reservation]]]
-    # Gives (task_id, token) reservations back when their connection is gone
-    # (``DispatchStore.release_many``).
-    release: Callable[[Sequence[tuple[str, str]]], Awaitable[object]]
+    # Gives an application's (task_id, token) reservations back when their connection is
+    # gone (``DispatchStore.release_many`` of the application's shard).
+    release: Callable[[str, Sequence[tuple[str, str]]], Awaitable[object]]
     # Called with (grant, outcome, seconds) after each claim: metrics hook.
     observe: Callable[[Grant, str, float], None] | None = None
     # Called with each grant as it is made, in fairness order (metrics: claim turns).
@@ -177,7 +177,9 @@ class ClaimPool:
             # The connection left while its claim ran: give the reservations back now.
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:
-                    await self.release([(r.task_id, r.fencing_token) for r in reservations])
+                    await self.release(
+                        grant.request.application_id, [(r.task_id, r.fencing_token) for r in reservations]
+                    )
                 except Exception as exc:
                     log.warning(
                         "could not release %d reservations of a closed connection (lease recovery will): %s",

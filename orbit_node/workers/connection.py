@@ -105,10 +105,9 @@ class Hub(Protocol):
     @property
     def node_id(self) -> str: ...
     def transitions_for(self, application_id: str) -> TransitionStore: ...
+    def queues_for(self, application_id: str) -> QueueLookup: ...
     @property
     def pool(self) -> ClaimPool: ...
-    @property
-    def tenancy(self) -> QueueLookup: ...
     @property
     def shutdown_requested(self) -> trio.Event: ...
 
@@ -334,7 +333,9 @@ class WorkerConnection:
                     close_code=p.CLOSE_POLICY,
                 )
             try:
-                await self.hub.tenancy.get_queue(self.principal.namespace_id, queue_id)
+                await self.hub.queues_for(self.principal.application_id).get_queue(
+                    self.principal.namespace_id, queue_id
+                )
             except NotFound:
                 raise p.ProtocolError(
                     "NOT_FOUND", f"queue {queue_id} not found", field=f"queues[{index}]", close_code=p.CLOSE_POLICY

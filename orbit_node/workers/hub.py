@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import trio
 
 from ..config import NodeConfig
-from ..dispatch.commit import GroupCommitter
 from ..dispatch.pool import ClaimPool
 from ..store import ownership as ds
 from ..store.tenancy import TenancyStore
@@ -31,15 +30,22 @@ def _ignore(*args: object) -> None:
     """A hook nobody listens to."""
 
 
+class ApplicationShards(Protocol):
+    """The stores of an application's shard (``services.Shards``)."""
+
+    def transitions_for(self, application_id: str) -> TransitionStore: ...
+    def tenancy_for(self, application_id: str) -> TenancyStore: ...
+    def registry_for(self, application_id: str) -> WorkerRegistryStore: ...
+    def registries(self) -> Sequence[WorkerRegistryStore]: ...
+
+
 @attrs.define(eq=False)
 class WorkerHub:
     config: NodeConfig
     node_id: str
-    # The node's group commit, or the dispatch store (each batch its own transaction).
-    store: GroupCommitter | TransitionStore
     pool: ClaimPool
-    tenancy: TenancyStore
-    registry: WorkerRegistryStore
+    # Where each application's transitions, queues and registry rows are.
+    shards: ApplicationShards
     shutdown_requested: trio.Event
     # A Start was accepted this many seconds after its dispatch (metrics hook).
     on_start: Callable[[float], None] = _ignore
@@ -67,11 +73,13 @@ class WorkerHub:
         self.admitted -= 1
 
     def transitions_for(self, application_id: str) -> TransitionStore:
-        """Where the transitions of a connection of ``application_id`` go: its lane of the
-        group commit (one application per transaction), or the store itself."""
-        if isinstance(self.store, GroupCommitter):
-            return self.store.for_application(application_id)
-        return self.store
+        """Where the transitions of a connection of ``application_id`` go: its lane of its
+        shard's group commit (one application per transaction), or that shard's store."""
+        return self.shards.transitions_for(application_id)
+
+    def queues_for(self, application_id: str) -> TenancyStore:
+        """Where the queues of ``application_id`` are (its shard)."""
+        return self.shards.tenancy_for(application_id)
 
     @staticmethod
     def new_connection_id() -> str:
@@ -88,7 +96,7 @@ class WorkerHub:
             conn.hello.client_version or "-",
         )
         try:
-            await self.registry.add(
+            await self.shards.registry_for(conn.principal.application_id).add(
                 connection_id=conn.connection_id,
                 node_id=self.node_id,
                 namespace_id=conn.principal.namespace_id,
@@ -106,7 +114,7 @@ class WorkerHub:
         if self.connections.pop(conn.connection_id, None) is not None:
             log.info("worker disconnected")
             try:
-                await self.registry.remove(conn.connection_id)
+                await self.shards.registry_for(conn.principal.application_id).remove(conn.connection_id)
             except Exception as exc:
                 log.warning("could not remove connection %s from the registry: %s", conn.connection_id, exc)
 
@@ -167,10 +175,11 @@ class WorkerHub:
     # -- the service ---------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Refresh this node's row in the Worker registry until cancelled."""
+        """Refresh this node's rows in the Worker registry (of every shard) until cancelled."""
         while True:
             await trio.sleep(REGISTRY_HEARTBEAT_S)
-            try:
-                await self.registry.heartbeat_node(self.node_id)
-            except Exception as exc:
-                log.warning("registry heartbeat failed: %s", exc)
+            for registry in self.shards.registries():
+                try:
+                    await registry.heartbeat_node(self.node_id)
+                except Exception as exc:
+                    log.warning("registry heartbeat failed: %s", exc)

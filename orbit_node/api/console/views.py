@@ -25,8 +25,8 @@ from quart import Blueprint, Response, g, render_template, request
 from ... import logs
 from ...errors import NotFound, OrbitError, PermissionDenied, Unauthenticated
 from ...ids import is_hex32
+from ...services import Shard
 from ...store.operations import OperationsStore
-from ...store.plans import PlanStore
 from ...store.tenancy import Principal
 from ...wire import rfc3339
 from ..auth import node_state
@@ -107,7 +107,7 @@ async def authenticate() -> Response | None:
     if credential_id is None:
         return signed_out("expired" if cookie else None)
     try:
-        who = await node_state().tenancy.principal_of(credential_id)
+        who = await node_state().shards.principal_of(credential_id)
     except Unauthenticated:
         return signed_out("revoked")
     if not who.scopes.get(SCOPE):
@@ -197,7 +197,7 @@ async def sign_in():
     if not token:
         return await sign_in_page(None, next_to, error="token: paste the credential's token", status=400)
     try:
-        who = await node_state().tenancy.authenticate(token)
+        who = await node_state().shards.authenticate(token)
     except Unauthenticated:
         return await sign_in_page(None, next_to, error="token: unknown or revoked credential", status=401)
     if not who.scopes.get(SCOPE):
@@ -297,8 +297,13 @@ async def other_error(exc: OrbitError):
 # -- panels -------------------------------------------------------------------------------
 
 
+def shard() -> Shard:
+    """The shard of the signed-in credential's application."""
+    return node_state().shard(principal())
+
+
 def operations() -> OperationsStore:
-    return OperationsStore(node_state().db)
+    return shard().operations
 
 
 def readable() -> list[str] | None:
@@ -307,7 +312,7 @@ def readable() -> list[str] | None:
 
 async def queue_names() -> dict[str, str]:
     who = principal()
-    queues = await node_state().tenancy.list_queues(who.namespace_id, queue_ids=readable(), limit=1000)
+    queues = await shard().tenancy.list_queues(who.namespace_id, queue_ids=readable(), limit=1000)
     return {q.queue_id: q.name for q in queues}
 
 
@@ -328,14 +333,15 @@ async def overview():
 @blueprint.get("/queues/<queue_id>")
 async def queue(queue_id: str):
     who = principal()
-    state = node_state()
-    found = await state.tenancy.get_queue(who.namespace_id, queue_id)
+    found = await shard().tenancy.get_queue(who.namespace_id, queue_id)
     who.require(SCOPE, found.queue_id)
     backlogs = await operations().namespace_backlogs(who.namespace_id, [found.queue_id])
     if not backlogs:
         raise NotFound("queue_id: not found", field="queue_id")
-    recent = await state.tasks.list(who.namespace_id, queue_ids=readable(), queue_id=found.queue_id, limit=RECENT_TASKS)
-    plans = await PlanStore(state.db).list(who.namespace_id, queue_ids=readable(), queue_id=found.queue_id)
+    recent = await shard().tasks.list(
+        who.namespace_id, queue_ids=readable(), queue_id=found.queue_id, limit=RECENT_TASKS
+    )
+    plans = await shard().plans.list(who.namespace_id, queue_ids=readable(), queue_id=found.queue_id)
     backlog = backlogs[0]
     return await page(
         f"Queue {found.name}",
@@ -380,7 +386,7 @@ async def tasks():
         if is_hex32(wanted):
             return see_other(f"/console/tasks/{wanted}")
         error = "task_id: a task id is 32 hexadecimal digits"
-    recent = await node_state().tasks.list(who.namespace_id, queue_ids=readable(), limit=RECENT_TASKS)
+    recent = await shard().tasks.list(who.namespace_id, queue_ids=readable(), limit=RECENT_TASKS)
     return await page(
         "Tasks",
         "console/panels/tasks.html",
@@ -396,7 +402,7 @@ async def task(task_id: str):
     who = principal()
     story = await operations().task(task_id, namespace_id=who.namespace_id)
     who.require(SCOPE, story["queue_id"])
-    explanation = await node_state().services.store.explain(who.namespace_id, task_id)
+    explanation = await shard().store.explain(who.namespace_id, task_id)
     return await page(
         f"Task {task_id}", "console/panels/task.html", task=story, explanation=explanation, endpoint="console.tasks"
     )
@@ -405,14 +411,14 @@ async def task(task_id: str):
 @blueprint.get("/plans")
 async def plans():
     who = principal()
-    found = await PlanStore(node_state().db).list(who.namespace_id, queue_ids=readable(), limit=100)
+    found = await shard().plans.list(who.namespace_id, queue_ids=readable(), limit=100)
     return await page("Plans", "console/panels/plans.html", plans=found, queue_names=await queue_names())
 
 
 @blueprint.get("/plans/<plan_id>")
 async def plan(plan_id: str):
     who = principal()
-    store = PlanStore(node_state().db)
+    store = shard().plans
     found = await store.get(who.namespace_id, plan_id)
     who.require(SCOPE, found.queue_id)
     versions = await store.list_versions(who.namespace_id, found.plan_id)

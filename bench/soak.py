@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import os
 import random
 import secrets
@@ -292,8 +293,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 nursery.cancel_scope.cancel()
             stats = node.last_stats()
         done = await bdb.db.run(lambda tx: tx.fetchall_raw("SELECT state, COUNT(*) AS n FROM tasks GROUP BY state"))
-    after_warmup = [s for s in sampler.samples if s["t_s"] >= reference["t_s"]]
+    # The growth under churn: from the end of the warm-up to the end of the churn (the idle
+    # phase holds 128 connections at once, a different load; its RSS is shown apart).
+    after_warmup = [s for s in sampler.samples if s["t_s"] >= reference["t_s"] and s["phase"] in ("churn", "settle")]
     peak_rss = max(s["rss_mb"] for s in after_warmup)
+    idle_rss = max((s["rss_mb"] for s in sampler.samples if s["phase"] in ("idle", "idle-end")), default=math.nan)
     growth_pct = 100 * (peak_rss - reference["rss_mb"]) / reference["rss_mb"]
     samples_table = format_table(
         ["t s", "phase", "RSS MB", "fds (no db)", "db sessions", "node CPU % of a core"],
@@ -304,8 +308,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ["figure", "value"],
         [
             [
-                "RSS at start / after warm-up / peak after / end, MB",
-                f"{baseline['rss_mb']:.1f} / {reference['rss_mb']:.1f} / {peak_rss:.1f} / {end['rss_mb']:.1f}",
+                "RSS at start / after warm-up / churn peak / with the idle Workers / end, MB",
+                f"{baseline['rss_mb']:.1f} / {reference['rss_mb']:.1f} / {peak_rss:.1f} / {idle_rss:.1f} / "
+                f"{end['rss_mb']:.1f}",
             ],
             [
                 "fds other than database sessions: before churn / after churn / after idle phase",
@@ -328,7 +333,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         align="lr",
     )
     targets = [
-        Target.at_most("RSS growth after warm-up", growth_pct, TARGET_RSS_GROWTH_PCT, unit=" %"),
+        Target.at_most("RSS growth under churn after warm-up", growth_pct, TARGET_RSS_GROWTH_PCT, unit=" %"),
         Target.at_most("fds after churn over baseline (no db)", settled["fds"] - baseline["fds"], 0),
         Target.at_most("fds after the idle phase over baseline (no db)", end["fds"] - baseline["fds"], 0),
         Target.at_most(

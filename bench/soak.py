@@ -242,6 +242,7 @@ async def feed(url: str, token: str, queue_id: str, rate: float, until: float, s
 async def idle_fleet(url: str, token: str, queue_id: str, count: int, seconds: float, sampler: Sampler) -> float:
     """``count`` idle SDK Workers for ``seconds``; the node's CPU share over that time."""
     workers = [sdk_worker(url, token, queue_id, 1) for _ in range(count)]
+    sampler.phase = "idle-start"
     async with trio.open_nursery() as nursery:
         for worker in workers:
             await nursery.start(worker.run)

@@ -6,7 +6,8 @@ import inspect
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +97,31 @@ async def running_statements(db, text: str) -> int:
         )
     )
     return found[0]["n"]
+
+
+@asynccontextmanager
+async def application_rows_locked(dsn: Dsn, application_ids: Sequence[str]) -> AsyncIterator[None]:
+    """Hold ``SELECT ... FOR UPDATE`` on these applications' rows (another session's
+    transaction) for the block: a claim of an application with a quota waits on its row,
+    so the block sees that claim in flight. Released (rolled back) on exit."""
+    from orbit_node.db import Database
+
+    blocker = Database(dsn, size=1)
+    locked, done = trio.Event(), trio.Event()
+
+    async def hold(tx: Any) -> None:
+        for application_id in application_ids:
+            await tx.execute_raw("SELECT * FROM applications WHERE application_id = %s FOR UPDATE", (application_id,))
+        locked.set()
+        await done.wait()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(blocker.transaction, hold)
+            await locked.wait()
+            try:
+                yield
+            finally:
+                done.set()
+    finally:
+        await blocker.aclose()

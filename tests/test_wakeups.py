@@ -15,7 +15,7 @@ from orbit_node.services import default_services
 from orbit_node.store.tenancy import TenancyStore
 
 from . import seed
-from .helpers import wait_until
+from .helpers import application_rows_locked, wait_until
 from .nodeutil import ALL_SCOPES, run_node
 from .wsclient import raw_worker
 
@@ -100,33 +100,19 @@ async def test_two_namespaces_of_one_application_share_one_fairness_group(slow_c
         await seed.insert_task(db, owner)
     tokens = [await token_for(db, first), await token_for(db, second)]
     pool = slow_cycle_node.node.state.services.pool
-    blocker = Database(dsn, size=1)
-    locked, done = trio.Event(), trio.Event()
-
-    async def hold_lock(tx):
-        # Claims of the application lock its row (quota): the first claim stays in flight.
-        await tx.execute_raw("SELECT * FROM applications WHERE application_id = %s FOR UPDATE", (first.application_id,))
-        locked.set()
-        await done.wait()
-
-    try:
-        with trio.fail_after(30):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(blocker.transaction, hold_lock)
-                await locked.wait()
-                async with (
-                    raw_worker(slow_cycle_node.base_url, tokens[0]) as w1,
-                    raw_worker(slow_cycle_node.base_url, tokens[1]) as w2,
-                ):
-                    await w1.hello([first.queue_id])
-                    await w2.hello([second.queue_id])
-                    await wait_until(lambda: pool.statistics().in_flight + pool.statistics().pending == 2)
-                    # Two free SQL slots, yet one claim runs: the namespaces share the limit of one.
-                    assert (pool.statistics().in_flight, pool.statistics().pending) == (1, 1)
-                    done.set()
-                    for w in (w1, w2):
-                        assert len((await w.recv_type("dispatch"))["tasks"]) == 1
-    finally:
-        await blocker.aclose()
+    with trio.fail_after(30):
+        async with (
+            raw_worker(slow_cycle_node.base_url, tokens[0]) as w1,
+            raw_worker(slow_cycle_node.base_url, tokens[1]) as w2,
+        ):
+            # Claims of the application lock its row (quota): the first claim stays in flight.
+            async with application_rows_locked(dsn, [first.application_id]):
+                await w1.hello([first.queue_id])
+                await w2.hello([second.queue_id])
+                await wait_until(lambda: pool.statistics().in_flight + pool.statistics().pending == 2)
+                # Two free SQL slots, yet one claim runs: the namespaces share the limit of one.
+                assert (pool.statistics().in_flight, pool.statistics().pending) == (1, 1)
+            for w in (w1, w2):
+                assert len((await w.recv_type("dispatch"))["tasks"]) == 1
     turns = pool.statistics().turns_by_application
     assert list(turns) == [first.application_id] and turns[first.application_id] == 2

@@ -18,7 +18,7 @@ from orbit_node.store.tenancy import TenancyStore
 
 from . import seed
 from .faults.checks import wait_for_state
-from .helpers import wait_until
+from .helpers import application_rows_locked, wait_until
 from .nodeutil import ALL_SCOPES, run_node
 from .wsclient import heartbeat_roundtrip, raw_worker, ws_url
 
@@ -131,44 +131,27 @@ async def test_heartbeats_are_answered_while_every_sql_slot_is_stalled(full_node
         owners.append(owner)
         tokens.append(await token_for(db, owner))
     pool = full_node.node.state.services.pool
-    blocker = Database(dsn, size=1)
-    locked, done = trio.Event(), trio.Event()
-
-    async def hold_locks(tx):
-        # Claims of these applications lock their application row (quota): hold them all.
-        for owner in owners:
-            await tx.execute_raw(
-                "SELECT * FROM applications WHERE application_id = %s FOR UPDATE", (owner.application_id,)
-            )
-        locked.set()
-        await done.wait()
-
-    try:
-        with trio.fail_after(40):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(blocker.transaction, hold_locks)
-                await locked.wait()
-                async with (
-                    raw_worker(full_node.base_url, tokens[0]) as w0,
-                    raw_worker(full_node.base_url, tokens[1]) as w1,
-                    raw_worker(full_node.base_url, tokens[2]) as w2,
-                    raw_worker(full_node.base_url, tokens[3]) as w3,
-                ):
-                    workers = [w0, w1, w2, w3]
-                    for w, owner in zip(workers, owners, strict=True):
-                        await w.hello([owner.queue_id])
-                    await wait_until(lambda: pool.statistics().in_flight >= 4)
-                    # All four claim slots wait on the database; the control loops do not.
-                    for _ in range(3):
-                        for w in workers:
-                            with trio.fail_after(2):
-                                await heartbeat_roundtrip(w)
-                    assert pool.statistics().in_flight == 4
-                    done.set()
+    with trio.fail_after(40):
+        async with (
+            raw_worker(full_node.base_url, tokens[0]) as w0,
+            raw_worker(full_node.base_url, tokens[1]) as w1,
+            raw_worker(full_node.base_url, tokens[2]) as w2,
+            raw_worker(full_node.base_url, tokens[3]) as w3,
+        ):
+            workers = [w0, w1, w2, w3]
+            # Claims of these applications lock their application row (quota): hold them all.
+            async with application_rows_locked(dsn, [owner.application_id for owner in owners]):
+                for w, owner in zip(workers, owners, strict=True):
+                    await w.hello([owner.queue_id])
+                await wait_until(lambda: pool.statistics().in_flight >= 4)
+                # All four claim slots wait on the database; the control loops do not.
+                for _ in range(3):
                     for w in workers:
-                        assert len((await w.recv_type("dispatch"))["tasks"]) == 1
-    finally:
-        await blocker.aclose()
+                        with trio.fail_after(2):
+                            await heartbeat_roundtrip(w)
+                assert pool.statistics().in_flight == 4
+            for w in workers:
+                assert len((await w.recv_type("dispatch"))["tasks"]) == 1
 
 
 async def test_a_flooding_application_does_not_delay_another_beyond_one_rotation(full_node, db):
@@ -300,15 +283,6 @@ async def test_a_claim_in_flight_at_shutdown_finishes_and_gives_its_reservations
     )
     task_id = await seed.insert_task(db, owner)
     token = await token_for(db, owner)
-    blocker = Database(dsn, size=1)
-    locked, done = trio.Event(), trio.Event()
-
-    async def hold_lock(tx):
-        # The claim locks its application row (quota): hold it so the claim stays in flight.
-        await tx.execute_raw("SELECT * FROM applications WHERE application_id = %s FOR UPDATE", (owner.application_id,))
-        locked.set()
-        await done.wait()
-
     node = Node(attrs.evolve(node_config, shutdown_grace_s=30), services=default_services())
     stopped = trio.Event()
 
@@ -318,13 +292,12 @@ async def test_a_claim_in_flight_at_shutdown_finishes_and_gives_its_reservations
         finally:
             stopped.set()
 
-    try:
-        with trio.fail_after(40):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(blocker.transaction, hold_lock)
-                await locked.wait()
-                bound = await nursery.start(run_node_until_stopped)
-                pool = node.state.services.pool
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(run_node_until_stopped)
+            pool = node.state.services.pool
+            # The claim locks its application row (quota): held, the claim stays in flight.
+            async with application_rows_locked(dsn, [owner.application_id]):
                 async with raw_worker(bound[0], token) as w:
                     await w.hello([owner.queue_id])
                     await wait_until(lambda: pool.statistics().in_flight == 1)
@@ -333,10 +306,7 @@ async def test_a_claim_in_flight_at_shutdown_finishes_and_gives_its_reservations
                 # The Worker is gone and HTTP has stopped; the claim still waits on the lock.
                 await wait_until(lambda: "waiting for 1 in-flight claims" in caplog.text)
                 assert not stopped.is_set()
-                done.set()
-                await stopped.wait()
-    finally:
-        await blocker.aclose()
+            await stopped.wait()
     assert pool.statistics().claims_with_tasks == 1
     row = await seed.task_row(db, task_id)
     assert row["state"] == "queued"

@@ -24,6 +24,8 @@ log = logging.getLogger("orbit.workers")
 
 # How often this node refreshes heartbeat_at of its connections in the registry.
 REGISTRY_HEARTBEAT_S = 10.0
+# Bound on one registry write that a closing connection lets finish.
+REGISTRY_WRITE_TIMEOUT_S = 5.0
 
 
 def _ignore(*args: object) -> None:
@@ -96,17 +98,20 @@ class WorkerHub:
             conn.hello.client_version or "-",
         )
         try:
-            await self.shards.registry_for(conn.principal.application_id).add(
-                connection_id=conn.connection_id,
-                node_id=self.node_id,
-                namespace_id=conn.principal.namespace_id,
-                queues=conn.hello.queues,
-                capabilities=conn.hello.capabilities,
-                resource_key_support=conn.hello.resource_keys,
-                capacity=conn.hello.capacity,
-                client_name=conn.hello.client_name,
-                client_version=conn.hello.client_version,
-            )
+            # Finished even when the connection ends meanwhile (bounded): a write cut off
+            # mid-statement costs a database session (the server logs it as aborted).
+            with trio.CancelScope(shield=True), trio.move_on_after(REGISTRY_WRITE_TIMEOUT_S):
+                await self.shards.registry_for(conn.principal.application_id).add(
+                    connection_id=conn.connection_id,
+                    node_id=self.node_id,
+                    namespace_id=conn.principal.namespace_id,
+                    queues=conn.hello.queues,
+                    capabilities=conn.hello.capabilities,
+                    resource_key_support=conn.hello.resource_keys,
+                    capacity=conn.hello.capacity,
+                    client_name=conn.hello.client_name,
+                    client_version=conn.hello.client_version,
+                )
         except Exception as exc:  # the registry informs operators; it decides nothing
             log.warning("could not record connection %s: %s", conn.connection_id, exc)
 

@@ -22,7 +22,8 @@ from .faults.galera import GaleraCluster, galera_missing
 from .faults.nodeproc import NodeProcess
 from .nodeutil import make_tenant
 
-pytestmark = pytest.mark.skipif(galera_missing() is not None, reason=str(galera_missing()))
+MISSING = galera_missing()
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 
 # Leases short enough that work lost with a server or a node comes back within the test.
 NODE_ENV = {"ORBIT_RESERVATION_LEASE_S": "4", "ORBIT_RUN_LEASE_S": "6", "ORBIT_DB_POOL_SIZE": "6"}

@@ -50,14 +50,15 @@ class TurnRecorder:
         """Write the changed counters now; returns how many applications were written.
 
         The turns granted since the last write also go to the current minute's row of
-        ``claim_turn_minutes`` (the console's history), each application's once: a
-        delta counts as added only after its own statement succeeded."""
+        ``claim_turn_minutes`` (the console's history), each once: they count as added
+        only after their statement succeeded."""
         current = dict(self.turns())
-        for app, n in sorted(current.items()):
-            added = self._in_minutes.get(app, 0)
-            if n > added:
-                await self.store.add_turn_minutes(self.node_id, app, n - added)
-                self._in_minutes[app] = n
+        granted = {
+            app: n - self._in_minutes.get(app, 0) for app, n in current.items() if n > self._in_minutes.get(app, 0)
+        }
+        if granted:
+            await self.store.add_turn_minutes(self.node_id, granted)
+            self._in_minutes.update({app: current[app] for app in granted})
         changed = {app: n for app, n in current.items() if self._recorded.get(app) != n}
         if changed:
             await self.store.record_turns(self.node_id, changed)

@@ -80,22 +80,19 @@ class OperationsStore:
 
     async def record_turns(self, node_id: str, turns: Mapping[str, int]) -> None:
         """Store this node's cumulative turns of the given applications (absolute values)."""
-        if not turns:
-            return
-        await self.db.execute(
-            "ops_turns_upsert",
-            {
-                "node_id": node_id,
-                "values": json.dumps(dict(turns)),
-                "application_ids": tuple(sorted(turns)),
-            },
-        )
+        await self._turns_statement("ops_turns_upsert", node_id, turns)
 
-    async def add_turn_minutes(self, node_id: str, application_id: str, turns: int) -> None:
-        """Add ``turns`` this node granted the application to the current database-clock minute."""
-        await self.db.execute(
-            "ops_turn_minutes_add", {"application_id": application_id, "node_id": node_id, "turns": turns}
-        )
+    async def add_turn_minutes(self, node_id: str, granted: Mapping[str, int]) -> None:
+        """Add the turns this node granted the given applications to the current
+        database-clock minute (one statement: all of them or none)."""
+        await self._turns_statement("ops_turn_minutes_add", node_id, granted)
+
+    async def _turns_statement(self, name: str, node_id: str, turns: Mapping[str, int]) -> None:
+        if turns:
+            await self.db.execute(
+                name,
+                {"node_id": node_id, "values": json.dumps(dict(turns)), "application_ids": tuple(sorted(turns))},
+            )
 
     async def recent_turn_minutes(self, minutes: int) -> list[dict[str, Any]]:
         """(application_id, application, minute, turns, current_minute) over the last ``minutes``."""

@@ -15,12 +15,16 @@ SELECT %(node_id)s, a.application_id,
  WHERE a.application_id IN %(application_ids)s
 ON DUPLICATE KEY UPDATE turns = VALUES(turns)
 
--- The turns one node granted one application since its last write, added to the current
--- database-clock minute (one application per statement: the application is the shard key).
+-- The turns the node granted the named applications since its last write, added to the
+-- current database-clock minute; %(values)s as in ops_turns_upsert (application id ->
+-- turns), one statement for all of them, so a failure adds none.
 -- name: ops_turn_minutes_add
 INSERT INTO claim_turn_minutes (application_id, minute, node_id, turns)
-VALUES (%(application_id)s, (NOW() - INTERVAL SECOND(NOW()) SECOND), %(node_id)s, %(turns)s)
-ON DUPLICATE KEY UPDATE turns = turns + VALUES(turns)
+SELECT a.application_id, NOW() - INTERVAL SECOND(NOW()) SECOND, %(node_id)s,
+       CAST(JSON_UNQUOTE(JSON_EXTRACT(%(values)s, CONCAT('$."', a.application_id, '"'))) AS UNSIGNED)
+  FROM applications a
+ WHERE a.application_id IN %(application_ids)s
+ON DUPLICATE KEY UPDATE turns = claim_turn_minutes.turns + VALUES(turns)
 
 -- Turns per application and minute over the last %(minutes)s minutes (every node summed),
 -- oldest first, with the database clock's current minute.

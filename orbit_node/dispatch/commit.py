@@ -216,15 +216,20 @@ class GroupCommitter:
         room = self.max_concurrent_groups - len(self._in_flight)
         return [app for app in self._pending if app not in self._in_flight][: max(0, room)]
 
+    @staticmethod
+    def _abandon(batches: Iterable[_Batch]) -> None:
+        """The committer stops: these batches get an error (their connections answer with
+        negative acks). A group cancelled mid-transaction may or may not have committed;
+        its rows' fencing tokens and leases keep ownership exact either way."""
+        for batch in batches:
+            if not batch.done.is_set():
+                batch.answer(error=Unavailable("the node's group commit stopped"))
+
     async def _run_group(self, application_id: str, group: list[_Batch]) -> None:
         try:
             await self._commit(group)
         except BaseException:
-            # Cancelled mid-transaction (the committer stops): the group may or may not
-            # have committed; its rows' fencing tokens and leases keep ownership exact.
-            for batch in group:
-                if not batch.done.is_set():
-                    batch.answer(error=Unavailable("the node's group commit stopped"))
+            self._abandon(group)
             raise
         finally:
             del self._in_flight[application_id]
@@ -250,15 +255,9 @@ class GroupCommitter:
                     await trio.lowlevel.checkpoint()
         finally:
             self._running = False
-            # Nobody will commit these now: their connections answer with negative acks.
-            # (A group cancelled mid-transaction may or may not have committed; its rows'
-            # fencing tokens and leases keep ownership exact either way.)
-            for batch in [b for g in self._in_flight.values() for b in g] + [
-                b for w in self._pending.values() for b in w
-            ]:
-                if not batch.done.is_set():
-                    batch.answer(error=Unavailable("the node's group commit stopped"))
-            self._in_flight.clear()
+            # Every group has answered by now (``_run_group``); what still waits, nobody
+            # will commit.
+            self._abandon(b for waiting in self._pending.values() for b in waiting)
             self._pending.clear()
 
     def statistics(self) -> CommitStatistics:

@@ -76,7 +76,9 @@ class Node:
     def request_shutdown(self) -> None:
         self._shutdown.set()
 
-    async def _note_shutdown(self) -> None:
+    async def _shutdown_trigger(self) -> None:
+        """Hypercorn's shutdown trigger: returns on ``request_shutdown()``, noting when (the
+        grace period counts from there)."""
         await self._shutdown.wait()
         self._shutdown_at = trio.current_time()
 
@@ -137,7 +139,7 @@ class Node:
                 # Returns once the shutdown trigger fired and hypercorn's graceful
                 # drain (graceful_timeout) is over.
                 await serve(
-                    app, self._hypercorn_config(), shutdown_trigger=self._shutdown.wait, task_status=task_status
+                    app, self._hypercorn_config(), shutdown_trigger=self._shutdown_trigger, task_status=task_status
                 )
             finally:
                 served.set()
@@ -146,7 +148,6 @@ class Node:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.state.services.run, self._shutdown)
                 nursery.start_soon(self._heartbeat)
-                nursery.start_soon(self._note_shutdown)
                 for db in self.databases:
                     if db.order.several:
                         nursery.start_soon(self._follow_writer, db)

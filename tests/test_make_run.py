@@ -83,7 +83,10 @@ async def test_a_node_that_starts_gets_a_credentials_file_that_works(dsn, tmp_pa
         assert [q["name"] for q in queues.json()["data"]] == ["initial"]
     finally:
         if run.poll() is None:
-            os.killpg(run.pid, signal.SIGTERM)
+            # What Ctrl-C in a terminal does: SIGINT to the whole group. (Not SIGTERM: make
+            # sends a SIGTERM it receives on to its children, and the node would take that
+            # second signal as "stop at once".)
+            os.killpg(run.pid, signal.SIGINT)
         out, err = await trio.to_thread.run_sync(lambda: run.communicate(timeout=60))
     assert '"message": "drain ended' in err  # the node stopped cleanly (make itself died of the signal)
     assert out.count(f"credentials written to {credentials}") == 1

@@ -162,6 +162,53 @@ async def test_a_discarded_connection_is_closed_at_once_so_its_locks_go(db):
         assert await db.run(update) == 1
 
 
+async def test_a_transaction_cancelled_while_it_waits_for_the_server_lets_its_locks_go(db, dsn):
+    """Cancelled inside a driver read (the server still working on its statement), the
+    driver gives the connection up itself; its socket must close then, not when the
+    garbage collector finds the stream, or the session keeps its transaction and locks."""
+    await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY, v INT) ENGINE=InnoDB"))
+    await db.run(lambda tx: tx.execute_raw("INSERT INTO t VALUES (1, 0), (2, 0)"))
+    other = Database(dsn, size=1)
+    holder_locked, release = trio.Event(), trio.Event()
+    held = []
+
+    async def hold_row_one(tx):
+        await tx.execute_raw("UPDATE t SET v = 10 WHERE id = 1")
+        holder_locked.set()
+        await release.wait()
+
+    async def lock_two_then_wait_for_one(tx):
+        await tx.execute_raw("UPDATE t SET v = 1 WHERE id = 2")
+        held.append(tx._conn._sock)  # e.g. a traceback frame keeping the socket stream alive
+        await tx.fetchall_raw("SELECT v FROM t WHERE id = 1 FOR UPDATE")  # waits for the holder
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other.transaction, hold_row_one)
+            await holder_locked.wait()
+            with trio.move_on_after(30) as waiting:
+                async with trio.open_nursery() as claims:
+                    claims.start_soon(db.transaction, lock_two_then_wait_for_one)
+                    await wait_until(lambda: running_statements(db, "SELECT v FROM t WHERE id = 1 FOR UPDATE"))
+                    claims.cancel_scope.cancel()  # while its statement waits for the lock
+            assert not waiting.cancelled_caught
+            release.set()  # the server would now grant the lock to the cancelled session
+    finally:
+        await other.aclose()
+    assert held  # the socket stream object is still referenced here
+
+    async def update(tx):
+        await tx.execute_raw("SET SESSION innodb_lock_wait_timeout = 2")
+        return await tx.execute_raw("UPDATE t SET v = 2 WHERE id = 2")
+
+    with trio.fail_after(10):
+        assert await db.run(update) == 1
+    assert await db.run(lambda tx: tx.fetchall_raw("SELECT id, v FROM t ORDER BY id")) == [
+        {"id": 1, "v": 10},
+        {"id": 2, "v": 2},
+    ]
+
+
 async def test_datetimes_read_back_exactly(db):
     rows = await db.run(
         lambda tx: tx.fetchall_raw(

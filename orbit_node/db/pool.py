@@ -112,20 +112,41 @@ CONVERSIONS = {
 }
 
 
-def hard_close(conn) -> None:
-    """Close a driver connection's socket now.
-
-    trio-mysql's own ``close()`` calls ``close()`` on a ``trio.SocketStream`` (which has
-    none) and swallows the error, leaving the socket to the garbage collector: the
-    server would keep the session, its open transaction and its locks alive. Closing
-    the underlying socket makes the server roll back at once.
-    """
-    stream = getattr(conn, "_sock", None)
+def _close_stream(stream: Any) -> None:
+    """Close the OS socket under a trio stream (a TLS stream wraps a socket stream)."""
+    while stream is not None and not hasattr(stream, "socket"):
+        stream = getattr(stream, "transport_stream", None)
     if stream is not None:
         try:
             stream.socket.close()
         except Exception:
             pass
+
+
+class DriverConnection(trio_mysql.connections.Connection):
+    """trio-mysql's connection, closing its socket when it gives the connection up.
+
+    The driver's own ``_force_close`` (run by ``close()``, and by the driver itself when a
+    read is interrupted, e.g. by a cancellation, or the server is lost) calls ``close()``
+    on a ``trio.SocketStream``, which has none, swallows the error and forgets the stream:
+    the socket then stays open until the garbage collector finds the stream, and the
+    server keeps the session, its open transaction and its row locks alive. A claim
+    cancelled while it waits for the server would hold its rows for as long.
+    """
+
+    _sock: Any
+    _closed: bool
+
+    def _force_close(self) -> None:
+        _close_stream(self._sock)
+        self._sock = None
+        self._closed = True
+
+    __del__ = _force_close
+
+
+def hard_close(conn) -> None:
+    """Close a driver connection's socket now: the server rolls its transaction back at once."""
     conn.close()
 
 
@@ -306,7 +327,7 @@ class Database:
         return PoolStatistics(self.size, self._open, len(self._idle), in_use, self.replays)
 
     async def _open_to(self, host: DsnHost):
-        conn = trio_mysql.connect(
+        conn = DriverConnection(
             host=host.host,
             port=host.port,
             user=self.dsn.user,

@@ -3,8 +3,11 @@
 on this test's database.
 
 Selenium blocks, so every browser step runs in a thread (``trio.to_thread``) while the node
-serves in the test's own trio loop. Waits are on what the page shows (WebDriverWait), and
-on the page's own poll counter (``body[data-polls]``), never on a fixed sleep. Screenshots
+serves in the test's own trio loop. Every check waits for what the page shows
+(WebDriverWait on the condition itself, which reads the element again at each try): the
+live refresh replaces a panel's elements every 2 s, so an element found once may be gone
+by the time it is read. Waits are also on the page's own poll counter
+(``body[data-polls]``), never on a fixed sleep. Screenshots
 of each page go to ``var/console-screenshots/`` (ignored by git).
 """
 
@@ -19,7 +22,7 @@ from typing import Any, TypeVar
 import pytest
 import trio
 from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -76,8 +79,26 @@ async def step(fn: Callable[..., T], *args: Any) -> T:
     return await trio.to_thread.run_sync(functools.partial(fn, *args))
 
 
+# An element read while the live refresh replaces it is stale (or briefly missing): try again.
+REPLACED = (NoSuchElementException, StaleElementReferenceException)
+
+
 def wait(driver: WebDriver, condition: Callable[[WebDriver], Any], what: str) -> Any:
-    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition, message=what)
+    """Until ``condition`` returns something true (returned); each try reads the page anew."""
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1, ignored_exceptions=REPLACED).until(condition, message=what)
+
+
+def text(selector: str) -> Callable[[WebDriver], str]:
+    return lambda d: d.find_element(By.CSS_SELECTOR, selector).text
+
+
+def shows(selector: str, *parts: str) -> Callable[[WebDriver], bool]:
+    """The element's text holds every one of ``parts``."""
+    return lambda d: all(part in d.find_element(By.CSS_SELECTOR, selector).text for part in parts)
+
+
+def attributes(selector: str, name: str) -> Callable[[WebDriver], list[str | None]]:
+    return lambda d: [e.get_attribute(name) for e in d.find_elements(By.CSS_SELECTOR, selector)]
 
 
 def shot(driver: WebDriver, name: str) -> None:
@@ -112,7 +133,7 @@ def bar_count(driver: WebDriver, queue_id: str, level: int) -> int | None:
 
 
 def main_html(driver: WebDriver) -> str:
-    return driver.find_element(By.TAG_NAME, "main").get_attribute("innerHTML") or ""
+    return str(wait(driver, lambda d: d.find_element(By.TAG_NAME, "main").get_attribute("innerHTML"), "the page"))
 
 
 @pytest.mark.time_cap(300)
@@ -133,8 +154,8 @@ async def test_the_console_in_chromium(running_node, db, browser):
 
         # Sign in; the overview shows the backlog per priority level.
         await step(sign_in, browser, base, shop.token)
-        assert await step(bar_count, browser, orders, 7) == 0
-        assert await step(bar_count, browser, shop.queues["reports"], 5) == 2
+        await step(wait, browser, lambda d: bar_count(d, orders, 7) == 0, "no priority-7 task of orders")
+        await step(wait, browser, lambda d: bar_count(d, shop.queues["reports"], 5) == 2, "two priority-5 reports")
         await step(browser.execute_script, "window.orbitSamePage = true")
 
         # Tasks submitted now appear in the bars without a reload.
@@ -143,9 +164,7 @@ async def test_the_console_in_chromium(running_node, db, browser):
             assert created.status_code == 201
         await step(wait, browser, lambda d: bar_count(d, orders, 7) == 3, "three priority-7 tasks in the bars")
         assert await step(browser.execute_script, "return window.orbitSamePage === true")
-        assert "paused" in await step(
-            lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-queue-id="{shop.queues["emails"]}"]').text
-        )
+        await step(wait, browser, shows(f'tr[data-queue-id="{shop.queues["emails"]}"]', "paused"), "emails paused")
         await step(shot, browser, "overview")
 
         # A task with markup in its payload and in an attempt's error; one attempt failed.
@@ -170,26 +189,29 @@ async def test_the_console_in_chromium(running_node, db, browser):
     )
 
     await step(browser.get, f"{base}/console/tasks/{task_id}")
-    assert await step(lambda: browser.find_element(By.ID, "task-priority").text) == "3"
-    rows = await step(
-        lambda: [
-            r.get_attribute("data-outcome")
-            for r in browser.find_elements(By.CSS_SELECTOR, "#attempts tr[data-attempt]")
-        ]
+    await step(wait, browser, lambda d: text("#task-priority")(d) == "3", "the task's priority")
+    await step(
+        wait, browser, lambda d: attributes("#attempts tr[data-attempt]", "data-outcome")(d) == ["retry"], "one retry"
     )
-    assert rows == ["retry"]
-    reasons = await step(
-        lambda: [li.get_attribute("data-code") for li in browser.find_elements(By.CSS_SELECTOR, "#explanation li")]
+    # Backing off, and no Worker serves it.
+    await step(
+        wait,
+        browser,
+        lambda d: {"NOT_DUE", "NO_CAPABLE_WORKER"} <= set(attributes("#explanation li", "data-code")(d)),
+        "the explanation's reasons",
     )
-    assert "NOT_DUE" in reasons and "NO_CAPABLE_WORKER" in reasons  # backing off, and no Worker serves it
-    explanation = await step(lambda: browser.find_element(By.ID, "explanation").text)
-    assert "not due for another" in explanation and "no connected Worker serves this queue" in explanation
+    await step(
+        wait,
+        browser,
+        shows("#explanation", "not due for another", "no connected Worker serves this queue"),
+        "the explanation's text",
+    )
     # Markup is shown as text: no element came of it and nothing ran.
-    assert markup in await step(lambda: browser.find_element(By.ID, "payload").text)
-    assert await step(lambda: browser.find_elements(By.CSS_SELECTOR, "#payload *, #attempts img")) == []
-    assert "<img src=x onerror=window.orbitInjected=true>" in await step(
-        lambda: browser.find_element(By.ID, "attempts").text
+    await step(wait, browser, shows("#payload", markup), "the payload as text")
+    await step(
+        wait, browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#payload *, #attempts img") == [], "no markup"
     )
+    await step(wait, browser, shows("#attempts", "<img src=x onerror=window.orbitInjected=true>"), "error as text")
     assert await step(browser.execute_script, "return window.orbitInjected === undefined")
     await step(shot, browser, "task")
 
@@ -212,30 +234,26 @@ async def test_the_console_in_chromium(running_node, db, browser):
                 )
             )
         await step(after_next_poll, browser)
-    lines = await step(lambda: browser.find_elements(By.CSS_SELECTOR, "#turn-chart polyline"))
-    assert len(lines) == 2
-    legend = await step(lambda: browser.find_element(By.ID, "turn-legend").text)
-    assert "shop:" in legend and "rival:" in legend and "50.0 % of the turns shown" in legend
-    assert "50.0 %" in await step(lambda: browser.find_element(By.ID, "turns").text)
+    await step(wait, browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#turn-chart polyline")) == 2, "two lines")
+    await step(wait, browser, shows("#turn-legend", "shop:", "rival:", "50.0 % of the turns shown"), "the turn legend")
+    await step(wait, browser, shows("#turns", "50.0 %"), "the turn table")
     await step(shot, browser, "fairness")
 
     # Plans and Workers.
     plan = await PlanStore(db).create(shop.namespace_id, orders, "nightly")
     await step(browser.get, f"{base}/console/plans")
-    assert "nightly" in await step(lambda: browser.find_element(By.ID, "plans").text)
+    await step(wait, browser, shows("#plans", "nightly"), "the plan listed")
     await step(shot, browser, "plans")
     await step(browser.get, f"{base}/console/plans/{plan.plan_id}")
     await step(shot, browser, "plan")
     await step(browser.get, f"{base}/console/workers")
     await step(shot, browser, "workers")
     await step(browser.get, f"{base}/console/queues/{orders}")
-    assert (
-        await step(
-            lambda: browser.find_element(By.CSS_SELECTOR, '#live svg.bars g.bar[data-level="7"]').get_attribute(
-                "data-count"
-            )
-        )
-        == "3"
+    await step(
+        wait,
+        browser,
+        lambda d: attributes('#live svg.bars g.bar[data-level="7"]', "data-count")(d) == ["3"],
+        "three priority-7 tasks on the queue's page",
     )
     await step(shot, browser, "queue")
 
@@ -254,8 +272,7 @@ async def test_the_console_in_chromium(running_node, db, browser):
     await step(
         wait, browser, lambda d: "/console/sign-in?ended=revoked" in d.current_url, "signed out after revocation"
     )
-    message = await step(lambda: browser.find_element(By.ID, "sign-in-message").text)
-    assert "revoked" in message
+    await step(wait, browser, shows("#sign-in-message", "revoked"), "why the session ended")
     await step(shot, browser, "signed-out")
     await step(browser.get, f"{base}/console")
     assert "/console/sign-in" in await step(lambda: browser.current_url)

@@ -57,6 +57,13 @@ async def test_skip_locked_on_two_servers_fails_certification_and_is_replayed(cl
     try:
         await one.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY, v INT) ENGINE=InnoDB"))
         await one.run(lambda tx: tx.execute_raw("INSERT INTO t VALUES (1, 0)"))
+        # Server two applies the table and the row asynchronously: its reads wait until it
+        # has applied everything committed in the cluster before they began.
+        async def applied(tx):
+            await tx.execute_raw("SET SESSION wsrep_sync_wait = 1")
+            return await tx.fetchall_raw("SELECT id, v FROM t")
+
+        assert await two.run(applied) == [{"id": 1, "v": 0}]
         locked, committed = trio.Event(), trio.Event()
         runs: list[list[dict]] = []
 

@@ -53,10 +53,14 @@ browser:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	fi
 
-# Tests create and drop their own databases on the server of ORBIT_TEST_MYSQL_DSN.
+# Tests create and drop their own databases on the server of ORBIT_TEST_MYSQL_DSN, in
+# TEST_WORKERS processes side by side (pytest-xdist; worksteal hands a long test's neighbours
+# to idle workers). Most tests wait on a socket, a database or a child process, so three
+# processes keep two cores busy. The 15 slowest tests are printed at the end.
+TEST_WORKERS ?= 3
 test: install db browser lint
 	@DSN="$${ORBIT_MYSQL_DSN:-$$(scripts/devdb.sh dsn)}"; \
-	ORBIT_TEST_MYSQL_DSN="$$DSN" $(BIN)/pytest $(PYTEST_ARGS)
+	ORBIT_TEST_MYSQL_DSN="$$DSN" $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 # Benchmark extras (plots, histograms, profiler, peers) only for `make bench`.
 $(BENCH_STAMP): $(STAMP) pyproject.toml

@@ -53,7 +53,8 @@ answers() {
 start() {
   ensure_installed
   ensure_galera
-  mkdir -p "$ROOT"
+  # Its own tmpdir: internal temporary tables never depend on what else uses /tmp.
+  mkdir -p "$ROOT/tmp"
   if answers; then echo "$DSN"; return 0; fi
   if [ ! -d "$ROOT/data/mysql" ]; then
     rm -rf "$ROOT/data"
@@ -65,6 +66,7 @@ start() {
   # lost dev database costs nothing; production needs innodb_flush_log_at_trx_commit=1.
   "$(find_bin mariadbd mysqld)" --no-defaults --datadir="$ROOT/data" --socket="$SOCK" \
     --port="$PORT" --bind-address=127.0.0.1 --pid-file="$ROOT/mariadbd.pid" --log-error="$ROOT/error.log" \
+    --tmpdir="$ROOT/tmp" \
     --user="$(id -un)" --innodb-flush-log-at-trx-commit=2 --innodb-buffer-pool-size=512M \
     --max-connections=1000 --skip-name-resolve --innodb-lock-wait-timeout=10 >/dev/null 2>&1 &
   for _ in $(seq 1 120); do

@@ -1,8 +1,11 @@
 """Shared fixtures: every test gets its own database on a real MariaDB server.
 
 The server comes from ORBIT_TEST_MYSQL_DSN (``make test`` points it at the private
-MariaDB under ./var). Each test creates ``orbit_t_<random>``, migrates it and drops
-it afterwards, so tests never see each other's rows.
+MariaDB under ./var). Each test process (each pytest-xdist worker) migrates one template
+database ``orbit_tpl_<random>`` once; each test then gets ``orbit_t_<random>``, a copy of
+the template's tables (``CREATE TABLE ... LIKE`` and the rows the migrations wrote), and
+drops it afterwards, so tests never see each other's rows and none pays for replaying
+every migration.
 """
 
 from __future__ import annotations
@@ -10,13 +13,16 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
 from orbit_node.config import Dsn, NodeConfig
 from orbit_node.db import Database, migrate
+from orbit_node.errors import OrbitError
 
 from .faults.mariadb import PrivateMariaDB
 from .nodeutil import run_node
@@ -46,12 +52,50 @@ async def create_database(name: str) -> None:
         await admin.aclose()
 
 
+class TransactionLeft(AssertionError):
+    """A test ended with a database session still inside a transaction."""
+
+
+# How long a session whose client has gone may take to end on the server (it notices the
+# closed socket at its next read) before it counts as left behind.
+SESSION_END_S = 3
+
+
 async def drop_database(name: str) -> None:
+    """Drop ``name``, first ending every session still connected to it.
+
+    An idle session (``Sleep``) still inside a transaction holds metadata locks that would
+    make the ``DROP`` wait for ever; it means the test, or the code it runs, neither
+    committed nor closed a transaction: it is killed and reported as the test's failure.
+    A session still running a statement (its client may be gone) is only killed."""
     admin = Database(server_dsn(), size=1)
+    sql = (
+        "SELECT p.id, p.command, t.trx_started FROM information_schema.processlist p"
+        " LEFT JOIN information_schema.innodb_trx t ON t.trx_mysql_thread_id = p.id"
+        " WHERE p.db = %s AND p.id <> CONNECTION_ID()"
+    )
+
+    def left_in_transaction(sessions):
+        return [s for s in sessions if s["command"] == "Sleep" and s["trx_started"] is not None]
+
     try:
+        with trio.move_on_after(SESSION_END_S):
+            while left_in_transaction(sessions := await admin.run(lambda tx: tx.fetchall_raw(sql, (name,)))):
+                await trio.sleep(0.05)
+        left = left_in_transaction(sessions)
+        for session in sessions:
+            try:
+                await admin.run(lambda tx, i=session["id"]: tx.execute_raw(f"KILL CONNECTION {int(i)}"))
+            except OrbitError:
+                pass  # it ended meanwhile
         await admin.run(lambda tx: tx.execute_raw(f"DROP DATABASE IF EXISTS `{name}`"))
     finally:
         await admin.aclose()
+    if left:
+        raise TransactionLeft(
+            f"{len(left)} idle session(s) of {name} were still inside a transaction {SESSION_END_S} s after the "
+            f"test ended (started {min(s['trx_started'] for s in left)})"
+        )
 
 
 @pytest.fixture
@@ -66,14 +110,63 @@ async def empty_dsn():
             await drop_database(name)
 
 
-@pytest.fixture
-async def dsn(empty_dsn):
-    """The DSN of a new database migrated to head."""
-    db = Database(empty_dsn, size=1)
+async def _migrate_template(name: str) -> list[tuple[str, bool]]:
+    """Create and migrate the template; its tables, each with whether it holds rows."""
+    await create_database(name)
+    db = Database(server_dsn().with_database(name), size=1)
     try:
         await migrate.up(db)
+        tables = await db.run(
+            lambda tx: tx.fetchall_raw(
+                "SELECT table_name AS name FROM information_schema.tables"
+                " WHERE table_schema = %s AND table_type = 'BASE TABLE' ORDER BY table_name",
+                (name,),
+            )
+        )
+        found = []
+        for table in tables:
+            rows = await db.run(lambda tx, t=table["name"]: tx.fetchall_raw(f"SELECT 1 FROM `{t}` LIMIT 1"))
+            found.append((table["name"], bool(rows)))
+        return found
     finally:
         await db.aclose()
+
+
+@attrs.frozen
+class Template:
+    """A database migrated to head once per test process, copied for each test."""
+
+    name: str
+    tables: list[tuple[str, bool]]
+
+    async def copy_into(self, target: str) -> None:
+        admin = Database(server_dsn(), size=1)
+
+        async def copy(tx):
+            for table, has_rows in self.tables:
+                await tx.execute_raw(f"CREATE TABLE `{target}`.`{table}` LIKE `{self.name}`.`{table}`")
+                if has_rows:
+                    await tx.execute_raw(f"INSERT INTO `{target}`.`{table}` SELECT * FROM `{self.name}`.`{table}`")
+
+        try:
+            await admin.run(copy)
+        finally:
+            await admin.aclose()
+
+
+@pytest.fixture(scope="session")
+def migrated_template() -> Iterator[Template]:
+    name = "orbit_tpl_" + secrets.token_hex(6)
+    try:
+        yield Template(name, trio.run(_migrate_template, name))
+    finally:
+        trio.run(drop_database, name)
+
+
+@pytest.fixture
+async def dsn(empty_dsn, migrated_template):
+    """The DSN of a new database at the head migration (a copy of the template)."""
+    await migrated_template.copy_into(empty_dsn.database)
     return empty_dsn
 
 

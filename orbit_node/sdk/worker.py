@@ -31,7 +31,8 @@ The user's guide is ``docs/sdk.md``. In short:
   handler's scope: an async handler sees ``trio.Cancelled`` at its next checkpoint.
 * A lost connection is re-established with jittered exponential backoff; a node that
   answers nothing (heartbeats included) for its announced heartbeat timeout counts as
-  lost, even if the network never reset the connection. Handlers
+  lost, even if the network never reset the connection, and so does one that sends no
+  welcome within ``welcome_timeout_s`` of the connection. Handlers
   that were running are cancelled (their tasks come back after the lease expires),
   since their Finish could not be accepted by another connection anyway.
 """
@@ -74,7 +75,8 @@ MAX_ERROR_MESSAGE = 4096
 
 
 class NodeSilent(Exception):
-    """Nothing came from the node for its announced heartbeat timeout: the connection is dead."""
+    """Nothing came from the node within a bound (the welcome timeout after the hello, its
+    announced heartbeat timeout afterwards): the connection is dead."""
 
 
 class PermanentError(Exception):
@@ -312,7 +314,9 @@ class Worker:
     ``capacity`` is how many tasks run at once (the node never sends more).
     ``resource_keys`` says whether the Worker accepts tasks that carry a resource key.
     ``ssl_context`` verifies a ``https://`` node (default: the system's trust store).
-    ``connect_timeout_s`` bounds opening one connection (TCP, TLS, handshake).
+    ``connect_timeout_s`` bounds opening one connection (TCP, TLS, handshake);
+    ``welcome_timeout_s`` bounds the wait for the node's welcome after the hello (a node
+    that accepts the connection and never answers is then a lost connection, retried).
 
     Counters for callers: ``completed`` and ``failed`` (tasks this Worker finished and
     the node accepted), ``connections`` (sessions welcomed), ``messages_sent``
@@ -331,6 +335,7 @@ class Worker:
         client_name: str = "orbit-python",
         ssl_context: ssl.SSLContext | None = None,
         connect_timeout_s: float = 10.0,
+        welcome_timeout_s: float = 10.0,
     ) -> None:
         if isinstance(queues, str):
             raise TypeError("queues: expected a list of queue ids or names, not one string")
@@ -338,6 +343,9 @@ class Worker:
             raise ValueError("queues: name at least one queue")
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity: expected an integer of at least 1, got {capacity!r}")
+        for name, seconds in (("connect_timeout_s", connect_timeout_s), ("welcome_timeout_s", welcome_timeout_s)):
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+                raise ValueError(f"{name}: expected a positive number of seconds, got {seconds!r}")
         self.url = url
         self._token = token
         self.queues = list(queues)
@@ -346,6 +354,7 @@ class Worker:
         self.client_name = client_name
         self.ssl_context = ssl_context
         self.connect_timeout_s = connect_timeout_s
+        self.welcome_timeout_s = welcome_timeout_s
         self._queue_names = dict(queue_names or {})
         self._queue_ids: list[str] | None = None
         self._handlers: dict[tuple[str, str, str], Handler] = {}
@@ -572,6 +581,18 @@ class Worker:
             base = "ws://" + base[len("http://") :]
         return base + "/v1/workers/connect"
 
+    def _hello(self) -> dict[str, Any]:
+        return {
+            "type": "hello",
+            "queues": self._queue_ids,
+            "capabilities": [
+                {"handler": h, "handler_version": hv, "payload_version": pv} for h, hv, pv in self._handlers
+            ],
+            "resource_keys": self.resource_keys,
+            "capacity": self.capacity,
+            "client": {"name": self.client_name, "version": __version__},
+        }
+
     async def _session(self, status: list[trio.TaskStatus[None]]) -> None:
         headers = [(b"authorization", f"Bearer {self._token}".encode())]
         try:
@@ -582,22 +603,14 @@ class Worker:
                 connect_timeout=self.connect_timeout_s,
                 disconnect_timeout=DISCONNECT_TIMEOUT_S,
             ) as ws:
-                await ws.send_message(
-                    json.dumps(
-                        {
-                            "type": "hello",
-                            "queues": self._queue_ids,
-                            "capabilities": [
-                                {"handler": h, "handler_version": hv, "payload_version": pv}
-                                for h, hv, pv in self._handlers
-                            ],
-                            "resource_keys": self.resource_keys,
-                            "capacity": self.capacity,
-                            "client": {"name": self.client_name, "version": __version__},
-                        }
-                    )
-                )
-                welcome = json.loads(await ws.get_message())
+                # The heartbeat watchdog starts with the session: until then this bound is
+                # all that stops a node that accepted the connection and answers nothing.
+                with trio.move_on_after(self.welcome_timeout_s) as waited:
+                    await ws.send_message(json.dumps(self._hello()))
+                    answer = await ws.get_message()
+                if waited.cancelled_caught:
+                    raise NodeSilent(f"no welcome from the node within {self.welcome_timeout_s:g} s of the hello")
+                welcome = json.loads(answer)
                 if welcome.get("type") != "welcome":
                     raise _hello_refused(welcome)
                 self._connections += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 
 import pytest
 import trio
@@ -61,3 +62,21 @@ async def test_a_node_that_accepts_and_never_welcomes_is_a_lost_connection_retri
     assert len(lines) >= 2
     assert all("no welcome from the node within 5 s of the hello" in line for line in lines), lines
     assert worker.connections == 0
+
+
+async def test_a_node_that_is_not_there_is_named_in_the_reconnect_line(autojump_clock, caplog):
+    """Nothing listens on the port (it is bound, so nobody else takes it meanwhile): each
+    retry's log line says the connection was refused, and where."""
+    caplog.set_level(logging.WARNING, logger="orbit.sdk.worker")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        worker = worker_for(f"http://127.0.0.1:{port}")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run)
+            with trio.fail_after(60):  # of the mock clock
+                while len(reconnect_lines(caplog)) < 2:
+                    await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+    for line in reconnect_lines(caplog):
+        assert line.startswith(f"worker could not connect (connection refused to 127.0.0.1:{port}); reconnecting in ")

@@ -39,19 +39,29 @@ The user's guide is ``docs/sdk.md``. In short:
 
 from __future__ import annotations
 
+import errno
 import inspect
 import itertools
 import json
 import logging
 import random
+import socket
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import attrs
 import httpx
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    ConnectionTimeout,
+    DisconnectionTimeout,
+    HandshakeError,
+    open_websocket_url,
+)
 
 from .. import __version__
 from ..errors import ConfigError
@@ -169,6 +179,26 @@ def _leaf(group: BaseExceptionGroup) -> BaseException:
         if not isinstance(leaf, trio.Cancelled):
             return leaf
     return leaves[0]
+
+
+def _os_failure(exc: OSError, host: str, target: str) -> str:
+    """Why a connection attempt failed, from the socket error(s): trio's "all attempts to
+    connect failed" carries each address's own error as its cause."""
+    group = exc.__cause__
+    errors = [e for e in group.exceptions if isinstance(e, OSError)] if isinstance(group, BaseExceptionGroup) else []
+    reasons: list[str] = []
+    for error in errors or [exc]:
+        if error.errno == errno.ECONNREFUSED:
+            reason = f"connection refused to {target}"
+        elif isinstance(error, socket.gaierror):
+            reason = f"cannot resolve {host}: {error.strerror}"
+        elif error.strerror:
+            reason = f"cannot connect to {target}: {error.strerror}"
+        else:
+            reason = str(error) or f"cannot connect to {target}: {type(error).__name__}"
+        if reason not in reasons:
+            reasons.append(reason)
+    return "; ".join(reasons)
 
 
 def _refusal(status: int | None, body: bytes) -> WorkerRejected:
@@ -508,24 +538,57 @@ class Worker:
                 self._queue_ids = await self._resolve_queues()
             self._threads = trio.CapacityLimiter(self.capacity)
             while not self._draining:
+                welcomed = self._connections
                 try:
                     try:
                         await self._session(status)
                     except BaseExceptionGroup as group:
-                        # Nurseries wrap what ended the session; act on the exception itself.
-                        raise _leaf(group) from None
+                        # Nurseries wrap what ended the session; act on the exception itself
+                        # (keeping its own cause, which may say why).
+                        leaf = _leaf(group)
+                        raise leaf from leaf.__cause__
                     backoff = RECONNECT_INITIAL_S
                 except WorkerRejected:
                     raise
                 except (OSError, ConnectionClosed, HandshakeError, trio.BrokenResourceError, NodeSilent) as exc:
                     if self._draining:
                         break
-                    log.warning("worker connection lost (%s); reconnecting in %.1f s", exc, backoff)
-                    await trio.sleep(backoff * random.uniform(0.5, 1.0))
+                    pause = backoff * random.uniform(0.5, 1.0)
+                    what = "worker connection lost" if self._connections > welcomed else "worker could not connect"
+                    log.warning("%s (%s); reconnecting in %.1f s", what, self._failure(exc), pause)
+                    await trio.sleep(pause)
                     backoff = min(backoff * 2, RECONNECT_MAX_S)
             self._drained = self._draining
         finally:
             self._stopped.set()
+
+    def _failure(self, exc: BaseException) -> str:
+        """Why a connection failed or ended, in words, naming the node's address."""
+        parts = urlsplit(self._ws_url())
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "wss" else 80)
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if isinstance(exc, ConnectionTimeout):
+            return f"no connection to {target} within {self.connect_timeout_s:g} s"
+        if isinstance(exc, DisconnectionTimeout):
+            return f"no closing handshake from {target} within {DISCONNECT_TIMEOUT_S:g} s"
+        if isinstance(exc, ConnectionRejected):
+            return str(_refusal(exc.status_code, exc.body or b""))
+        if isinstance(exc, HandshakeError) and isinstance(exc.__cause__, OSError):
+            return _os_failure(exc.__cause__, host, target)
+        if isinstance(exc, OSError):
+            return _os_failure(exc, host, target)
+        if isinstance(exc, ConnectionClosed):
+            reason = exc.reason
+            if reason is None:
+                return f"the connection to {target} closed"
+            said = f": {reason.reason}" if reason.reason else ""
+            return f"the connection to {target} closed ({reason.code} {reason.name}{said})"
+        if isinstance(exc, trio.BrokenResourceError):
+            cause = exc.__cause__ or exc.__context__
+            why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+            return f"the connection to {target} broke{why}"
+        return str(exc) or type(exc).__name__
 
     async def _resolve_queues(self) -> list[str]:
         """Queue ids for ``queues``: the names map first, then 32-hex ids, then a lookup."""

@@ -24,16 +24,11 @@ db:
 
 # The credentials file is written beside the node, once the node answers /readyz and
 # accepts its token (bootstrap --when-ready): a node that fails to start leaves an
-# existing file as it was. The shell's pid ($$$$) becomes the node's with `exec`.
+# existing file as it was. scripts/run.sh runs both and waits for both; when the node
+# stops it says that the private MariaDB is still running (see README.md).
 READY_WAIT_S ?= 600
 run: install db
-	@DSN="$${ORBIT_MYSQL_DSN:-$$(scripts/devdb.sh dsn)}"; \
-	mkdir -p var; \
-	ORBIT_MYSQL_DSN="$$DSN" $(BIN)/orbit-migrate up && \
-	{ ORBIT_MYSQL_DSN="$$DSN" $(BIN)/orbit-admin bootstrap --application dev --namespace default \
-	  --environment test --queue initial --worker-access --output $(CREDENTIALS) \
-	  --when-ready $(READY_WAIT_S) --node-pid $$$$ & } && \
-	ORBIT_MYSQL_DSN="$$DSN" exec $(BIN)/orbit
+	@BIN="$(abspath $(BIN))" CREDENTIALS="$(abspath $(CREDENTIALS))" READY_WAIT_S="$(READY_WAIT_S)" exec scripts/run.sh
 
 # Lint, format check and type check (configuration in pyproject.toml); `make test` runs it first.
 lint: install

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 
 import pytest
@@ -9,6 +13,7 @@ import trio
 
 from orbit_node.config import Dsn
 from orbit_node.db import Database
+from orbit_node.db.pool import is_dropped
 from orbit_node.db.queries import parse_blocks
 from orbit_node.errors import DatabaseError, Unavailable
 
@@ -225,3 +230,48 @@ async def test_datetimes_read_back_exactly(db):
             "stamp": datetime(2026, 2, 28, 23, 59, 59, 500000),
         }
     ]
+
+
+@contextmanager
+def descriptors_taken_below(limit: int) -> Iterator[None]:
+    """Every descriptor number below ``limit`` is open, so the next one opened is ``limit`` or
+    above (the soft RLIMIT_NOFILE is raised for it when needed, and restored after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = limit + 64
+    if soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below {wanted}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    taken: list[int] = []
+    try:
+        while True:
+            fd = os.open(os.devnull, os.O_RDONLY)
+            if fd >= limit:
+                os.close(fd)
+                break
+            taken.append(fd)
+        yield
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_connection_on_a_descriptor_above_1023_is_reused_until_the_server_drops_it(dsn, db):
+    """``select.select`` refuses descriptors of 1024 and above; the reuse check must not take
+    every such live connection for a dropped one, and must still notice a dropped one."""
+    high = Database(dsn, size=1)
+    try:
+        with descriptors_taken_below(1024):
+            first = await high.run(lambda tx: tx.fetchall_raw("SELECT CONNECTION_ID() AS id"))
+        (conn,) = high._idle
+        assert conn._sock.socket.fileno() >= 1024
+        assert not is_dropped(conn)
+        again = await high.run(lambda tx: tx.fetchall_raw("SELECT CONNECTION_ID() AS id"))
+        assert again == first  # the same session, reused
+        await db.run(lambda tx: tx.execute_raw(f"KILL {first[0]['id']}"))
+        assert await wait_until(lambda: is_dropped(conn))
+        after = await high.run(lambda tx: tx.fetchall_raw("SELECT CONNECTION_ID() AS id"))
+        assert after != first and high.statistics().open == 1
+    finally:
+        await high.aclose()

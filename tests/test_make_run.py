@@ -5,6 +5,8 @@ run's), on a scratch database with ``CREDENTIALS`` pointed at a file of the test
 that cannot start leaves an existing file byte for byte; a node that starts gets a file
 whose url and token work. ``orbit-admin bootstrap --when-ready`` is what does it, and a
 node of another database answering on the url (it refuses the token) does not count.
+The bootstrap, once done, leaves no zombie behind; Ctrl-C on ``make run`` with the
+private MariaDB leaves that database running and says how to stop it.
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
+from pathlib import Path
 
 import httpx
 import pytest
@@ -29,18 +34,54 @@ from .helpers import BIN, REPO, bootstrap_args, cli, wait_until
 BEFORE = '{"url": "http://127.0.0.1:1", "token": "orb_previous"}\n'
 
 
-def make_run(dsn, address: str, credentials) -> subprocess.Popen:
-    """``make run`` in its own process group (so the test can stop the node it starts)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
-    env.update(ORBIT_MYSQL_DSN=dsn.url(), ORBIT_HTTP_ADDR=address, ORBIT_LOG_FORMAT="json")
+def make_run(dsn, address: str, credentials, *, cwd: Path = REPO, env: dict | None = None) -> subprocess.Popen:
+    """``make run`` in its own process group (so the test can stop the node it starts);
+    ``dsn`` None: the private MariaDB of ``cwd``'s scripts/devdb.sh."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
+    full_env.update(ORBIT_HTTP_ADDR=address, ORBIT_LOG_FORMAT="json", **(env or {}))
+    if dsn is not None:
+        full_env["ORBIT_MYSQL_DSN"] = dsn.url()
     return subprocess.Popen(
-        ["make", "-s", "-o", "install", "-o", "db", "run", f"CREDENTIALS={credentials}", f"BIN={BIN}"],
-        cwd=REPO,
-        env=env,
+        ["make", "-s", "-f", str(REPO / "Makefile"), "-o", "install", "-o", "db", "run"]
+        + [f"CREDENTIALS={credentials}", f"BIN={BIN}"],
+        cwd=cwd,
+        env=full_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+    )
+
+
+def stop_as_ctrl_c_does(run: subprocess.Popen) -> None:
+    # What Ctrl-C in a terminal does: SIGINT to the whole group. (Not SIGTERM: make sends
+    # a SIGTERM it receives on to its children, and the node would take that second
+    # signal as "stop at once".)
+    if run.poll() is None:
+        os.killpg(run.pid, signal.SIGINT)
+
+
+def group_processes(pgid: int) -> list[tuple[int, int, str, str]]:
+    """(pid, parent pid, state, command name) of each process of group ``pgid``, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        state, ppid, group = stat[stat.rindex(")") + 2 :].split()[:3]
+        if int(group) == pgid:
+            found.append((int(entry.name), int(ppid), state, name))
+    return found
+
+
+async def bootstrap_ended(run: subprocess.Popen) -> None:
+    """Wait until ``make run``'s bootstrap has exited (it may be left a zombie)."""
+    await wait_until(
+        lambda: not [p for p in group_processes(run.pid) if p[3] == "orbit-admin" and p[2] != "Z"], timeout_s=30
     )
 
 
@@ -81,15 +122,59 @@ async def test_a_node_that_starts_gets_a_credentials_file_that_works(dsn, tmp_pa
             queues = await client.get("/v1/queues", headers={"Authorization": f"Bearer {document['token']}"})
         assert queues.status_code == 200, queues.text
         assert [q["name"] for q in queues.json()["data"]] == ["initial"]
+        # The bootstrap is done and was reaped: no zombie under the node (or anywhere in
+        # make's process group) while the node serves.
+        await bootstrap_ended(run)
+        processes = group_processes(run.pid)
+        (node,) = [p[0] for p in processes if p[3] == "orbit"]
+        assert not [p for p in processes if p[2] == "Z"], processes
+        assert not [p for p in group_processes(run.pid) if p[1] == node], processes
     finally:
-        if run.poll() is None:
-            # What Ctrl-C in a terminal does: SIGINT to the whole group. (Not SIGTERM: make
-            # sends a SIGTERM it receives on to its children, and the node would take that
-            # second signal as "stop at once".)
-            os.killpg(run.pid, signal.SIGINT)
+        stop_as_ctrl_c_does(run)
         out, err = await trio.to_thread.run_sync(lambda: run.communicate(timeout=60))
-    assert '"message": "drain ended' in err  # the node stopped cleanly (make itself died of the signal)
+    assert '"message": "drain ended' in err  # the node stopped cleanly
     assert out.count(f"credentials written to {credentials}") == 1
+    assert "private MariaDB" not in err  # ORBIT_MYSQL_DSN named the database: not make run's to mention
+
+
+@pytest.mark.time_cap(240)
+async def test_ctrl_c_leaves_the_private_database_running_and_says_how_to_stop_it():
+    """Without ORBIT_MYSQL_DSN, ``make run`` uses the private MariaDB of scripts/devdb.sh:
+    here one of a scratch checkout (its scripts, its var/), on a port of its own. Ctrl-C
+    stops the node; the database keeps running, and make run's last line says so and how
+    to stop it."""
+    checkout = Path(tempfile.mkdtemp(prefix="orbit-run-"))  # short: the server's socket path lives under it
+    (checkout / "scripts").mkdir()
+    for script in ("devdb.sh", "run.sh"):
+        (checkout / "scripts" / script).symlink_to(REPO / "scripts" / script)
+    devdb = str(checkout / "scripts" / "devdb.sh")
+    port = int(free_address().rsplit(":", 1)[1])
+    env = {**os.environ, "ORBIT_DEV_DB_PORT": str(port)}
+
+    def devdb_run(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run([devdb, command], env=env, capture_output=True, text=True, timeout=180)
+
+    try:
+        started = await trio.to_thread.run_sync(lambda: devdb_run("start"))
+        assert started.returncode == 0, started.stderr
+        dsn = started.stdout.strip()
+        credentials = checkout / "var" / "dev.credentials.json"
+        run = make_run(None, free_address(), credentials, cwd=checkout, env={"ORBIT_DEV_DB_PORT": str(port)})
+        try:
+            await wait_until(credentials.exists, timeout_s=60)
+        finally:
+            stop_as_ctrl_c_does(run)
+            out, err = await trio.to_thread.run_sync(lambda: run.communicate(timeout=60))
+        assert '"message": "drain ended' in err
+        assert (
+            f"make run: the node has stopped; the private MariaDB (scripts/devdb.sh) is still running at {dsn}: "
+            "stop it with scripts/devdb.sh stop (its data stays in var/mariadb), "
+            "or make clean (which also deletes var/ and .venv/)\n"
+        ) in err
+        assert (await trio.to_thread.run_sync(lambda: devdb_run("status"))).returncode == 0  # as it says
+    finally:
+        await trio.to_thread.run_sync(lambda: devdb_run("stop"))
+        shutil.rmtree(checkout, ignore_errors=True)
 
 
 @pytest.fixture

@@ -76,6 +76,7 @@ def test_help_shows_the_public_surface_only():
         "client_name",
         "ssl_context",
         "connect_timeout_s",
+        "welcome_timeout_s",
     ]
     text = pydoc.render_doc(Worker, renderer=pydoc.plaintext)
     for internal in ("drain_requested", "_stopped", "_progress", "_draining", "_token", "_handlers"):

@@ -155,16 +155,23 @@ def is_dropped(conn) -> bool:
 
     A healthy idle MySQL session never sends unprompted, so readable means the server
     closed it (restart, ``wait_timeout``, ``KILL``: EOF, RST or a farewell error packet).
-    Checked without a round trip, before every reuse.
+    Checked without a round trip, before every reuse, with ``poll`` (``select.select``
+    refuses descriptors of 1024 and above, which a busy process hands out).
     """
     stream = getattr(conn, "_sock", None)
     if stream is None:
         return True
     try:
-        readable, _, _ = select.select([stream.socket.fileno()], [], [], 0)
+        fd = stream.socket.fileno()
+        if fd < 0:
+            return True
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        # Any event counts: data or EOF (POLLIN), an error or hang-up (always reported),
+        # a descriptor that is no longer open (POLLNVAL).
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True
-    return bool(readable)
 
 
 def errno_of(exc: BaseException) -> int | None:

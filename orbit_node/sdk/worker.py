@@ -31,26 +31,37 @@ The user's guide is ``docs/sdk.md``. In short:
   handler's scope: an async handler sees ``trio.Cancelled`` at its next checkpoint.
 * A lost connection is re-established with jittered exponential backoff; a node that
   answers nothing (heartbeats included) for its announced heartbeat timeout counts as
-  lost, even if the network never reset the connection. Handlers
+  lost, even if the network never reset the connection, and so does one that sends no
+  welcome within ``welcome_timeout_s`` of the connection. Handlers
   that were running are cancelled (their tasks come back after the lease expires),
   since their Finish could not be accepted by another connection anyway.
 """
 
 from __future__ import annotations
 
+import errno
 import inspect
 import itertools
 import json
 import logging
 import random
+import socket
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import attrs
 import httpx
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    ConnectionTimeout,
+    DisconnectionTimeout,
+    HandshakeError,
+    open_websocket_url,
+)
 
 from .. import __version__
 from ..errors import ConfigError
@@ -74,7 +85,8 @@ MAX_ERROR_MESSAGE = 4096
 
 
 class NodeSilent(Exception):
-    """Nothing came from the node for its announced heartbeat timeout: the connection is dead."""
+    """Nothing came from the node within a bound (the welcome timeout after the hello, its
+    announced heartbeat timeout afterwards): the connection is dead."""
 
 
 class PermanentError(Exception):
@@ -167,6 +179,26 @@ def _leaf(group: BaseExceptionGroup) -> BaseException:
         if not isinstance(leaf, trio.Cancelled):
             return leaf
     return leaves[0]
+
+
+def _os_failure(exc: OSError, host: str, target: str) -> str:
+    """Why a connection attempt failed, from the socket error(s): trio's "all attempts to
+    connect failed" carries each address's own error as its cause."""
+    group = exc.__cause__
+    errors = [e for e in group.exceptions if isinstance(e, OSError)] if isinstance(group, BaseExceptionGroup) else []
+    reasons: list[str] = []
+    for error in errors or [exc]:
+        if error.errno == errno.ECONNREFUSED:
+            reason = f"connection refused to {target}"
+        elif isinstance(error, socket.gaierror):
+            reason = f"cannot resolve {host}: {error.strerror}"
+        elif error.strerror:
+            reason = f"cannot connect to {target}: {error.strerror}"
+        else:
+            reason = str(error) or f"cannot connect to {target}: {type(error).__name__}"
+        if reason not in reasons:
+            reasons.append(reason)
+    return "; ".join(reasons)
 
 
 def _refusal(status: int | None, body: bytes) -> WorkerRejected:
@@ -312,7 +344,9 @@ class Worker:
     ``capacity`` is how many tasks run at once (the node never sends more).
     ``resource_keys`` says whether the Worker accepts tasks that carry a resource key.
     ``ssl_context`` verifies a ``https://`` node (default: the system's trust store).
-    ``connect_timeout_s`` bounds opening one connection (TCP, TLS, handshake).
+    ``connect_timeout_s`` bounds opening one connection (TCP, TLS, handshake);
+    ``welcome_timeout_s`` bounds the wait for the node's welcome after the hello (a node
+    that accepts the connection and never answers is then a lost connection, retried).
 
     Counters for callers: ``completed`` and ``failed`` (tasks this Worker finished and
     the node accepted), ``connections`` (sessions welcomed), ``messages_sent``
@@ -331,6 +365,7 @@ class Worker:
         client_name: str = "orbit-python",
         ssl_context: ssl.SSLContext | None = None,
         connect_timeout_s: float = 10.0,
+        welcome_timeout_s: float = 10.0,
     ) -> None:
         if isinstance(queues, str):
             raise TypeError("queues: expected a list of queue ids or names, not one string")
@@ -338,6 +373,9 @@ class Worker:
             raise ValueError("queues: name at least one queue")
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity: expected an integer of at least 1, got {capacity!r}")
+        for name, seconds in (("connect_timeout_s", connect_timeout_s), ("welcome_timeout_s", welcome_timeout_s)):
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+                raise ValueError(f"{name}: expected a positive number of seconds, got {seconds!r}")
         self.url = url
         self._token = token
         self.queues = list(queues)
@@ -346,6 +384,7 @@ class Worker:
         self.client_name = client_name
         self.ssl_context = ssl_context
         self.connect_timeout_s = connect_timeout_s
+        self.welcome_timeout_s = welcome_timeout_s
         self._queue_names = dict(queue_names or {})
         self._queue_ids: list[str] | None = None
         self._handlers: dict[tuple[str, str, str], Handler] = {}
@@ -499,24 +538,57 @@ class Worker:
                 self._queue_ids = await self._resolve_queues()
             self._threads = trio.CapacityLimiter(self.capacity)
             while not self._draining:
+                welcomed = self._connections
                 try:
                     try:
                         await self._session(status)
                     except BaseExceptionGroup as group:
-                        # Nurseries wrap what ended the session; act on the exception itself.
-                        raise _leaf(group) from None
+                        # Nurseries wrap what ended the session; act on the exception itself
+                        # (keeping its own cause, which may say why).
+                        leaf = _leaf(group)
+                        raise leaf from leaf.__cause__
                     backoff = RECONNECT_INITIAL_S
                 except WorkerRejected:
                     raise
                 except (OSError, ConnectionClosed, HandshakeError, trio.BrokenResourceError, NodeSilent) as exc:
                     if self._draining:
                         break
-                    log.warning("worker connection lost (%s); reconnecting in %.1f s", exc, backoff)
-                    await trio.sleep(backoff * random.uniform(0.5, 1.0))
+                    pause = backoff * random.uniform(0.5, 1.0)
+                    what = "worker connection lost" if self._connections > welcomed else "worker could not connect"
+                    log.warning("%s (%s); reconnecting in %.1f s", what, self._failure(exc), pause)
+                    await trio.sleep(pause)
                     backoff = min(backoff * 2, RECONNECT_MAX_S)
             self._drained = self._draining
         finally:
             self._stopped.set()
+
+    def _failure(self, exc: BaseException) -> str:
+        """Why a connection failed or ended, in words, naming the node's address."""
+        parts = urlsplit(self._ws_url())
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "wss" else 80)
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if isinstance(exc, ConnectionTimeout):
+            return f"no connection to {target} within {self.connect_timeout_s:g} s"
+        if isinstance(exc, DisconnectionTimeout):
+            return f"no closing handshake from {target} within {DISCONNECT_TIMEOUT_S:g} s"
+        if isinstance(exc, ConnectionRejected):
+            return str(_refusal(exc.status_code, exc.body or b""))
+        if isinstance(exc, HandshakeError) and isinstance(exc.__cause__, OSError):
+            return _os_failure(exc.__cause__, host, target)
+        if isinstance(exc, OSError):
+            return _os_failure(exc, host, target)
+        if isinstance(exc, ConnectionClosed):
+            reason = exc.reason
+            if reason is None:
+                return f"the connection to {target} closed"
+            said = f": {reason.reason}" if reason.reason else ""
+            return f"the connection to {target} closed ({reason.code} {reason.name}{said})"
+        if isinstance(exc, trio.BrokenResourceError):
+            cause = exc.__cause__ or exc.__context__
+            why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+            return f"the connection to {target} broke{why}"
+        return str(exc) or type(exc).__name__
 
     async def _resolve_queues(self) -> list[str]:
         """Queue ids for ``queues``: the names map first, then 32-hex ids, then a lookup."""
@@ -572,6 +644,18 @@ class Worker:
             base = "ws://" + base[len("http://") :]
         return base + "/v1/workers/connect"
 
+    def _hello(self) -> dict[str, Any]:
+        return {
+            "type": "hello",
+            "queues": self._queue_ids,
+            "capabilities": [
+                {"handler": h, "handler_version": hv, "payload_version": pv} for h, hv, pv in self._handlers
+            ],
+            "resource_keys": self.resource_keys,
+            "capacity": self.capacity,
+            "client": {"name": self.client_name, "version": __version__},
+        }
+
     async def _session(self, status: list[trio.TaskStatus[None]]) -> None:
         headers = [(b"authorization", f"Bearer {self._token}".encode())]
         try:
@@ -582,22 +666,14 @@ class Worker:
                 connect_timeout=self.connect_timeout_s,
                 disconnect_timeout=DISCONNECT_TIMEOUT_S,
             ) as ws:
-                await ws.send_message(
-                    json.dumps(
-                        {
-                            "type": "hello",
-                            "queues": self._queue_ids,
-                            "capabilities": [
-                                {"handler": h, "handler_version": hv, "payload_version": pv}
-                                for h, hv, pv in self._handlers
-                            ],
-                            "resource_keys": self.resource_keys,
-                            "capacity": self.capacity,
-                            "client": {"name": self.client_name, "version": __version__},
-                        }
-                    )
-                )
-                welcome = json.loads(await ws.get_message())
+                # The heartbeat watchdog starts with the session: until then this bound is
+                # all that stops a node that accepted the connection and answers nothing.
+                with trio.move_on_after(self.welcome_timeout_s) as waited:
+                    await ws.send_message(json.dumps(self._hello()))
+                    answer = await ws.get_message()
+                if waited.cancelled_caught:
+                    raise NodeSilent(f"no welcome from the node within {self.welcome_timeout_s:g} s of the hello")
+                welcome = json.loads(answer)
                 if welcome.get("type") != "welcome":
                     raise _hello_refused(welcome)
                 self._connections += 1

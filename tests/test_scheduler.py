@@ -476,3 +476,37 @@ def test_virtual_time_state_is_bounded_by_the_applications_of_about_a_round():
         assert len(s.statistics().virtual_time_by_application) <= 3
         assert len(s._app_queues) <= 3
     assert s.statistics().turns_by_application["steady"] >= 5_000
+
+
+def test_the_rotation_stays_in_virtual_time_order_under_random_load():
+    """Whatever happens (requests, withdrawals, grants, completions, weights, charges),
+    the applications are offered turns by ``max(own virtual time, the node's)`` and then by
+    how long they waited, the rotation holds exactly those with a waiting or running
+    request, and it remembers no application that left and is not ahead of the node."""
+    s = FairScheduler(SchedulerLimits(sql_slots=3, in_flight_per_application=2, claims_per_connection_per_cycle=10**9))
+    rng = random.Random(24)
+    conns = [ticket(f"c{i}", f"app{i % 12}", *(f"q{i % 12}-{k}" for k in range(1 + i % 3))) for i in range(60)]
+    in_flight = []
+    for _ in range(5000):
+        action = rng.random()
+        if action < 0.4:
+            t = rng.choice(conns)
+            if not s.outstanding(t.connection_id):
+                s.submit(t)
+        elif action < 0.5:
+            s.withdraw(rng.choice(conns).connection_id)
+        elif action < 0.55:
+            s.set_weight(f"app{rng.randrange(12)}", rng.choice([1, 2, 3, 7, 100]))
+        elif action < 0.6:
+            s.charge(f"app{rng.randrange(12)}", rng.randrange(3))
+        elif in_flight:
+            s.complete(in_flight.pop(rng.randrange(len(in_flight))), 0.0, empty=False)
+        in_flight.extend(s.grant(0.0))
+        apps = s._apps
+        line = list(apps.order())
+        now = apps.now
+        assert line == sorted(line, key=lambda k: (max(apps._time[k], now), apps._since[k]))
+        busy = {r.application_id for r in s._pending.values()} | {g.request.application_id for g in in_flight}
+        assert set(line) == busy
+        assert all(apps._time[k] > now for k in apps._time.keys() - busy)
+        assert s._app_queues.keys() == apps._time.keys()

@@ -32,8 +32,10 @@ connection pauses between its claims; with weights, turns follow the weights.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
 from itertools import count
 
 import attrs
@@ -87,10 +89,13 @@ class Rotation:
     """
 
     now: int = 0
-    # Own virtual time of every member and remembered leaver.
+    # Own virtual time of every member and remembered leaver; a member's is never below
+    # ``now`` (raised to it when ``now`` passes it: the same start, kept sorted).
     _time: dict[str, int] = attrs.field(factory=dict, init=False)
     # Tie-break, per member and remembered leaver: smaller = has waited longer.
     _since: dict[str, int] = attrs.field(factory=dict, init=False)
+    # The members as (time, since, key), sorted: whose turn first.
+    _line: list[tuple[int, int, str]] = attrs.field(factory=list, init=False)
     _members: set[str] = attrs.field(factory=set, init=False)
     # Remembered leavers (time ahead of ``now`` when they left).
     _gone: set[str] = attrs.field(factory=set, init=False)
@@ -117,44 +122,65 @@ class Rotation:
         if own is None or own <= self.now:
             self._time[key] = self.now
             self._since[key] = next(self._ticket)
+        bisect.insort(self._line, self._entry(key))
 
     def leave(self, key: str) -> bool:
         """``key`` has nothing waiting and nothing running; True when it is forgotten now."""
         if key not in self._members:
             return False
         self._members.discard(key)
+        self._unline(key)
         if self._time[key] <= self.now:
             self._forget(key)
             return True
         self._gone.add(key)
         return False
 
-    def order(self) -> list[str]:
-        """The members, whose turn first."""
-        now = self.now
-        return sorted(self._members, key=lambda k: (max(self._time[k], now), self._since[k]))
+    def order(self) -> Iterator[str]:
+        """The members, whose turn first (do not change the rotation while iterating)."""
+        return (key for _, _, key in self._line)
 
     def served(self, key: str, cost: int) -> list[str]:
         """``key`` (a member) takes a turn of ``cost`` units. Returns the leavers this
         forgets (``now`` has caught up with them)."""
-        start = max(self._time[key], self.now)
+        self._unline(key)
+        start = self._time[key]
         self._time[key] = start + cost
         self._since[key] = next(self._ticket)
+        bisect.insort(self._line, self._entry(key))
         if start == self.now:
             return []
         self.now = start
-        return self._sweep()
+        return self._catch_up()
 
     def charge(self, key: str, cost: int) -> None:
         """Move a known ``key`` ``cost`` units later, as if it had taken turns worth that."""
         own = self._time.get(key)
         if own is None:
             return
-        self._time[key] = max(own, self.now) + cost
-        if key not in self._members and self._time[key] > self.now:
+        if key in self._members:
+            self._unline(key)
+            self._time[key] = own + cost
+            bisect.insort(self._line, self._entry(key))
+        else:
+            self._time[key] = max(own, self.now) + cost
             self._gone.add(key)
 
-    def _sweep(self) -> list[str]:
+    def _entry(self, key: str) -> tuple[int, int, str]:
+        return (self._time[key], self._since[key], key)
+
+    def _unline(self, key: str) -> None:
+        del self._line[bisect.bisect_left(self._line, self._entry(key))]
+
+    def _catch_up(self) -> list[str]:
+        """``now`` moved on: members behind it start level with it (ordered by how long
+        they have waited), and leavers it reached are forgotten (returned)."""
+        if self._line[0][0] < self.now:
+            level = bisect.bisect_left(self._line, (self.now + 1,))
+            caught = sorted(self._line[:level], key=lambda entry: entry[1])
+            self._line[:level] = [(self.now, since, key) for _, since, key in caught]
+            for _, _, key in caught:
+                self._time[key] = self.now
         forgotten = [key for key in self._gone if self._time[key] <= self.now]
         for key in forgotten:
             self._forget(key)

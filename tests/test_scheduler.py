@@ -346,3 +346,167 @@ def test_an_arrival_during_a_probe_wins_over_its_empty_result():
     # An arrival for another queue does not discard a probe's result.
     s.task_arrived("other")
     assert s.grant(0.5) == []
+
+
+# -- virtual time ----------------------------------------------------------------------
+
+
+def run_with_a_pause(s: FairScheduler, pausing: str, gap: int, grants: int) -> str:
+    """One request per connection, one SQL slot, each claim completed at once. Every
+    connection asks again at once, except ``pausing``, which asks again only after
+    ``gap`` further grants (its Worker still waits for its Finish ack). Returns the
+    connections in grant order."""
+    requests = {r.connection_id: r for r in s._pending.values()}
+    back_at: dict[str, int] = {}
+    order = []
+    for i in range(grants):
+        for connection_id in [c for c, at in back_at.items() if at <= i]:
+            s.submit(requests[connection_id])
+            del back_at[connection_id]
+        (grant,) = s.grant(0.0)
+        connection_id = grant.request.connection_id
+        order.append(connection_id)
+        s.complete(grant, 0.0, empty=False)
+        if connection_id == pausing:
+            back_at[connection_id] = i + 1 + gap
+        else:
+            s.submit(grant.request)
+    return "".join(order)
+
+
+@pytest.mark.parametrize("level", ["applications", "queues"])
+def test_a_pause_costs_only_the_turns_missed_not_a_place_at_the_back(level):
+    """A's connection asks again only three turns after each of its claims: it is away
+    when its next turn comes, so it misses that turn. It then takes the first turn after
+    those already waiting (C), not a place behind everyone (P3's rotation before virtual
+    time put it behind B as well: 'ABCBCBACBCBC', a turn in 6-7 instead of 5). The same
+    holds for the queues of one application."""
+    s = FairScheduler(SchedulerLimits(sql_slots=1, claims_per_connection_per_cycle=10**9))
+    for name in "ABC":
+        if level == "applications":
+            s.submit(ticket(name, name, f"q{name}"))
+        else:
+            s.submit(ticket(name, "app", f"q{name}"))
+    order = run_with_a_pause(s, "A", gap=3, grants=300)
+    assert order[:15] == "ABCBC" * 3
+    assert order.count("A") == 60
+
+
+def test_a_pause_shorter_than_the_round_costs_nothing():
+    s = FairScheduler(SchedulerLimits(sql_slots=1, claims_per_connection_per_cycle=10**9))
+    for name in "ABCD":
+        s.submit(ticket(name, name, f"q{name}"))
+    assert run_with_a_pause(s, "A", gap=3, grants=40) == "ABCD" * 10
+
+
+def test_weights_share_the_turns_and_weight_one_is_the_plain_rotation():
+    s = FairScheduler(SchedulerLimits(sql_slots=1, claims_per_connection_per_cycle=10**9))
+    s.set_weight("Z", 4)
+    s.set_weight("Y", 2)
+    s.set_weight("X", 3)
+    s.set_weight("X", 1)  # back to the default
+    for name in "XYZ":
+        s.submit(ticket(name, name, f"q{name}"))
+    order = "".join(a for a, _, _ in drain_one_at_a_time(s, resubmit=lambda t: t, rounds=700))
+    assert Counter(order) == {"Z": 400, "Y": 200, "X": 100}
+    # Within every 7 turns: 4, 2 and 1, in virtual-time order (ties: who waited longest).
+    assert order[:14] == "XYZZYZZ" * 2
+    stats = s.statistics()
+    assert stats.weight_by_application == {"X": 1, "Y": 2, "Z": 4}
+    assert stats.virtual_time == 99.75
+    assert stats.virtual_time_by_application == {"X": 100.0, "Y": 100.0, "Z": 100.0}
+
+
+@pytest.mark.parametrize("weight", [0, 101, -1, 1.5, True, "2"])
+def test_a_weight_is_an_integer_from_1_to_100(weight):
+    s = FairScheduler(SchedulerLimits())
+    with pytest.raises(ValueError):
+        s.set_weight("A", weight)
+    s.set_weight("A", 100)
+    assert s.weight("A") == 100
+
+
+def test_an_application_idle_for_long_starts_at_the_node_s_virtual_time():
+    """B works, goes away while A takes 100 turns, comes back: it starts level with A
+    (no credit for the 100 turns), then they alternate."""
+    s = FairScheduler(SchedulerLimits(sql_slots=1, claims_per_connection_per_cycle=10**9))
+    s.submit(ticket("a", "A", "qa"))
+    s.submit(ticket("b", "B", "qb"))
+    assert [a for a, _, _ in drain_one_at_a_time(s, rounds=2)] == ["A", "B"]
+    s.submit(ticket("a", "A", "qa"))
+    drain_one_at_a_time(s, resubmit=lambda t: t, rounds=100)
+    assert s.statistics().virtual_time_by_application == {"A": 101.0}  # B is forgotten
+    s.submit(ticket("b", "B", "qb"))
+    assert s.statistics().virtual_time_by_application == {"A": 101.0, "B": 100.0}
+    order = [a for a, _, _ in drain_one_at_a_time(s, resubmit=lambda t: t, rounds=10)]
+    assert order == ["B", "A"] * 5
+
+
+def test_charge_counts_turns_taken_elsewhere():
+    """The hook for a share across nodes: A, charged 3 turns, waits 3 turns longer; a charge
+    to an application this node does not know is dropped (it would start at the node's
+    virtual time anyway); with weight 2, 4 turns elsewhere cost 2."""
+    s = FairScheduler(SchedulerLimits(sql_slots=1, claims_per_connection_per_cycle=10**9))
+    for name in "AB":
+        s.submit(ticket(name, name, f"q{name}"))
+    s.charge("A", 3)
+    s.charge("nobody", 5)
+    order = "".join(a for a, _, _ in drain_one_at_a_time(s, resubmit=lambda t: t, rounds=7))
+    assert order == "BBBABAB"
+    assert s.statistics().virtual_time_by_application == {"A": 5.0, "B": 5.0}
+    s.set_weight("B", 2)
+    s.charge("B", 4)
+    assert s.statistics().virtual_time_by_application == {"A": 5.0, "B": 7.0}
+    with pytest.raises(ValueError):
+        s.charge("A", -1)
+
+
+def test_virtual_time_state_is_bounded_by_the_applications_of_about_a_round():
+    """10,000 applications come once and go: the rotation remembers only those whose
+    virtual time is still ahead of the node's (the last round), and forgets each queue
+    with its application."""
+    s = FairScheduler(SchedulerLimits(sql_slots=2, claims_per_connection_per_cycle=10**9))
+    s.submit(ticket("steady", "steady", "q-steady"))
+    for i in range(10_000):
+        s.submit(ticket(f"c{i}", f"app{i}", f"q{i}"))
+        for grant in s.grant(float(i)):
+            s.complete(grant, float(i), empty=False)
+            if grant.request.application_id == "steady":
+                s.submit(grant.request)
+        assert len(s.statistics().virtual_time_by_application) <= 3
+        assert len(s._app_queues) <= 3
+    assert s.statistics().turns_by_application["steady"] >= 5_000
+
+
+def test_the_rotation_stays_in_virtual_time_order_under_random_load():
+    """Whatever happens (requests, withdrawals, grants, completions, weights, charges),
+    the applications are offered turns by ``max(own virtual time, the node's)`` and then by
+    how long they waited, the rotation holds exactly those with a waiting or running
+    request, and it remembers no application that left and is not ahead of the node."""
+    s = FairScheduler(SchedulerLimits(sql_slots=3, in_flight_per_application=2, claims_per_connection_per_cycle=10**9))
+    rng = random.Random(24)
+    conns = [ticket(f"c{i}", f"app{i % 12}", *(f"q{i % 12}-{k}" for k in range(1 + i % 3))) for i in range(60)]
+    in_flight = []
+    for _ in range(5000):
+        action = rng.random()
+        if action < 0.4:
+            t = rng.choice(conns)
+            if not s.outstanding(t.connection_id):
+                s.submit(t)
+        elif action < 0.5:
+            s.withdraw(rng.choice(conns).connection_id)
+        elif action < 0.55:
+            s.set_weight(f"app{rng.randrange(12)}", rng.choice([1, 2, 3, 7, 100]))
+        elif action < 0.6:
+            s.charge(f"app{rng.randrange(12)}", rng.randrange(3))
+        elif in_flight:
+            s.complete(in_flight.pop(rng.randrange(len(in_flight))), 0.0, empty=False)
+        in_flight.extend(s.grant(0.0))
+        apps = s._apps
+        line = list(apps.order())
+        now = apps.now
+        assert line == sorted(line, key=lambda k: (max(apps._time[k], now), apps._since[k]))
+        busy = {r.application_id for r in s._pending.values()} | {g.request.application_id for g in in_flight}
+        assert set(line) == busy
+        assert all(apps._time[k] > now for k in apps._time.keys() - busy)
+        assert s._app_queues.keys() == apps._time.keys()

@@ -14,17 +14,29 @@ Limits (``SchedulerLimits``, development baseline):
 Selection order: rotate the active applications -> rotate that application's queues
 -> request order of connections inside the queue. A request that serves several
 queues waits in the line of each and is granted at whichever queue's turn comes
-first (then leaves every line). An application that is skipped (its in-flight
-claim is still running, or nothing of it is eligible) keeps its place; the one
-that is granted goes to the back. So an application with 10 queues and 40
-connections gets no more turns than one with 1 queue and 1 connection while both
-stay busy. The application is the server-side owner of the connection's namespace.
+first (then leaves every line). The application is the server-side owner of the
+connection's namespace.
+
+"Whose turn" is decided by virtual time (start-time fair queueing, ``Rotation``):
+each turn advances the application's virtual time by ``1 / weight``, and the next
+turn goes to the eligible application with the smallest one (ties: whoever has
+waited longest). An application that is skipped (its in-flight claim is still
+running, or nothing of it is eligible) keeps its place. One that leaves (no request
+waiting, no claim running) and comes back resumes at ``max(its own virtual time, the
+node's virtual time)``: a gap shorter than a round costs it nothing, and a long idle
+period earns it no credit. The queues of one application rotate the same way, at
+weight 1. So an application with 10 queues and 40 connections gets no more turns
+than one with 1 queue and 1 connection while both ask, even when the small one's
+connection pauses between its claims; with weights, turns follow the weights.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
+from itertools import count
 
 import attrs
 
@@ -43,6 +55,141 @@ class SchedulerFull(SchedulerRefused):
 
 class AlreadyOutstanding(SchedulerRefused):
     """The connection already has its one outstanding request."""
+
+
+# Weights an application may have; every one of them divides ``TURN``.
+MIN_WEIGHT = 1
+MAX_WEIGHT = 100
+# Virtual time is counted in units of 1/TURN of a turn at weight 1. Every weight from 1
+# to MAX_WEIGHT divides TURN, so a turn at any weight costs a whole number of units:
+# virtual times are exact integers and ties between them are exact.
+TURN = math.lcm(*range(MIN_WEIGHT, MAX_WEIGHT + 1))
+
+
+def check_weight(weight: int) -> int:
+    """``weight`` if it is a valid fairness weight (an integer from 1 to 100), else ValueError."""
+    if isinstance(weight, bool) or not isinstance(weight, int) or not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+        raise ValueError(f"a fairness weight is an integer from {MIN_WEIGHT} to {MAX_WEIGHT}, got {weight!r}")
+    return weight
+
+
+@attrs.define(eq=False)
+class Rotation:
+    """Start-time fair queueing over named members, in virtual time (units of ``TURN``).
+
+    A member's turn costs it ``cost`` units (``TURN // weight``). ``now`` is the virtual
+    time at which the latest turn started; it never goes back. ``order()`` lists the
+    members by start time, ``max(own time, now)``, and then by how long each has waited
+    (the order of its last turn or arrival): a member that fell behind while it could not
+    be served starts level with ``now`` (one turn, no catching up), one ahead keeps its
+    lead. A member that leaves is remembered while its time is ahead of ``now``, so that it
+    keeps its place if it comes back before the others catch up with it; once ``now``
+    reaches its time it is forgotten (it would start at ``now`` anyway), so only members
+    and leavers of about the last round are held.
+    """
+
+    now: int = 0
+    # Own virtual time of every member and remembered leaver; a member's is never below
+    # ``now`` (raised to it when ``now`` passes it: the same start, kept sorted).
+    _time: dict[str, int] = attrs.field(factory=dict, init=False)
+    # Tie-break, per member and remembered leaver: smaller = has waited longer.
+    _since: dict[str, int] = attrs.field(factory=dict, init=False)
+    # The members as (time, since, key), sorted: whose turn first.
+    _line: list[tuple[int, int, str]] = attrs.field(factory=list, init=False)
+    _members: set[str] = attrs.field(factory=set, init=False)
+    # Remembered leavers (time ahead of ``now`` when they left).
+    _gone: set[str] = attrs.field(factory=set, init=False)
+    _ticket: count[int] = attrs.field(factory=count, init=False)
+
+    def __bool__(self) -> bool:
+        return bool(self._members)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def times(self) -> dict[str, int]:
+        """Per member and remembered leaver: the virtual time its next turn would start at."""
+        return {key: max(own, self.now) for key, own in self._time.items()}
+
+    def join(self, key: str) -> None:
+        """``key`` has something waiting. A remembered leaver resumes its time and place;
+        anyone else starts at ``now``, behind those already waiting there."""
+        if key in self._members:
+            return
+        self._members.add(key)
+        self._gone.discard(key)
+        own = self._time.get(key)
+        if own is None or own <= self.now:
+            self._time[key] = self.now
+            self._since[key] = next(self._ticket)
+        bisect.insort(self._line, self._entry(key))
+
+    def leave(self, key: str) -> bool:
+        """``key`` has nothing waiting and nothing running; True when it is forgotten now."""
+        if key not in self._members:
+            return False
+        self._members.discard(key)
+        self._unline(key)
+        if self._time[key] <= self.now:
+            self._forget(key)
+            return True
+        self._gone.add(key)
+        return False
+
+    def order(self) -> Iterator[str]:
+        """The members, whose turn first (do not change the rotation while iterating)."""
+        return (key for _, _, key in self._line)
+
+    def served(self, key: str, cost: int) -> list[str]:
+        """``key`` (a member) takes a turn of ``cost`` units. Returns the leavers this
+        forgets (``now`` has caught up with them)."""
+        self._unline(key)
+        start = self._time[key]
+        self._time[key] = start + cost
+        self._since[key] = next(self._ticket)
+        bisect.insort(self._line, self._entry(key))
+        if start == self.now:
+            return []
+        self.now = start
+        return self._catch_up()
+
+    def charge(self, key: str, cost: int) -> None:
+        """Move a known ``key`` ``cost`` units later, as if it had taken turns worth that."""
+        own = self._time.get(key)
+        if own is None:
+            return
+        if key in self._members:
+            self._unline(key)
+            self._time[key] = own + cost
+            bisect.insort(self._line, self._entry(key))
+        else:
+            self._time[key] = max(own, self.now) + cost
+            self._gone.add(key)
+
+    def _entry(self, key: str) -> tuple[int, int, str]:
+        return (self._time[key], self._since[key], key)
+
+    def _unline(self, key: str) -> None:
+        del self._line[bisect.bisect_left(self._line, self._entry(key))]
+
+    def _catch_up(self) -> list[str]:
+        """``now`` moved on: members behind it start level with it (ordered by how long
+        they have waited), and leavers it reached are forgotten (returned)."""
+        if self._line[0][0] < self.now:
+            level = bisect.bisect_left(self._line, (self.now + 1,))
+            caught = sorted(self._line[:level], key=lambda entry: entry[1])
+            self._line[:level] = [(self.now, since, key) for _, since, key in caught]
+            for _, _, key in caught:
+                self._time[key] = self.now
+        forgotten = [key for key in self._gone if self._time[key] <= self.now]
+        for key in forgotten:
+            self._forget(key)
+        return forgotten
+
+    def _forget(self, key: str) -> None:
+        self._gone.discard(key)
+        del self._time[key]
+        del self._since[key]
 
 
 def cache_key(request: ClaimRequest, queue_id: str) -> CacheKey:
@@ -76,6 +223,12 @@ class SchedulerStatistics:
     refused: int
     # Connections with a pacing record (bounded by the live and in-flight connections).
     tracked_connections: int = 0
+    # The node's virtual time (in turns at weight 1): where the latest turn started.
+    virtual_time: float = 0.0
+    # Per application in the rotation or remembered by it: the virtual time its next turn
+    # would start at, and its weight.
+    virtual_time_by_application: dict[str, float] = attrs.Factory(dict)
+    weight_by_application: dict[str, int] = attrs.Factory(dict)
 
 
 def _default_cache(scheduler: FairScheduler) -> EmptyResultCache:
@@ -89,10 +242,14 @@ class FairScheduler:
     _pending: dict[str, ClaimRequest] = attrs.field(factory=dict, init=False)
     _in_flight: dict[str, Grant] = attrs.field(factory=dict, init=False)
     _app_in_flight: Counter[str] = attrs.field(factory=Counter, init=False)
-    # Rotation of applications with waiting requests (front = next turn).
-    _apps: OrderedDict[str, None] = attrs.field(factory=OrderedDict, init=False)
-    # Per application: rotation of its queues with waiting requests.
-    _app_queues: dict[str, OrderedDict[str, None]] = attrs.field(factory=dict, init=False)
+    # Applications with a waiting request or a running claim (members), and those that left
+    # about a round ago (remembered), in virtual time.
+    _apps: Rotation = attrs.field(factory=Rotation, init=False)
+    # Per application known to ``_apps``: its queues, members while they have a waiting
+    # request, one turn costing ``TURN`` (the queues of an application have no weights).
+    _app_queues: dict[str, Rotation] = attrs.field(factory=dict, init=False)
+    # Fairness weights other than 1 (``set_weight``).
+    _weights: dict[str, int] = attrs.field(factory=dict, init=False)
     # Per queue: waiting connections in request order.
     _lines: dict[str, OrderedDict[str, None]] = attrs.field(factory=dict, init=False)
     # Per connection: (cycle number, grants in that cycle).
@@ -110,6 +267,31 @@ class FairScheduler:
     _cached_skips: int = attrs.field(default=0, init=False)
     _refused: int = attrs.field(default=0, init=False)
 
+    # -- weights -----------------------------------------------------------------------
+
+    def set_weight(self, application_id: str, weight: int) -> None:
+        """The application's fairness weight, 1 to 100 (default 1): with every application
+        asking, turns are shared in proportion to the weights. Takes effect from its next
+        turn; its place now does not move."""
+        if check_weight(weight) == 1:
+            self._weights.pop(application_id, None)
+        else:
+            self._weights[application_id] = weight
+
+    def weight(self, application_id: str) -> int:
+        return self._weights.get(application_id, 1)
+
+    def charge(self, application_id: str, turns: int) -> None:
+        """Count ``turns`` the application took elsewhere as if taken here: its virtual time
+        moves ``turns / weight`` later, so it waits that much longer for its next turn.
+
+        The hook for a share across nodes (turns taken on other nodes). An application
+        this node neither serves nor remembers is not charged: it starts at the node's
+        virtual time when it comes anyway."""
+        if turns < 0:
+            raise ValueError(f"turns must not be negative, got {turns!r}")
+        self._apps.charge(application_id, turns * (TURN // self.weight(application_id)))
+
     # -- requests ----------------------------------------------------------------------
 
     def outstanding(self, connection_id: str) -> bool:
@@ -126,11 +308,11 @@ class FairScheduler:
             self._refused += 1
             raise SchedulerFull(f"{self.limits.max_requests} claim requests already held")
         self._pending[request.connection_id] = request
-        app_queues = self._app_queues.setdefault(request.application_id, OrderedDict())
-        self._apps.setdefault(request.application_id, None)
+        self._apps.join(request.application_id)
+        app_queues = self._app_queues.setdefault(request.application_id, Rotation())
         for queue_id in dict.fromkeys(request.queue_ids):
             self._lines.setdefault(queue_id, OrderedDict())[request.connection_id] = None
-            app_queues.setdefault(queue_id, None)
+            app_queues.join(queue_id)
         self._max_requests = max(self._max_requests, len(self._pending) + len(self._in_flight))
 
     def widen(self, connection_id: str, limit: int) -> bool:
@@ -155,7 +337,7 @@ class FairScheduler:
         return [t for t in (self.withdraw(c) for c in list(self._pending)) if t is not None]
 
     def _leave_lines(self, request: ClaimRequest) -> None:
-        app_queues = self._app_queues.get(request.application_id)
+        app_queues = self._app_queues[request.application_id]
         for queue_id in dict.fromkeys(request.queue_ids):
             line = self._lines.get(queue_id)
             if line is None:
@@ -163,14 +345,16 @@ class FairScheduler:
             line.pop(request.connection_id, None)
             if not line:
                 del self._lines[queue_id]
-                if app_queues is not None:
-                    app_queues.pop(queue_id, None)
-        if app_queues is not None and not app_queues:
-            del self._app_queues[request.application_id]
-            if not self._app_in_flight[request.application_id]:
-                # Nothing waiting and nothing running: out of the rotation. An application
-                # whose claim runs keeps its place (see ``_pick``).
-                self._apps.pop(request.application_id, None)
+                app_queues.leave(queue_id)
+        self._leave_if_idle(request.application_id)
+
+    def _leave_if_idle(self, app_id: str) -> None:
+        """Nothing waiting and nothing running: out of the rotation. An application whose
+        claim runs keeps its place, whether or not it has other requests waiting."""
+        if self._app_queues[app_id] or self._app_in_flight[app_id]:
+            return
+        if self._apps.leave(app_id):
+            del self._app_queues[app_id]
 
     # -- decisions ---------------------------------------------------------------------
 
@@ -183,34 +367,25 @@ class FairScheduler:
 
     def _pick(self, now: float) -> Grant | None:
         cycle = self._cycle(now)
-        gone = []
-        picked = None
-        for app_id in self._apps:
-            if app_id not in self._app_queues and not self._app_in_flight[app_id]:
-                # Its claim finished and its connection did not ask again.
-                gone.append(app_id)
-                continue
+        for app_id in self._apps.order():
             if self._app_in_flight[app_id] >= self.limits.in_flight_per_application:
                 continue
             picked = self._pick_in(app_id, cycle, now)
             if picked is not None:
-                break
-        for app_id in gone:
-            del self._apps[app_id]
-        return picked
+                return picked
+        return None
 
     def _pick_in(self, app_id: str, cycle: int, now: float) -> Grant | None:
         """The first grantable request of one application, in its queue rotation."""
-        if app_id in self._app_queues:
-            for queue_id in self._app_queues[app_id]:
-                for connection_id in self._lines[queue_id]:
-                    request = self._pending[connection_id]
-                    if self._paced_out(connection_id, cycle):
-                        continue
-                    if self.cache.is_empty(cache_key(request, queue_id), now, count=False):
-                        self._cached_skips += 1
-                        continue
-                    return Grant(request, queue_id)
+        for queue_id in self._app_queues[app_id].order():
+            for connection_id in self._lines[queue_id]:
+                request = self._pending[connection_id]
+                if self._paced_out(connection_id, cycle):
+                    continue
+                if self.cache.is_empty(cache_key(request, queue_id), now, count=False):
+                    self._cached_skips += 1
+                    continue
+                return Grant(request, queue_id)
         return None
 
     def grant(self, now: float) -> list[Grant]:
@@ -222,9 +397,10 @@ class FairScheduler:
                 break
             request = grant.request
             app_id = request.application_id
-            # The granted application and queue go to the back of their rotations.
-            self._apps.move_to_end(app_id)
-            self._app_queues[app_id].move_to_end(grant.queue_id)
+            # The granted application and queue move on in virtual time.
+            for forgotten in self._apps.served(app_id, TURN // self.weight(app_id)):
+                del self._app_queues[forgotten]
+            self._app_queues[app_id].served(grant.queue_id, TURN)
             del self._pending[request.connection_id]
             self._in_flight[request.connection_id] = grant
             self._app_in_flight[app_id] += 1
@@ -249,6 +425,8 @@ class FairScheduler:
         self._app_in_flight[request.application_id] -= 1
         if not self._app_in_flight[request.application_id]:
             del self._app_in_flight[request.application_id]
+            # Its claim finished and its connection did not ask again (yet).
+            self._leave_if_idle(request.application_id)
         overtaken = request.connection_id in self._overtaken
         self._overtaken.discard(request.connection_id)
         if request.connection_id in self._departed:
@@ -303,6 +481,7 @@ class FairScheduler:
         return earliest
 
     def statistics(self) -> SchedulerStatistics:
+        times = self._apps.times()
         return SchedulerStatistics(
             pending=len(self._pending),
             in_flight=len(self._in_flight),
@@ -314,4 +493,9 @@ class FairScheduler:
             cached_empty_skips=self._cached_skips,
             refused=self._refused,
             tracked_connections=len(self._cycle_grants),
+            virtual_time=self._apps.now / TURN,
+            virtual_time_by_application={app_id: time / TURN for app_id, time in sorted(times.items())},
+            weight_by_application={
+                app_id: self.weight(app_id) for app_id in sorted(times.keys() | self._weights.keys())
+            },
         )

@@ -460,8 +460,10 @@ async def test_sigterm_while_the_database_is_black_holed_still_exits_within_the_
                     code = await node.terminate(timeout_s=30)
                     assert code == 0, node.log_text()[-2000:]
                     # Grace (2 s), then each connection's bounded clean-up (5 s) and the node's
-                    # last write (2 s) give up on the database; nothing waits longer.
-                    assert trio.current_time() - started < 2 + 5 + 2 + 3
+                    # last write (2 s) give up on the database; nothing waits longer. The
+                    # slack (8 s) is for a busy machine starting and stopping processes; a
+                    # wait on the black hole itself would last until terminate's 30 s.
+                    assert trio.current_time() - started < 2 + 5 + 2 + 8
         finally:
             await node.aclose()
     # The running task was left to its lease (nothing half-written), the other never reserved twice.

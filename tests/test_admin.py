@@ -248,6 +248,41 @@ async def test_quota_suspend_and_resume_an_application(dsn, db):
     assert line == "error: NOT_FOUND: application: 'nosuch' not found"
 
 
+async def test_an_application_s_fairness_weight_is_set_listed_and_checked(dsn, db):
+    await seed.tenant(db, application="shop")
+    await seed.tenant(db, application="other")
+
+    async def weights() -> dict[str, int]:
+        rows = await db.run(lambda tx: tx.fetchall_raw("SELECT name, fairness_weight FROM applications"))
+        return {r["name"]: r["fairness_weight"] for r in rows}
+
+    listed = await admin_json("application", "list", dsn=dsn)
+    assert {a["application"]: a["fairness_weight"] for a in listed} == {"shop": 1, "other": 1}
+    app = await admin_json("application", "weight", "shop", "4", dsn=dsn)
+    assert (app["application"], app["fairness_weight"]) == ("shop", 4)
+    assert await weights() == {"shop": 4, "other": 1}
+    text = await admin("application", "weight", "other", "100", dsn=dsn)
+    assert text.returncode == 0 and text.stdout == "application other: fairness weight 100\n", text
+    listed = await admin("application", "list", dsn=dsn)
+    assert listed.returncode == 0, listed.stderr
+    rows = [[cell.strip() for cell in line.split("│")] for line in listed.stdout.splitlines() if "│" in line]
+    assert {row[1]: row[5] for row in rows} == {"other": "100", "shop": "4"}
+    header = next(line for line in listed.stdout.splitlines() if "application" in line and "weight" in line)
+    assert [cell.strip() for cell in header.split("┃")][5] == "weight"
+    # Bad usage: one line naming the field, exit 2, nothing changed (even for an unknown application).
+    for bad, shown in (("0", '"0"'), ("101", '"101"'), ("-1", '"-1"'), ("2.5", '"2.5"'), ("four", '"four"')):
+        for application in ("shop", "nosuch"):
+            line = one_line_error(await admin("application", "weight", application, bad, dsn=dsn), code=2)
+            assert line == f"error: INVALID_ARGUMENT: weight: must be an integer from 1 to 100, got {shown}", line
+    one_line_error(await admin("application", "weight", "shop", dsn=dsn), code=2)
+    # An unknown application is a failed operation, as for quota and suspend.
+    line = one_line_error(await admin("application", "weight", "nosuch", "2", dsn=dsn))
+    assert line == "error: NOT_FOUND: application: 'nosuch' not found"
+    assert await weights() == {"shop": 4, "other": 100}
+    await admin_json("application", "weight", "shop", "1", dsn=dsn)
+    assert await weights() == {"shop": 1, "other": 100}
+
+
 # -- queues, tasks, explanations -----------------------------------------------------------
 
 
@@ -433,6 +468,7 @@ COMMANDS = [
     ["credential", "list", "--application", "a"],
     ["application", "list"],
     ["application", "quota", "a", "--max-concurrent", "1"],
+    ["application", "weight", "a", "2"],
     ["application", "suspend", "a"],
     ["application", "resume", "a"],
     ["queue", "list"],

@@ -177,6 +177,11 @@ class TenancyStore:
     async def set_application_suspended(self, application_id: str, suspended: bool) -> None:
         await self.db.execute("app_set_suspended", {"application_id": application_id, "suspended": int(suspended)})
 
+    async def application_weights(self) -> dict[str, int]:
+        """Application id -> fairness weight, of every application whose weight is not 1."""
+        rows = await self.db.fetchall("app_weights")
+        return {r["application_id"]: int(r["fairness_weight"]) for r in rows}
+
     # -- queues ----------------------------------------------------------------------
 
     async def create_queue(

@@ -284,7 +284,11 @@ class DispatchServices:
                 return await routed().release(application_id, items)
 
             pool = ClaimPool(
-                FairScheduler(config.scheduler), claim=claim, release=release, observe=metrics.observe_claim
+                FairScheduler(config.scheduler),
+                claim=claim,
+                release=release,
+                observe=metrics.observe_claim,
+                observe_wait=metrics.observe_turn_wait,
             )
         built: list[Shard] = []
         for label, shard_db in zip(shard_labels(config), (db, *shard_dbs), strict=True):

@@ -403,9 +403,19 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
                     for running in (one, two):
                         await running.node.state.services.turns.flush()
 
+                    await admin_json("application", "weight", "beta", "3", dsn=dsn)
                     (frame,) = await top_frames("--once", dsn=dsn)
                     apps = {a["application"]: a for a in frame["applications"]}
                     assert (apps["alpha"]["claim_turns"], apps["beta"]["claim_turns"]) == (3, 2)
+                    # Each share of the turns beside the share its weight gives (1 and 3 of 4).
+                    assert [
+                        (apps[a]["fairness_weight"], apps[a]["claim_turn_share"], apps[a]["weight_share"])
+                        for a in ("alpha", "beta")
+                    ] == [(1, 0.6, 0.25), (3, 0.4, 0.75)]
+                    (beta_only,) = await top_frames("--once", "--application", "beta", dsn=dsn)
+                    assert [(a["claim_turn_share"], a["weight_share"]) for a in beta_only["applications"]] == [
+                        (0.4, 0.75)
+                    ]
                     assert apps["alpha"]["claim_turns_per_s"] is None  # one frame has no rate
                     assert (apps["alpha"]["running"], apps["alpha"]["reserved"], apps["alpha"]["queued"]) == (3, 0, 5)
                     assert (apps["beta"]["running"], apps["beta"]["reserved"]) == (0, 2)
@@ -427,6 +437,8 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
                     assert text.returncode == 0, text.stderr
                     for word in ("applications", "claim turns", "alpha", "beta", "later", "p9", "live nodes"):
                         assert word in text.stdout
+                    beta_row = next(line for line in text.stdout.splitlines() if line.startswith("│ beta "))
+                    assert [cell.strip() for cell in beta_row.split("│")][7:12] == ["3", "2", "-", "40.0 %", "75.0 %"]
     # Stopped nodes took their counters with them.
     (frame,) = await top_frames("--once", dsn=dsn)
     assert frame["nodes"] == [] and {a["claim_turns"] for a in frame["applications"]} == {0}

@@ -13,6 +13,7 @@ import trio
 from orbit_node.config import SchedulerLimits
 from orbit_node.services import default_services
 from orbit_node.store.operations import OperationsStore
+from orbit_node.store.tenancy import TenancyStore
 
 from . import seed
 from .helpers import wait_until
@@ -48,6 +49,17 @@ async def test_every_node_applies_a_changed_weight_and_forgets_it_back_at_1(node
             await wait_until(lambda: weights() == [{other.application_id: 2}] * 2, timeout_s=APPLIED_WITHIN_S)
             assert [s.weight(shop.application_id) for s in schedulers] == [1, 1]
             assert all(running.node.state.services.shards.main.weights.passes >= 2 for running in (one, two))
+
+
+async def test_a_weight_the_database_did_not_check_counts_as_the_largest(db):
+    """A server that ignores CHECK constraints (MySQL before 8.0.16) may hold a weight above
+    100; nodes read it as 100 instead of failing on it."""
+    shop = await make_tenant(db, "shop")
+    other = await make_tenant(db, "other")
+    await db.run(lambda tx: tx.execute_raw("ALTER TABLE applications DROP CONSTRAINT ck_applications_weight"))
+    await db.run(lambda tx: tx.execute_raw("UPDATE applications SET fairness_weight = 500 WHERE name = 'shop'"))
+    await OperationsStore(db).set_weight("other", 7)
+    assert await TenancyStore(db).application_weights() == {shop.application_id: 100, other.application_id: 7}
 
 
 async def test_two_backlogged_applications_share_a_node_s_claim_turns_by_their_weights(node_config, db):

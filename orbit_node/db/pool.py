@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import re
 import select
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -85,6 +86,8 @@ DEFAULT_ISOLATION = "READ COMMITTED"
 # The statements the driver's executemany joins into multi-row INSERTs (any other is run
 # once per row, which Tx.execute_rows refuses).
 MULTI_ROW_INSERT = trio_mysql.cursors.RE_INSERT_VALUES
+# ``{column}`` in a statement run by Tx.execute_per_row: the per-row branches of a CASE.
+PER_ROW_COLUMN = re.compile(r"\{([a-z_]+)\}")
 
 SESSION_SETUP = (
     "SET time_zone = '+00:00', "
@@ -226,6 +229,37 @@ class Tx:
             raise ValueError(f"query {name!r} is not an INSERT whose VALUES list holds only placeholders")
         cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
         await cursor.executemany(sql, rows)
+        return cursor.rowcount
+
+    async def execute_per_row(
+        self, name: str, rows: Mapping[str, Mapping[str, Any]], params: Mapping[str, Any] | None = None
+    ) -> int:
+        """Run the named statement ``name`` with a value per row: each ``{column}`` in its text
+        becomes ``WHEN %(row_i)s THEN %(column_i)s`` for every row ``i`` of ``rows`` (its key ->
+        its values; a value it lacks is NULL), the branches of the statement's own ``CASE key
+        ... END``. ``%(row_keys)s`` is the tuple of the keys (``WHERE key IN %(row_keys)s``);
+        ``params`` are shared by all rows. Returns the rows affected.
+
+        A single-table UPDATE keyed by the primary key written this way takes per-row values
+        without joining a table of them (a multi-table UPDATE needs an internal temporary
+        table, which can fail on the server).
+        """
+        if not rows:
+            return 0
+        template = QUERIES[name]
+        columns = set(PER_ROW_COLUMN.findall(template))
+        unknown = {column for values in rows.values() for column in values} - columns
+        if unknown:
+            raise ValueError(f"query {name!r} has no per-row column {sorted(unknown)!r}")
+        values: dict[str, Any] = {**(params or {}), "row_keys": tuple(rows)}
+        for i, (key, row) in enumerate(rows.items()):
+            values[f"row_{i}"] = key
+            values.update({f"{column}_{i}": row.get(column) for column in columns})
+        sql = PER_ROW_COLUMN.sub(
+            lambda m: " ".join(f"WHEN %(row_{i})s THEN %({m.group(1)}_{i})s" for i in range(len(rows))), template
+        )
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        await cursor.execute(sql, values)
         return cursor.rowcount
 
     async def fetchall_union(

@@ -49,8 +49,10 @@ async def test_start_renew_finish_release_and_recovery_create_no_temporary_table
         assert await created_by(db, store.release_many(pairs[6:])) == 0
         assert await created_by(db, store.start_many(pairs[:6])) == 0
         assert await created_by(db, store.renew_many(pairs[:6])) == 0
+        # Text that looks like the statement's own placeholders is stored as it is.
+        tricky = '{"n": "%s %(row_0)s {state} WHEN \'x\' THEN"}'
         finishes = [
-            FinishItem(pairs[0][0], pairs[0][1], result_json='{"n": 0}'),
+            FinishItem(pairs[0][0], pairs[0][1], result_json=tricky),
             FinishItem(pairs[1][0], pairs[1][1], result_json='{"n": 1}'),
             FinishItem(pairs[2][0], pairs[2][1], error={"code": "E"}, retryable=True),
             FinishItem(pairs[3][0], pairs[3][1], error={"code": "E"}, retryable=False),
@@ -59,6 +61,7 @@ async def test_start_renew_finish_release_and_recovery_create_no_temporary_table
         for task_id, _ in pairs[4:6]:
             await expire_lease(db, task_id)
         assert await created_by(db, store.recover()) == 0
+        assert (await task_row(db, pairs[0][0]))["result"] == tricky
         states = [(await task_row(db, task_id))["state"] for task_id, _ in pairs]
         assert states == ["succeeded", "succeeded", "queued", "failed", "queued", "queued", "queued", "queued"]
     finally:

@@ -112,7 +112,8 @@ class Writes:
 
     Per-task values are keyed by task id and named as the per-row columns of the settle
     statements (``settle_terminal``, ``settle_requeue``, ``settle_attempts`` in
-    db/sql/dispatch.sql, run by ``Tx.execute_per_row``); a value left out is NULL.
+    db/sql/dispatch.sql, run by ``Tx.execute_per_row``; an attempt's token names its row
+    instead); a value left out is NULL.
     """
 
     # reserved -> running: task id -> token, with the run lease and the lock statement's NOW(6).
@@ -165,7 +166,8 @@ class Writes:
         if self.started:
             params = {"task_ids": tuple(self.started), "now": self.start_now, "lease_expires_at": self.start_lease}
             await tx.execute("start_tasks", params)
-            await tx.execute("start_attempts", {**params, "pairs": tuple(self.started.items())})
+            named = tuple(f"{task_id} {token}" for task_id, token in self.started.items())
+            await tx.execute("start_attempts", {**params, "attempts": named})
         for lease, renewed in self.renewals.items():
             await tx.execute("renew_tasks", {"task_ids": tuple(renewed), "lease_expires_at": lease})
         if self.keys:
@@ -175,7 +177,12 @@ class Writes:
             )
         await tx.execute_per_row("settle_terminal", self.terminal)
         await tx.execute_per_row("settle_requeue", self.requeue)
-        await tx.execute_per_row("settle_attempts", self.attempts)
+        if self.attempts:
+            closed = {
+                task_id: {"outcome": v["outcome"], "error": v.get("error")} for task_id, v in self.attempts.items()
+            }
+            named = tuple(f"{task_id} {v['token']}" for task_id, v in self.attempts.items())
+            await tx.execute_per_row("settle_attempts", closed, {"attempts": named})
 
 
 def _lost(task_id: str, reason: LostReason) -> TransitionResult:

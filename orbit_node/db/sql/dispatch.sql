@@ -7,8 +7,8 @@
 -- FOR UPDATE, primary key order) and then resource keys.
 --
 -- Per-task values of a batch go in one statement whatever the batch's size: a
--- claim's tokens as a JSON array (%(values)s), the transitions' values as the branches
--- of a CASE over the task id (Tx.execute_per_row).
+-- claim's tokens as a JSON array (%(values)s), the transitions' values as CASE
+-- expressions over the task id (Tx.execute_per_row).
 
 -- ---------------------------------------------------------------------------------
 -- Claim
@@ -195,30 +195,31 @@ UPDATE tasks
  WHERE task_id IN %(task_ids)s
    AND state = 'reserved'
 
--- The attempt started: the one of the task's current token (%(pairs)s: (task id, token)).
+-- The attempt started: the one of the task's current token (%(attempts)s, as in
+-- settle_attempts).
 -- name: start_attempts
 UPDATE task_attempts
    SET started_at = %(now)s
  WHERE task_id IN %(task_ids)s
-   AND (task_id, fencing_token) IN %(pairs)s
+   AND CONCAT(task_id, ' ', fencing_token) IN %(attempts)s
 
 -- name: renew_tasks
 UPDATE tasks
    SET lease_expires_at = %(lease_expires_at)s
  WHERE task_id IN %(task_ids)s
 
--- The settle statements take a value per task: Tx.execute_per_row expands each {column}
--- into the WHEN task id THEN value branches of its CASE, one per row of %(row_keys)s (the
--- task ids); the ELSE never applies. Column names are those of Writes in
--- orbit_node/store/transitions.py.
+-- The settle statements take values per task (orbit_node.db.pool.per_row_statement):
+-- %(row_keys)s are the task ids, and {column} is the value most of them have, with a
+-- CASE task_id WHEN ... THEN ... branch for each task whose value differs. Column names
+-- are those of Writes in orbit_node/store/transitions.py.
 
 -- Terminal states. The fencing token stays on the row, so a late Start/Finish of that
 -- attempt can be told what happened to it.
 -- name: settle_terminal
 UPDATE tasks
-   SET state = CASE task_id {state} ELSE state END,
-       result = CASE task_id {result} ELSE result END,
-       error = CASE task_id {error} ELSE error END,
+   SET state = {state},
+       result = {result},
+       error = {error},
        finished_at = NOW(6),
        lease_expires_at = NULL
  WHERE task_id IN %(row_keys)s
@@ -229,8 +230,8 @@ UPDATE tasks
 -- name: settle_requeue
 UPDATE tasks
    SET state = 'queued',
-       available_at = COALESCE(CAST(CASE task_id {available_at} ELSE NULL END AS DATETIME(6)), available_at),
-       error = COALESCE(CASE task_id {error} ELSE NULL END, error),
+       available_at = COALESCE(CAST({available_at} AS DATETIME(6)), available_at),
+       error = COALESCE({error}, error),
        owner_node_id = NULL,
        connection_id = NULL,
        fencing_token = NULL,
@@ -238,15 +239,17 @@ UPDATE tasks
  WHERE task_id IN %(row_keys)s
 
 -- The attempts closed with the rows settled or requeued (or alone): each named by its
--- task and the token given ({token}: the attempt of that token, not of the task's
--- column), and only while it is open.
+-- task and the token given (the attempt of that token, not of the task's column), and
+-- only while it is open. %(attempts)s: 'task_id token' of each, one flat IN list, which
+-- the server searches by bisection ((task_id, fencing_token) IN pairs is compared with
+-- every pair in turn).
 -- name: settle_attempts
 UPDATE task_attempts
-   SET outcome = CASE task_id {outcome} ELSE outcome END,
-       error = CASE task_id {error} ELSE error END,
+   SET outcome = {outcome},
+       error = {error},
        finished_at = NOW(6)
  WHERE task_id IN %(row_keys)s
-   AND fencing_token = CASE task_id {token} ELSE NULL END
+   AND CONCAT(task_id, ' ', fencing_token) IN %(attempts)s
    AND outcome IS NULL
 
 -- name: settle_release_keys

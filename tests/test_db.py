@@ -13,7 +13,7 @@ import trio
 
 from orbit_node.config import Dsn
 from orbit_node.db import Database
-from orbit_node.db.pool import is_dropped
+from orbit_node.db.pool import is_dropped, per_row_statement
 from orbit_node.db.queries import parse_blocks
 from orbit_node.errors import DatabaseError, Unavailable
 
@@ -133,6 +133,42 @@ async def test_cancelled_transaction_leaves_no_broken_connection_in_the_pool(db)
         return rows[0]["n"] == 0
 
     assert await wait_until(rolled_back, timeout_s=5)
+
+
+def test_per_row_values_branch_only_for_rows_that_differ_from_the_most_common_value():
+    template = "UPDATE t SET a = {a}, b = {b} WHERE id IN %(row_keys)s AND v = %(v)s"
+    rows = {"x": {"a": 1, "b": "p"}, "y": {"a": 2, "b": "p"}, "z": {"a": 1}}
+    sql, values = per_row_statement(template, rows, {"v": 7})
+    assert sql == (
+        "UPDATE t SET a = CASE id WHEN %(_row_1)s THEN %(_a_1)s ELSE %(_a)s END, "
+        "b = CASE id WHEN %(_row_2)s THEN %(_b_2)s ELSE %(_b)s END WHERE id IN %(row_keys)s AND v = %(v)s"
+    )
+    assert values == {
+        "v": 7,
+        "row_keys": ("x", "y", "z"),
+        "_a": 1,
+        "_row_1": "y",
+        "_a_1": 2,
+        "_b": "p",
+        "_row_2": "z",
+        "_b_2": None,
+    }
+    same, _ = per_row_statement(template, {"x": {"a": 1, "b": "p"}}, {})
+    assert same.startswith("UPDATE t SET a = %(_a)s, b = %(_b)s WHERE")
+    with pytest.raises(ValueError, match="no per-row column"):
+        per_row_statement(template, {"x": {"c": 1}}, {})
+    with pytest.raises(ValueError, match="row_keys"):
+        per_row_statement("UPDATE t SET a = {a} WHERE id = %(id)s", {"x": {"a": 1}}, {})
+
+
+async def test_per_row_values_reach_their_rows(db):
+    await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id CHAR(1) PRIMARY KEY, a INT, b TEXT) ENGINE=InnoDB"))
+    await db.run(lambda tx: tx.execute_raw("INSERT INTO t VALUES ('w', 0, 'w'), ('x', 0, 'x'), ('y', 0, 'y')"))
+    template = "UPDATE t SET a = {a}, b = {b} WHERE id IN %(row_keys)s"
+    sql, values = per_row_statement(template, {"x": {"a": 5, "b": "%s {b}"}, "y": {"a": 5}}, {})
+    assert await db.run(lambda tx: tx.execute_raw(sql, values)) == 2
+    rows = await db.run(lambda tx: tx.fetchall_raw("SELECT id, a, b FROM t ORDER BY id"))
+    assert [(r["id"], r["a"], r["b"]) for r in rows] == [("w", 0, "w"), ("x", 5, "%s {b}"), ("y", 5, None)]
 
 
 def test_named_query_blocks_parse_and_reject_duplicates():

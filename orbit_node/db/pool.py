@@ -24,9 +24,11 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import random
+import re
 import select
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -85,6 +87,10 @@ DEFAULT_ISOLATION = "READ COMMITTED"
 # The statements the driver's executemany joins into multi-row INSERTs (any other is run
 # once per row, which Tx.execute_rows refuses).
 MULTI_ROW_INSERT = trio_mysql.cursors.RE_INSERT_VALUES
+# A statement that takes values per row (per_row_statement): ``{column}`` is a per-row
+# value, ``key IN %(row_keys)s`` names the rows.
+PER_ROW_COLUMN = re.compile(r"\{([a-z_]+)\}")
+PER_ROW_KEY = re.compile(r"(\w+)\s+IN\s+%\(row_keys\)s", re.IGNORECASE)
 
 SESSION_SETUP = (
     "SET time_zone = '+00:00', "
@@ -205,6 +211,45 @@ def translate(exc: BaseException) -> Exception:
     return DatabaseError(f"database error: {exc!r}")
 
 
+def per_row_statement(
+    template: str, rows: Mapping[Any, Mapping[str, Any]], params: Mapping[str, Any], *, name: str = "<sql>"
+) -> tuple[str, dict[str, Any]]:
+    """The text and parameters of a statement that takes a value per row.
+
+    ``template`` names its rows ``key IN %(row_keys)s`` (the keys of ``rows``) and each
+    per-row value ``{column}``; a row's values lack none but may leave one out (NULL).
+    ``{column}`` becomes the value most rows have, one parameter, and when some rows differ,
+    ``CASE key WHEN <row> THEN <its value> ... ELSE <that value> END`` with a branch for each
+    of them only. So a single-table UPDATE by primary key takes per-row values without
+    joining a table of them (a multi-table UPDATE needs an internal temporary table), and
+    the server compares each row with as few branches as the values allow.
+    """
+    found = PER_ROW_KEY.search(template)
+    if found is None:
+        raise ValueError(f"query {name!r} does not name its rows with `key IN %(row_keys)s`")
+    key = found.group(1)
+    columns = set(PER_ROW_COLUMN.findall(template))
+    unknown = {column for values in rows.values() for column in values} - columns
+    if unknown:
+        raise ValueError(f"query {name!r} has no per-row column {sorted(unknown)!r}")
+    keys = list(rows)
+    values: dict[str, Any] = {**params, "row_keys": tuple(keys)}
+    expressions: dict[str, str] = {}
+    for column in columns:
+        by_row = [rows[k].get(column) for k in keys]
+        common = collections.Counter(by_row).most_common(1)[0][0]
+        values[f"_{column}"] = common
+        branches = []
+        for i, value in enumerate(by_row):
+            if value != common:
+                values[f"_row_{i}"], values[f"_{column}_{i}"] = keys[i], value
+                branches.append(f"WHEN %(_row_{i})s THEN %(_{column}_{i})s")
+        expressions[column] = (
+            f"CASE {key} {' '.join(branches)} ELSE %(_{column})s END" if branches else f"%(_{column})s"
+        )
+    return PER_ROW_COLUMN.sub(lambda m: expressions[m.group(1)], template), values
+
+
 @attrs.define(eq=False)
 class Tx:
     """The handle a transaction body (or a single autocommit statement) works through."""
@@ -254,6 +299,18 @@ class Tx:
             raise ValueError(f"query {name!r} is not an INSERT whose VALUES list holds only placeholders")
         cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
         await cursor.executemany(sql, rows)
+        return cursor.rowcount
+
+    async def execute_per_row(
+        self, name: str, rows: Mapping[str, Mapping[str, Any]], params: Mapping[str, Any] | None = None
+    ) -> int:
+        """Run the named statement ``name`` with values per row (``per_row_statement``): ``rows``
+        maps each row's key to its values. Returns the rows affected."""
+        if not rows:
+            return 0
+        sql, values = per_row_statement(QUERIES[name], rows, params or {}, name=name)
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        await cursor.execute(sql, values)
         return cursor.rowcount
 
     async def fetchall_union(

@@ -40,10 +40,6 @@ MAX_ERROR_MESSAGE_CHARS = 4096
 FINISH_OUTCOMES = frozenset({"succeeded", "retry", "failed", "cancelled", "expired"})
 
 
-def _hex(text: str) -> str:
-    return text.encode("utf-8").hex()
-
-
 def error_json(error: Mapping[str, Any]) -> str:
     """The stored text of an error object, cut down to fit the column if needed."""
     text = json.dumps(error, ensure_ascii=False, separators=(",", ":"), default=str)
@@ -110,34 +106,26 @@ class TaskRow:
         )
 
 
-# Keys of the per-task objects in the ``values`` JSON array of the settle statements
-# (``settle_attempts``, ``settle_terminal``, ``settle_requeue`` in db/sql/dispatch.sql,
-# which read it once with JSON_TABLE). One letter each: a batch sends an object per task
-# in one statement parameter. Result and error texts travel as hex.
-TASK_KEY = "i"  # the task id
-STATE_KEY = "s"  # the terminal state
-RESULT_KEY = "r"  # the result JSON text, hex
-ERROR_KEY = "e"  # the task's error JSON text, hex
-AVAILABLE_AT_KEY = "a"  # the next available_at as DATETIME(6) text; absent keeps it
-# The attempt closed with the row: its token, outcome and error JSON text (hex).
-ATTEMPT_TOKEN_KEY = "t"
-OUTCOME_KEY = "o"
-ATTEMPT_ERROR_KEY = "x"
-
-
 @attrs.define(eq=False)
 class Writes:
-    """The writes one transaction decided, applied as a handful of batch statements."""
+    """The writes one transaction decided, applied as a handful of batch statements.
+
+    Per-task values are keyed by task id and named as the per-row columns of the settle
+    statements (``settle_terminal``, ``settle_requeue``, ``settle_attempts`` in
+    db/sql/dispatch.sql, run by ``Tx.execute_per_row``; an attempt's token names its row
+    instead); a value left out is NULL.
+    """
 
     # reserved -> running: task id -> token, with the run lease and the lock statement's NOW(6).
     started: dict[str, str] = attrs.field(factory=dict)
     start_now: datetime | None = None
     start_lease: datetime | None = None
     renewals: dict[datetime, list[str]] = attrs.field(factory=dict)
-    # Attempts closed: task id -> token, outcome and error (hex).
+    # Attempts closed: task id -> token, outcome and error.
     attempts: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    # Terminal: state, result and error; requeued: available_at (None keeps it) and error (None keeps it).
     terminal: dict[str, dict[str, str]] = attrs.field(factory=dict)
-    requeue: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    requeue: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     keys: dict[str, tuple[str, str]] = attrs.field(factory=dict)
 
     def start(self, row: TaskRow, token: str, lease: datetime) -> None:
@@ -151,27 +139,22 @@ class Writes:
         """Record the outcome of the row's current attempt (the one its token names)."""
         if row.fencing_token is None:
             return
-        values = {ATTEMPT_TOKEN_KEY: row.fencing_token, OUTCOME_KEY: outcome}
+        values = {"token": row.fencing_token, "outcome": outcome}
         if error is not None:
-            values[ATTEMPT_ERROR_KEY] = _hex(error)
+            values["error"] = error
         self.attempts[row.task_id] = values
 
     def settle(self, row: TaskRow, state: str, *, result: str | None = None, error: str | None = None) -> None:
-        values = {STATE_KEY: state}
+        values = {"state": state}
         if result is not None:
-            values[RESULT_KEY] = _hex(result)
+            values["result"] = result
         if error is not None:
-            values[ERROR_KEY] = _hex(error)
+            values["error"] = error
         self.terminal[row.task_id] = values
         self._release_key(row)
 
     def back_to_queue(self, row: TaskRow, *, available_at: datetime | None = None, error: str | None = None) -> None:
-        values = {}
-        if available_at is not None:
-            values[AVAILABLE_AT_KEY] = available_at.isoformat(sep=" ", timespec="microseconds")
-        if error is not None:
-            values[ERROR_KEY] = _hex(error)
-        self.requeue[row.task_id] = values
+        self.requeue[row.task_id] = {"available_at": available_at, "error": error}
         self._release_key(row)
 
     def _release_key(self, row: TaskRow) -> None:
@@ -179,32 +162,27 @@ class Writes:
             self.keys[row.task_id] = (row.namespace_id, row.resource_key)
 
     async def apply(self, tx: Tx) -> None:
+        """Single-table UPDATEs by primary key only: none needs an internal temporary table."""
         if self.started:
             params = {"task_ids": tuple(self.started), "now": self.start_now, "lease_expires_at": self.start_lease}
             await tx.execute("start_tasks", params)
-        for lease, task_ids in self.renewals.items():
-            await tx.execute("renew_tasks", {"task_ids": tuple(task_ids), "lease_expires_at": lease})
-        # A row that is settled or requeued closes its attempt in the same statement;
-        # an attempt closed without either (none today) has a statement of its own.
-        alone = {task_id: v for task_id, v in self.attempts.items() if task_id not in self.terminal | self.requeue}
-        if alone:
-            await tx.execute("settle_attempts", {"values": _rows_json(alone)})
+            named = tuple(f"{task_id} {token}" for task_id, token in self.started.items())
+            await tx.execute("start_attempts", {**params, "attempts": named})
+        for lease, renewed in self.renewals.items():
+            await tx.execute("renew_tasks", {"task_ids": tuple(renewed), "lease_expires_at": lease})
         if self.keys:
             await tx.execute(
                 "settle_release_keys",
                 {"keys": tuple(sorted(set(self.keys.values()))), "task_ids": tuple(self.keys)},
             )
-        if self.terminal:
-            await tx.execute("settle_terminal", {"values": _rows_json(self.terminal, self.attempts)})
-        if self.requeue:
-            await tx.execute("settle_requeue", {"values": _rows_json(self.requeue, self.attempts)})
-
-
-def _rows_json(rows: Mapping[str, Mapping[str, str]], attempts: Mapping[str, Mapping[str, str]] | None = None) -> str:
-    """The ``values`` array of a settle statement: each row's values with its task id and,
-    when ``attempts`` has one for the row, the attempt it closes."""
-    attempts = attempts or {}
-    return json.dumps([{TASK_KEY: task_id, **values, **attempts.get(task_id, {})} for task_id, values in rows.items()])
+        await tx.execute_per_row("settle_terminal", self.terminal)
+        await tx.execute_per_row("settle_requeue", self.requeue)
+        if self.attempts:
+            closed = {
+                task_id: {"outcome": v["outcome"], "error": v.get("error")} for task_id, v in self.attempts.items()
+            }
+            named = tuple(f"{task_id} {v['token']}" for task_id, v in self.attempts.items())
+            await tx.execute_per_row("settle_attempts", closed, {"attempts": named})
 
 
 def _lost(task_id: str, reason: LostReason) -> TransitionResult:

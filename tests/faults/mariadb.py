@@ -1,7 +1,8 @@
 """A private ``mariadbd`` for tests that kill the database server.
 
 ``--no-defaults``, its own temporary datadir (``mariadb-install-db --no-defaults
---auth-root-authentication-method=normal --skip-test-db``), its own port and socket.
+--auth-root-authentication-method=normal --skip-test-db``) and ``tmpdir``, its own port
+and socket.
 It never touches the shared server or the project's development server. It runs with
 ``innodb_flush_log_at_trx_commit=1``, the setting ``docs/guarantees.md`` requires, so a
 ``kill -9`` loses no committed transaction.
@@ -51,6 +52,11 @@ class PrivateMariaDB:
     def datadir(self) -> Path:
         return self.root / "data"
 
+    @property
+    def tmpdir(self) -> Path:
+        """The server's ``tmpdir`` (temporary files and on-disk internal temporary tables)."""
+        return self.root / "tmp"
+
     def dsn(self, database: str = "orbit") -> Dsn:
         return Dsn(user="root", password="", host="127.0.0.1", port=self.port, database=database)
 
@@ -78,6 +84,7 @@ class PrivateMariaDB:
     async def start(self) -> None:
         if self.needs_install():
             await self.install()
+        self.tmpdir.mkdir(exist_ok=True)
         log = open(self.root / "error.log", "ab")
         try:
             self.process = await trio.lowlevel.open_process(
@@ -85,6 +92,7 @@ class PrivateMariaDB:
                     find_bin("mariadbd", "mysqld"),
                     "--no-defaults",
                     f"--datadir={self.datadir}",
+                    f"--tmpdir={self.tmpdir}",
                     f"--socket={self.root / 'mysqld.sock'}",
                     f"--port={self.port}",
                     "--bind-address=127.0.0.1",

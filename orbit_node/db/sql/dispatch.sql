@@ -6,9 +6,9 @@
 -- them; transitions (start, renew, finish, release) lock their own task rows (plain
 -- FOR UPDATE, primary key order) and then resource keys.
 --
--- Per-task values of a batch (tokens, results, errors, next available_at) travel as one
--- JSON object keyed by task id (%(values)s), so a batch is one statement whatever its
--- size. Text values in it are hex-encoded UTF-8, so they come back byte for byte.
+-- Per-task values of a batch go in one statement whatever the batch's size: a
+-- claim's tokens as a JSON array (%(values)s), the transitions' values as CASE
+-- expressions over the task id (Tx.execute_per_row).
 
 -- ---------------------------------------------------------------------------------
 -- Claim
@@ -183,100 +183,74 @@ SELECT task_id, fencing_token, outcome, started_at
  WHERE task_id IN %(task_ids)s
    AND (task_id, fencing_token) IN %(pairs)s
 
--- reserved -> running, and the attempt's start, in one statement (the attempt row is the
--- one of the task's current token; LEFT JOIN: a task is started even if its attempt row
--- were missing).
+-- reserved -> running. Like every transition write, a single-table UPDATE by primary key:
+-- a multi-table UPDATE needs an internal temporary table of the rows to change, and
+-- MariaDB 10.11 has crashed when creating one failed (docs/operations.md).
 -- name: start_tasks
-UPDATE tasks t
-  LEFT JOIN task_attempts a
-    ON a.task_id = t.task_id
-   AND a.fencing_token = t.fencing_token
-   SET t.state = 'running',
-       t.attempts = t.attempts + 1,
-       t.started_at = %(now)s,
-       t.lease_expires_at = %(lease_expires_at)s,
-       a.started_at = %(now)s
- WHERE t.task_id IN %(task_ids)s
-   AND t.state = 'reserved'
+UPDATE tasks
+   SET state = 'running',
+       attempts = attempts + 1,
+       started_at = %(now)s,
+       lease_expires_at = %(lease_expires_at)s
+ WHERE task_id IN %(task_ids)s
+   AND state = 'reserved'
+
+-- The attempt started: the one of the task's current token (%(attempts)s, as in
+-- settle_attempts).
+-- name: start_attempts
+UPDATE task_attempts
+   SET started_at = %(now)s
+ WHERE task_id IN %(task_ids)s
+   AND CONCAT(task_id, ' ', fencing_token) IN %(attempts)s
 
 -- name: renew_tasks
 UPDATE tasks
    SET lease_expires_at = %(lease_expires_at)s
  WHERE task_id IN %(task_ids)s
 
--- The settle statements read %(values)s, a JSON array with one object per task, once
--- through JSON_TABLE and join the rows by primary key. Keys (named in
--- orbit_node/store/transitions.py): "i" task id; "s" terminal state; "r" result and "e"
--- error JSON text, hex; "a" next available_at; and for the attempt closed with the row:
--- "t" its token, "o" its outcome, "x" its error, hex. Absent keys read as NULL.
+-- The settle statements take values per task (orbit_node.db.pool.per_row_statement):
+-- %(row_keys)s are the task ids, and {column} is the value most of them have, with a
+-- CASE task_id WHEN ... THEN ... branch for each task whose value differs. Column names
+-- are those of Writes in orbit_node/store/transitions.py.
 
--- Close open attempt rows (an attempt closed without a settle or requeue of its task).
--- name: settle_attempts
-UPDATE JSON_TABLE(%(values)s, '$[*]' COLUMNS (
-         task_id CHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.i',
-         token VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.t',
-         outcome VARCHAR(32) PATH '$.o',
-         error_hex LONGTEXT CHARACTER SET ascii PATH '$.x')) v
-  STRAIGHT_JOIN task_attempts a ON a.task_id = v.task_id AND a.fencing_token = v.token
-   SET a.outcome = v.outcome,
-       a.error = CONVERT(UNHEX(v.error_hex) USING utf8mb4),
-       a.finished_at = NOW(6)
- WHERE a.outcome IS NULL
-
--- Terminal states, and the attempt closed with each (LEFT JOIN: a row without "t"
--- closes none). The attempt is joined on the token given, not on the task's column.
--- The fencing token stays on the row, so a late Start/Finish of that attempt can be
--- told what happened to it.
+-- Terminal states. The fencing token stays on the row, so a late Start/Finish of that
+-- attempt can be told what happened to it.
 -- name: settle_terminal
-UPDATE JSON_TABLE(%(values)s, '$[*]' COLUMNS (
-         task_id CHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.i',
-         state VARCHAR(16) PATH '$.s',
-         result_hex LONGTEXT CHARACTER SET ascii PATH '$.r',
-         error_hex LONGTEXT CHARACTER SET ascii PATH '$.e',
-         token VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.t',
-         outcome VARCHAR(32) PATH '$.o',
-         attempt_error_hex LONGTEXT CHARACTER SET ascii PATH '$.x')) v
-  STRAIGHT_JOIN tasks t ON t.task_id = v.task_id
-  LEFT JOIN task_attempts a
-    ON a.task_id = v.task_id
-   AND a.fencing_token = v.token
-   AND a.outcome IS NULL
-   SET t.state = v.state,
-       t.result = CONVERT(UNHEX(v.result_hex) USING utf8mb4),
-       t.error = CONVERT(UNHEX(v.error_hex) USING utf8mb4),
-       t.finished_at = NOW(6),
-       t.lease_expires_at = NULL,
-       a.outcome = v.outcome,
-       a.error = CONVERT(UNHEX(v.attempt_error_hex) USING utf8mb4),
-       a.finished_at = NOW(6)
+UPDATE tasks
+   SET state = {state},
+       result = {result},
+       error = {error},
+       finished_at = NOW(6),
+       lease_expires_at = NULL
+ WHERE task_id IN %(row_keys)s
 
--- Back to the queue (release, expired reservation, retry): "a" absent keeps
--- available_at, "e" absent keeps the last error; the attempt as in settle_terminal.
--- dispatch_at is generated from available_at and follows by itself; priority never
--- changes.
+-- Back to the queue (release, expired reservation, retry): a NULL available_at keeps
+-- it, a NULL error keeps the last one. dispatch_at is generated from available_at and
+-- follows by itself; priority never changes.
 -- name: settle_requeue
-UPDATE JSON_TABLE(%(values)s, '$[*]' COLUMNS (
-         task_id CHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.i',
-         available_at VARCHAR(32) CHARACTER SET ascii PATH '$.a',
-         error_hex LONGTEXT CHARACTER SET ascii PATH '$.e',
-         token VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.t',
-         outcome VARCHAR(32) PATH '$.o',
-         attempt_error_hex LONGTEXT CHARACTER SET ascii PATH '$.x')) v
-  STRAIGHT_JOIN tasks t ON t.task_id = v.task_id
-  LEFT JOIN task_attempts a
-    ON a.task_id = v.task_id
-   AND a.fencing_token = v.token
-   AND a.outcome IS NULL
-   SET t.state = 'queued',
-       t.available_at = COALESCE(CAST(v.available_at AS DATETIME(6)), t.available_at),
-       t.error = COALESCE(CONVERT(UNHEX(v.error_hex) USING utf8mb4), t.error),
-       t.owner_node_id = NULL,
-       t.connection_id = NULL,
-       t.fencing_token = NULL,
-       t.lease_expires_at = NULL,
-       a.outcome = v.outcome,
-       a.error = CONVERT(UNHEX(v.attempt_error_hex) USING utf8mb4),
-       a.finished_at = NOW(6)
+UPDATE tasks
+   SET state = 'queued',
+       available_at = COALESCE(CAST({available_at} AS DATETIME(6)), available_at),
+       error = COALESCE({error}, error),
+       owner_node_id = NULL,
+       connection_id = NULL,
+       fencing_token = NULL,
+       lease_expires_at = NULL
+ WHERE task_id IN %(row_keys)s
+
+-- The attempts closed with the rows settled or requeued (or alone): each named by its
+-- task and the token given (the attempt of that token, not of the task's column), and
+-- only while it is open. %(attempts)s: 'task_id token' of each, one flat IN list, which
+-- the server searches by bisection ((task_id, fencing_token) IN pairs is compared with
+-- every pair in turn).
+-- name: settle_attempts
+UPDATE task_attempts
+   SET outcome = {outcome},
+       error = {error},
+       finished_at = NOW(6)
+ WHERE task_id IN %(row_keys)s
+   AND CONCAT(task_id, ' ', fencing_token) IN %(attempts)s
+   AND outcome IS NULL
 
 -- name: settle_release_keys
 UPDATE resource_keys

@@ -1,10 +1,11 @@
 """``python -m bench <scenario> [options]``: run benchmark scenarios.
 
-Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http soak cancel shards (each: a table, a JSON result and PNG
+Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http soak cancel shards chaos (each: a table, a JSON result and PNG
 plots under bench/results/), ``all`` (every one of them, in that order, S2 using S1's figure), and
 ``claim`` (the dispatch core's micro-benchmark, its own options). ``soak`` (ten minutes and
-more), ``cancel`` (cancel latency, up to a renew interval per sample) and ``shards`` (S1's
-burn-down on one and on two database servers; it starts a private mariadbd) are not part of ``all``.
+more), ``cancel`` (cancel latency, up to a renew interval per sample), ``shards`` (S1's
+burn-down on one and on two database servers; it starts a private mariadbd) and ``chaos`` (ten minutes
+of faults under three nodes, then the history checker's verdict) are not part of ``all``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ SCENARIOS = {
     "soak": "bench.soak",
     "cancel": "bench.cancel",
     "shards": "bench.shards",
+    "chaos": "bench.chaos",
 }
 # The order of ``all``.
 ALL = ("s0", "s1", "e2e", "s2", "s3", "s4", "s5", "locks", "bulk", "http")

@@ -73,9 +73,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"{plan.seconds:g} s of faults, {result.seconds:.0f} s in all; {result.submitted:,} submits "
         f"({result.submit_retries:,} requests retried with the same key, {len(result.refused)} refused); "
         f"{result.handlers_cut} handlers cut off mid-task; {result.worker_sessions} Worker sessions.",
-        "every acknowledged task settled within 120 s of the last fault"
+        f"every acknowledged task was terminal {result.settle_seconds:.1f} s after the faults ended"
         if result.settled
-        else "NOT every acknowledged task settled within 120 s of the last fault",
+        else f"NOT every acknowledged task was terminal {plan.settle_s:g} s after the faults ended",
         f"verdict: {'every property holds' if result.ok else 'FAILED'}"
         + ("" if result.ok else f" (files kept in {workdir})"),
         *(f"violation: {v}" for name in PROPERTIES for v in verdict.violations[name][:20]),
@@ -90,6 +90,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "history": dict(verdict.figures),
             "violations": {name: list(verdict.violations[name]) for name in PROPERTIES},
             "settled": result.settled,
+            "settle_seconds": result.settle_seconds,
             "submitted": result.submitted,
             "submit_retries": result.submit_retries,
             "refused": result.refused,

@@ -214,6 +214,8 @@ class ChaosResult:
     verdict: Verdict
     seconds: float
     settled: bool
+    # From the end of the faults until every task was terminal (or the bound ran out).
+    settle_seconds: float
     submitted: int
     submit_retries: int
     refused: list[str]
@@ -231,7 +233,7 @@ class ChaosResult:
             "faults: " + ", ".join(f"{name} {self.faults[name]}" for name in FAULTS),
             f"handlers cut off mid-task: {self.handlers_cut}; Worker sessions: {self.worker_sessions}",
             f"submits: {self.submitted} ({self.submit_retries} retried requests, {len(self.refused)} refused); "
-            f"settled within {self.plan.settle_s:g} s: {'yes' if self.settled else 'NO'}",
+            f"settled: {f'in {self.settle_seconds:.1f} s' if self.settled else f'NO, not in {self.plan.settle_s:g} s'}",
             "history: " + ", ".join(f"{k} {v}" for k, v in f.items()),
             self.verdict.text(),
             f"verdict: {'OK' if self.ok else 'FAILED'}",
@@ -475,7 +477,7 @@ async def run_chaos(plan: ChaosPlan, workdir: Path) -> ChaosResult:
                 for node in nodes:
                     await node.start()
                 load = Load(nodes, tenant.queue_id, tenant.token, random.Random(plan.seed + 1), chaos.observations)
-                settled = await _run(chaos, load, db)
+                settled, settle_seconds = await _run(chaos, load, db)
                 history = await chaos.history(db, load.acknowledged)
             finally:
                 for node in nodes:
@@ -487,6 +489,7 @@ async def run_chaos(plan: ChaosPlan, workdir: Path) -> ChaosResult:
             verdict=check(history),
             seconds=time.monotonic() - started,
             settled=settled,
+            settle_seconds=settle_seconds,
             submitted=load.submitted,
             submit_retries=load.retries,
             refused=load.refused,
@@ -503,7 +506,7 @@ async def run_chaos(plan: ChaosPlan, workdir: Path) -> ChaosResult:
         server.remove()
 
 
-async def _run(chaos: Chaos, load: Load, db: Database) -> bool:
+async def _run(chaos: Chaos, load: Load, db: Database) -> tuple[bool, float]:
     plan = chaos.plan
     stop = trio.Event()
     async with httpx.AsyncClient(timeout=SUBMIT_TIMEOUT_S) as http, trio.open_nursery() as nursery:
@@ -519,9 +522,10 @@ async def _run(chaos: Chaos, load: Load, db: Database) -> bool:
             await trio.sleep(plan.seconds)
             # The fault in progress ends (and heals) before this nursery does.
             stop.set()
+        calm = trio.current_time()
         settled = await chaos.settle(db, load)
         nursery.cancel_scope.cancel()
-    return settled
+    return settled, trio.current_time() - calm
 
 
 async def _changed_since(since: datetime, tx: Tx) -> list[dict[str, Any]]:

@@ -103,6 +103,13 @@ def test_a_terminal_task_with_an_attempt_left_open():
     assert failed(history) == ["one_terminal"]
 
 
+def test_a_key_acknowledged_with_another_keys_task():
+    history = attrs.evolve(clean(), acknowledged={**clean().acknowledged, "k4": "t3"})
+    verdict = check(history)
+    assert verdict.failed() == ["one_terminal"]
+    assert "submitted under key k3" in verdict.violations["one_terminal"][0]
+
+
 def test_one_key_that_made_two_tasks():
     history = attrs.evolve(clean(), tasks=[*clean().tasks, Task("t1b", "k1", "succeeded", 1.0)])
     assert failed(history) == ["one_terminal"]

@@ -217,6 +217,8 @@ def _one_terminal(history: History, attempts: Mapping[str, list[Attempt]]) -> It
         if task is None:
             yield f"key {key}: acknowledged task {task_id} is not in the database"
             continue
+        if task.key != key:
+            yield f"key {key}: acknowledged as {task_id}, which was submitted under key {task.key}"
         if task.state not in TERMINAL:
             yield f"key {key}: task {task_id} ended the run {task.state}, not terminal"
         rows = attempts.get(task_id, [])

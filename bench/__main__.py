@@ -1,12 +1,13 @@
 """``python -m bench <scenario> [options]``: run benchmark scenarios.
 
-Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http soak cancel shards settle (each: a table, a JSON result and PNG
-plots under bench/results/), ``all`` (every one of them, in that order, S2 using S1's figure), and
+Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http soak cancel shards settle chaos (each: a table, a JSON result
+and PNG plots under bench/results/), ``all`` (every one of them, in that order, S2 using S1's figure), and
 ``claim`` (the dispatch core's micro-benchmark, its own options). ``soak`` (ten minutes and
-more), ``cancel`` (cancel latency, up to a renew interval per sample) and ``shards`` (S1's
-burn-down on one and on two database servers; it starts a private mariadbd) and ``settle`` (Start
+more), ``cancel`` (cancel latency, up to a renew interval per sample), ``shards`` (S1's
+burn-down on one and on two database servers; it starts a private mariadbd), ``settle`` (Start
 and Finish batches with the transition statements before and after issue 23, on a private mariadbd)
-are not part of ``all``.
+and ``chaos`` (ten minutes of faults under three nodes, then the history checker's verdict) are not
+part of ``all``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ SCENARIOS = {
     "cancel": "bench.cancel",
     "shards": "bench.shards",
     "settle": "bench.settle",
+    "chaos": "bench.chaos",
 }
 # The order of ``all``.
 ALL = ("s0", "s1", "e2e", "s2", "s3", "s4", "s5", "locks", "bulk", "http")

@@ -3,6 +3,7 @@
     node = NodeProcess(dsn, tmp_path / "node.log", env={"ORBIT_RESERVATION_LEASE_S": "30"})
     await node.start()            # returns once /healthz answers
     await node.kill()             # SIGKILL: no drain, no clean-up of any kind
+    node.pause(); node.resume()   # SIGSTOP / SIGCONT: frozen, sockets open
     await node.start()            # a new process (new node id) on the same address
     node.log_text()               # everything both processes wrote
 
@@ -90,6 +91,15 @@ class NodeProcess:
         self.process.send_signal(signal.SIGKILL)
         await self.process.wait()
         self.process = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its sockets open and answers nothing until ``resume``."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
 
     async def terminate(self, timeout_s: float = 15) -> int:
         assert self.process is not None

@@ -1,0 +1,540 @@
+"""A chaos run: three node processes, SDK Workers on each, a submitting client and a fault
+schedule; afterwards the history checker (``history.check``) judges what happened.
+
+    result = await run_chaos(ChaosPlan(seconds=40), workdir)
+    print(result.text())          # fault counts, figures and the verdict
+    assert result.verdict.ok
+
+Everything runs on loopback against a private ``mariadbd`` (``PrivateMariaDB``); each node
+reaches it through its own ``FaultProxy``, so one node's database connection can be stalled
+or dropped while the others' work. The faults, one at a time with a pause between them:
+
+* ``node_kill``: SIGKILL a node, start it again a moment later (a new process, new node id);
+* ``node_stop``: SIGSTOP a node for up to ``stop_max_s`` (past its leases and its Workers'
+  heartbeat timeout), then SIGCONT;
+* ``db_restart``: the database server killed (``kill -9``, crash recovery at start) or
+  stopped (SIGTERM), then started again;
+* ``db_stall``: one node's (or every node's) database proxy holds all bytes for a while;
+* ``db_drop``: one node's database connections reset at once, or black-holed for a while
+  (answers lost) and then reset;
+* ``worker_cut``: a Worker with handlers running is cancelled mid-task (its run ends, its
+  connection closes, its tasks come back after their leases); a new one takes its place.
+
+The client submits tasks with priorities, some with resource keys, each under an
+idempotency key, to the nodes in turn; a submit that fails (transport error, 5xx) is
+retried with the same key and body on the next node until it is answered 2xx. Every
+handler run is logged as an ``Execution`` (task, attempt, start, end; the fencing token is
+its attempt row's); a watcher reads task states during the run for ``terminal_stable``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from orbit_node.db import Database, Tx, migrate
+from orbit_node.errors import OrbitError
+from orbit_node.sdk.worker import Worker, WorkerRejected, WorkerTask
+
+from ..nodeutil import make_tenant
+from .history import TERMINAL, Attempt, Execution, History, Observation, Task, Verdict, check, epoch
+from .mariadb import PrivateMariaDB
+from .nodeproc import NodeProcess
+from .proxy import Direction, FaultProxy, open_fault_proxy
+
+FAULTS = ("node_kill", "node_stop", "db_restart", "db_stall", "db_drop", "worker_cut")
+# Leases short enough that work lost to a fault comes back within seconds; a Worker whose
+# node answers nothing for the heartbeat timeout gives its connection up.
+NODE_ENV = {
+    "ORBIT_RESERVATION_LEASE_S": "4",
+    "ORBIT_RUN_LEASE_S": "6",
+    "ORBIT_HEARTBEAT_TIMEOUT_S": "6",
+    "ORBIT_DB_POOL_SIZE": "6",
+    "ORBIT_LOG_LEVEL": "warning",
+}
+HANDLER = ("chaos", "v1", "v1")
+# Every task may be lost many times before it would fail for good; retries come back fast.
+MAX_ATTEMPTS = 50
+BACKOFF = {"initial_ms": 200, "max_ms": 2000}
+RESOURCE_KEYS = tuple(f"rk{i}" for i in range(8))
+# Bound on one submit request (a stopped node answers nothing).
+SUBMIT_TIMEOUT_S = 5.0
+# Pause before a submit is retried (on the next node).
+SUBMIT_RETRY_S = 0.2
+# How often the watcher reads task states, and how far back it reads each time (a
+# transaction's timestamps are its statements' start, which can be long before its commit).
+WATCH_INTERVAL_S = 1.0
+WATCH_MARGIN_S = 40.0
+
+
+@attrs.frozen
+class ChaosPlan:
+    # Length of the faulted phase (load and faults).
+    seconds: float = 40.0
+    submits_per_s: float = 8.0
+    nodes: int = 3
+    workers_per_node: int = 2
+    capacity: int = 4
+    # Pause between two faults, drawn from this range.
+    gap_s: tuple[float, float] = (1.0, 3.0)
+    stop_max_s: float = 9.0
+    # Up to past the run lease: a stalled node cannot renew, its Workers' handlers run on.
+    stall_max_s: float = 10.0
+    # Bound on every acknowledged task settling once the faults stop.
+    settle_s: float = 90.0
+    seed: int = 0
+    # Faults in this order, round and round (each kind as often as the others), or drawn at random.
+    rotate: bool = True
+
+
+@attrs.define(eq=False)
+class ExecutionLog:
+    """Every handler run, in memory and as one JSON line each in ``path``."""
+
+    path: Path
+    entries: list[Execution] = attrs.field(factory=list)
+
+    def append(self, execution: Execution) -> None:
+        self.entries.append(execution)
+        with self.path.open("a") as out:
+            out.write(json.dumps(attrs.asdict(execution)) + "\n")
+
+    @staticmethod
+    def read(path: Path) -> list[Execution]:
+        return [Execution(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+@attrs.define(eq=False)
+class Slot:
+    """One Worker place of a node: its current Worker, and how many handlers it runs."""
+
+    name: str
+    node: NodeProcess
+    scope: trio.CancelScope | None = None
+    busy: int = 0
+    workers: int = 0
+
+
+@attrs.define(eq=False)
+class Load:
+    """Submits under idempotency keys; a failed submit is retried with the same key and body."""
+
+    nodes: Sequence[NodeProcess]
+    queue_id: str
+    token: str
+    rng: random.Random
+    observations: list[Observation]
+    acknowledged: dict[str, str] = attrs.field(factory=dict)
+    submitted: int = 0
+    retries: int = 0
+    # Submits answered 4xx: never acknowledged, never retried (none is expected).
+    refused: list[str] = attrs.field(factory=list)
+    in_flight: int = 0
+
+    def body(self, key: str) -> dict[str, Any]:
+        roll = self.rng.random()
+        run_s = self.rng.uniform(0.02, 0.3) if roll < 0.7 else self.rng.uniform(0.5, 2.0)
+        if roll > 0.95:
+            run_s = self.rng.uniform(3.0, 8.0)  # longer than the run lease: renewed while it runs
+        body: dict[str, Any] = {
+            "queue_id": self.queue_id,
+            "handler": HANDLER[0],
+            "handler_version": HANDLER[1],
+            "payload_version": HANDLER[2],
+            "payload": {"k": key, "run_s": round(run_s, 3)},
+            "priority": self.rng.randint(0, 9),
+            "max_attempts": MAX_ATTEMPTS,
+            "backoff": BACKOFF,
+        }
+        if self.rng.random() < 0.15:
+            body["resource_key"] = self.rng.choice(RESOURCE_KEYS)
+        return body
+
+    async def submit(self, http: httpx.AsyncClient, key: str, body: dict[str, Any], turn: int) -> None:
+        headers = {"Authorization": f"Bearer {self.token}", "Idempotency-Key": key}
+        try:
+            for attempt in itertools.count(turn):
+                node = self.nodes[attempt % len(self.nodes)]
+                try:
+                    response = await http.post(node.base_url + "/v1/tasks", json=body, headers=headers)
+                except httpx.TransportError:
+                    response = None
+                if response is not None and response.status_code in (200, 201):
+                    data = response.json()["data"]
+                    self.acknowledged[key] = data["task_id"]
+                    if data["state"] in TERMINAL:
+                        # A repeated submit answers the task as it was before the answer came.
+                        finished = data["finished_at"]
+                        self.observations.append(
+                            Observation(data["task_id"], data["state"], _rfc3339(finished), time.time())
+                        )
+                    return
+                if response is not None and response.status_code < 500:
+                    self.refused.append(f"{key}: HTTP {response.status_code} {response.text[:300]}")
+                    return
+                self.retries += 1
+                await trio.sleep(SUBMIT_RETRY_S)
+        finally:
+            self.in_flight -= 1
+
+    async def run(self, http: httpx.AsyncClient, nursery: trio.Nursery, rate: float, stop: trio.Event) -> None:
+        """Start ``rate`` submits a second in ``nursery`` until ``stop`` (the submits go on retrying)."""
+        for n in itertools.count():
+            key = f"k{n}"
+            self.submitted += 1
+            self.in_flight += 1
+            nursery.start_soon(self.submit, http, key, self.body(key), n)
+            with trio.move_on_after(1 / rate):
+                await stop.wait()
+            if stop.is_set():
+                return
+
+
+def _rfc3339(value: str | None) -> float | None:
+    return None if value is None else datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+@attrs.define(eq=False)
+class ChaosResult:
+    plan: ChaosPlan
+    faults: Counter[str]
+    verdict: Verdict
+    seconds: float
+    settled: bool
+    # From the end of the faults until every task was terminal (or the bound ran out).
+    settle_seconds: float
+    submitted: int
+    submit_retries: int
+    refused: list[str]
+    worker_sessions: int
+    worker_rejections: list[str]
+    handlers_cut: int
+    workdir: Path
+    server_version: str
+
+    def text(self) -> str:
+        f = self.verdict.figures
+        lines = [
+            f"chaos: {self.plan.nodes} nodes x {self.plan.workers_per_node} Workers (capacity {self.plan.capacity}), "
+            f"{self.plan.seconds:g} s of faults, {self.seconds:.0f} s in all; logs in {self.workdir}",
+            "faults: " + ", ".join(f"{name} {self.faults[name]}" for name in FAULTS),
+            f"handlers cut off mid-task: {self.handlers_cut}; Worker sessions: {self.worker_sessions}",
+            f"submits: {self.submitted} ({self.submit_retries} retried requests, {len(self.refused)} refused); "
+            f"settled: {f'in {self.settle_seconds:.1f} s' if self.settled else f'NO, not in {self.plan.settle_s:g} s'}",
+            "history: " + ", ".join(f"{k} {v}" for k, v in f.items()),
+            self.verdict.text(),
+            f"verdict: {'OK' if self.ok else 'FAILED'}",
+        ]
+        lines.extend(f"refused submit: {r}" for r in self.refused[:10])
+        lines.extend(f"Worker rejected: {r}" for r in self.worker_rejections[:10])
+        return "\n".join(lines)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok and self.settled and not self.refused and not self.worker_rejections
+
+
+@attrs.define(eq=False)
+class Chaos:
+    plan: ChaosPlan
+    workdir: Path
+    server: PrivateMariaDB
+    proxies: list[FaultProxy]
+    nodes: list[NodeProcess]
+    token: str
+    queue_id: str
+    rng: random.Random
+    log: ExecutionLog
+    faults: Counter[str] = attrs.field(factory=Counter)
+    slots: list[Slot] = attrs.field(factory=list)
+    observations: list[Observation] = attrs.field(factory=list)
+    worker_rejections: list[str] = attrs.field(factory=list)
+    handlers_cut: int = 0
+    worker_sessions: int = 0
+
+    # -- Workers
+
+    def worker(self, slot: Slot) -> Worker:
+        worker = Worker(
+            url=slot.node.base_url,
+            token=self.token,
+            queues=[self.queue_id],
+            capacity=self.plan.capacity,
+            resource_keys=True,
+            client_name=slot.name,
+        )
+
+        async def handle(task: WorkerTask) -> Any:
+            start = time.time()
+            slot.busy += 1
+            try:
+                await trio.sleep(task.payload["run_s"])
+            finally:
+                slot.busy -= 1
+                self.log.append(Execution(task.task_id, task.attempt, start, time.time(), slot.name, task.resource_key))
+            return {"k": task.payload["k"]}
+
+        worker.register(*HANDLER, handle)
+        return worker
+
+    async def serve(self, slot: Slot) -> None:
+        """Keep a Worker running in ``slot``; a cut one is replaced at once."""
+        while True:
+            worker = self.worker(slot)
+            slot.workers += 1
+            try:
+                with trio.CancelScope() as slot.scope:
+                    try:
+                        await worker.run()
+                    except WorkerRejected as exc:
+                        # The node refused a valid credential or hello: a finding of its own.
+                        self.worker_rejections.append(f"{slot.name}: {exc}")
+                        await trio.sleep(1.0)
+            finally:
+                self.worker_sessions += worker.connections
+
+    # -- faults
+
+    async def node_kill(self) -> None:
+        node = self.rng.choice(self.nodes)
+        await node.kill()
+        await trio.sleep(self.rng.uniform(0.5, 3.0))
+        await node.start()
+
+    async def node_stop(self) -> None:
+        node = self.rng.choice(self.nodes)
+        node.pause()
+        try:
+            await trio.sleep(self.rng.uniform(2.0, self.plan.stop_max_s))
+        finally:
+            node.resume()
+
+    async def db_restart(self) -> None:
+        if self.faults["db_restart"] % 2 == 0:
+            await self.server.kill9()
+        else:
+            await self.server.stop()
+        await trio.sleep(self.rng.uniform(0.0, 1.5))
+        await self.server.start()
+
+    async def db_stall(self) -> None:
+        stalled = self.proxies if self.rng.random() < 0.3 else [self.rng.choice(self.proxies)]
+        for proxy in stalled:
+            proxy.stall()
+        try:
+            await trio.sleep(self.rng.uniform(1.0, self.plan.stall_max_s))
+        finally:
+            for proxy in stalled:
+                proxy.heal()
+
+    async def db_drop(self) -> None:
+        proxy = self.rng.choice(self.proxies)
+        if self.faults["db_drop"] % 2 == 1:
+            proxy.blackhole(Direction.BOTH)
+            await trio.sleep(self.rng.uniform(1.0, 3.0))
+        proxy.reset()
+        proxy.heal()
+
+    async def worker_cut(self) -> None:
+        busy = [s for s in self.slots if s.busy and s.scope is not None]
+        slot = self.rng.choice(busy or self.slots)
+        self.handlers_cut += slot.busy
+        if slot.scope is not None:
+            slot.scope.cancel()
+
+    async def schedule(self, stop: trio.Event) -> None:
+        order = list(FAULTS)
+        self.rng.shuffle(order)
+        for n in itertools.count():
+            with trio.move_on_after(self.rng.uniform(*self.plan.gap_s)):
+                await stop.wait()
+            if stop.is_set():
+                return
+            kind = order[n % len(order)] if self.plan.rotate else self.rng.choice(FAULTS)
+            await getattr(self, kind)()
+            self.faults[kind] += 1
+
+    # -- the watcher
+
+    async def watch(self, db: Database) -> None:
+        """Record each task's state whenever it is seen to change."""
+        last: dict[str, tuple[str, float | None]] = {}
+        since = datetime(2000, 1, 1)
+        while True:
+            # Before the read: what it returns is the database's state at this moment or later.
+            seen_at = time.time()
+            try:
+                found = await db.run(functools.partial(_changed_since, since))
+            except OrbitError:
+                found = None  # the server is down or restarting: read again next time
+            if found:
+                for row in found:
+                    value = (row["state"], epoch(row["finished_at"]))
+                    if last.get(row["task_id"]) != value:
+                        last[row["task_id"]] = value
+                        self.observations.append(Observation(row["task_id"], *value, seen_at))
+                since = max(r["now"] for r in found) - timedelta(seconds=WATCH_MARGIN_S)
+            await trio.sleep(WATCH_INTERVAL_S)
+
+    # -- the end
+
+    async def settle(self, db: Database, load: Load) -> bool:
+        """Wait until every submit is answered and every task is terminal (bounded)."""
+        deadline = trio.current_time() + self.plan.settle_s
+        while trio.current_time() < deadline:
+            if load.in_flight == 0:
+                try:
+                    found = await db.run(
+                        lambda tx: tx.fetchall_raw(
+                            "SELECT COUNT(*) AS n FROM tasks WHERE state NOT IN %s", (tuple(TERMINAL),)
+                        )
+                    )
+                    if found[0]["n"] == 0:
+                        return True
+                except OrbitError:
+                    pass
+            await trio.sleep(0.5)
+        return False
+
+    async def history(self, db: Database, acknowledged: dict[str, str]) -> History:
+        tasks = await db.run(
+            lambda tx: tx.fetchall_raw("SELECT task_id, state, finished_at, resource_key, payload FROM tasks")
+        )
+        attempts = await db.run(
+            lambda tx: tx.fetchall_raw(
+                "SELECT task_id, attempt, fencing_token, reserved_at, started_at, finished_at, outcome"
+                " FROM task_attempts"
+            )
+        )
+        return History(
+            acknowledged=dict(acknowledged),
+            executions=ExecutionLog.read(self.log.path),
+            observations=list(self.observations),
+            tasks=[
+                Task(
+                    t["task_id"], json.loads(t["payload"])["k"], t["state"], epoch(t["finished_at"]), t["resource_key"]
+                )
+                for t in tasks
+            ],
+            reservation_lease_s=float(NODE_ENV["ORBIT_RESERVATION_LEASE_S"]),
+            run_lease_s=float(NODE_ENV["ORBIT_RUN_LEASE_S"]),
+            attempts=[
+                Attempt(
+                    a["task_id"],
+                    a["attempt"],
+                    a["fencing_token"],
+                    epoch(a["reserved_at"]) or 0.0,
+                    epoch(a["started_at"]),
+                    epoch(a["finished_at"]),
+                    a["outcome"],
+                )
+                for a in attempts
+            ],
+        )
+
+
+async def run_chaos(plan: ChaosPlan, workdir: Path) -> ChaosResult:
+    """Run ``plan`` with its files (server datadir, node logs, the execution log) under ``workdir``."""
+    started = time.monotonic()
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = PrivateMariaDB()
+    await server.start()
+    db = Database(server.dsn(), size=3, connect_timeout_s=2, operation_timeout_s=20)
+    try:
+        await migrate.up(db)
+        version = (await db.run(lambda tx: tx.fetchall_raw("SELECT VERSION() AS v")))[0]["v"]
+        tenant = await make_tenant(db, "chaos")
+        async with _proxies(server, plan.nodes) as proxies:
+            nodes = [
+                NodeProcess(proxy.dsn_for(server.dsn()), workdir / f"node{i}.log", env=NODE_ENV)
+                for i, proxy in enumerate(proxies)
+            ]
+            chaos = Chaos(
+                plan,
+                workdir,
+                server,
+                proxies,
+                nodes,
+                tenant.token,
+                tenant.queue_id,
+                random.Random(plan.seed),
+                ExecutionLog(workdir / "executions.jsonl"),
+            )
+            try:
+                for node in nodes:
+                    await node.start()
+                load = Load(nodes, tenant.queue_id, tenant.token, random.Random(plan.seed + 1), chaos.observations)
+                settled, settle_seconds = await _run(chaos, load, db)
+                history = await chaos.history(db, load.acknowledged)
+            finally:
+                for node in nodes:
+                    with trio.CancelScope(shield=True):
+                        await node.aclose()
+        return ChaosResult(
+            plan=plan,
+            faults=chaos.faults,
+            verdict=check(history),
+            seconds=time.monotonic() - started,
+            settled=settled,
+            settle_seconds=settle_seconds,
+            submitted=load.submitted,
+            submit_retries=load.retries,
+            refused=load.refused,
+            worker_sessions=chaos.worker_sessions,
+            worker_rejections=chaos.worker_rejections,
+            handlers_cut=chaos.handlers_cut,
+            workdir=workdir,
+            server_version=version,
+        )
+    finally:
+        with trio.CancelScope(shield=True):
+            await db.aclose()
+            await server.stop()
+        server.remove()
+
+
+async def _run(chaos: Chaos, load: Load, db: Database) -> tuple[bool, float]:
+    plan = chaos.plan
+    stop = trio.Event()
+    async with httpx.AsyncClient(timeout=SUBMIT_TIMEOUT_S) as http, trio.open_nursery() as nursery:
+        nursery.start_soon(chaos.watch, db)
+        for node in chaos.nodes:
+            for i in range(plan.workers_per_node):
+                slot = Slot(f"node{chaos.nodes.index(node)}-w{i}", node)
+                chaos.slots.append(slot)
+                nursery.start_soon(chaos.serve, slot)
+        async with trio.open_nursery() as faulted:
+            faulted.start_soon(load.run, http, nursery, plan.submits_per_s, stop)
+            faulted.start_soon(chaos.schedule, stop)
+            await trio.sleep(plan.seconds)
+            # The fault in progress ends (and heals) before this nursery does.
+            stop.set()
+        calm = trio.current_time()
+        settled = await chaos.settle(db, load)
+        nursery.cancel_scope.cancel()
+    return settled, trio.current_time() - calm
+
+
+async def _changed_since(since: datetime, tx: Tx) -> list[dict[str, Any]]:
+    return await tx.fetchall_raw(
+        "SELECT task_id, state, finished_at, NOW(6) AS now FROM tasks WHERE updated_at >= %s", (since,)
+    )
+
+
+@asynccontextmanager
+async def _proxies(server: PrivateMariaDB, count: int) -> AsyncIterator[list[FaultProxy]]:
+    async with AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(open_fault_proxy("127.0.0.1", server.port)) for _ in range(count)]

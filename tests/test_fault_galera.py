@@ -57,6 +57,7 @@ async def test_skip_locked_on_two_servers_fails_certification_and_is_replayed(cl
     try:
         await one.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY, v INT) ENGINE=InnoDB"))
         await one.run(lambda tx: tx.execute_raw("INSERT INTO t VALUES (1, 0)"))
+
         # Server two applies the table and the row asynchronously: its reads wait until it
         # has applied everything committed in the cluster before they began.
         async def applied(tx):

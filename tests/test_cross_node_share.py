@@ -26,7 +26,7 @@ from . import seed
 from .faults.proxy import open_fault_proxy
 from .helpers import wait_until
 from .nodeutil import ALL_SCOPES, run_node
-from .test_scheduler import ticket
+from .test_scheduler import drain_one_at_a_time, ticket
 from .wsclient import raw_worker
 
 UNPACED = 10**6
@@ -46,6 +46,47 @@ def test_gains_count_only_between_two_reads_of_the_same_counter():
     elsewhere.forget()
     assert len(elsewhere) == 0
     assert elsewhere.update([("n1", "A", 60), ("n2", "B", 20)]) == {}
+
+
+def test_the_three_node_example_of_the_docs():
+    """docs/scheduling.md, "A share across nodes": N1 grants 6 turns a scan cycle (one SQL
+    slot here) and A, B and C always ask there; N2 and N3 serve only A, 3 turns a cycle
+    each, for cycles 1-5. N1 reads their counters at the start of each cycle."""
+    s = FairScheduler(SchedulerLimits(sql_slots=1, claims_per_connection_per_cycle=UNPACED))
+    for name in "ABC":
+        s.submit(ticket(name, name, f"q{name}"))
+    elsewhere = TurnsElsewhere()
+    counters = {"N2": 0, "N3": 0}
+    rows = []
+    for cycle in range(1, 9):
+        gained = elsewhere.update([(node, "A", turns) for node, turns in counters.items()])
+        s.charge_elsewhere(gained)
+        charged = s.statistics().virtual_time_by_application["A"]
+        order = "".join(app for app, _, _ in drain_one_at_a_time(s, resubmit=lambda t: t, rounds=6))
+        stats = s.statistics()
+        rows.append((gained.get("A", 0), charged, order, stats.virtual_time_by_application, stats.virtual_time))
+        if cycle <= 5:
+            counters = {node: turns + 3 for node, turns in counters.items()}
+    assert [(g, c, o) for g, c, o, _, _ in rows] == [
+        (0, 0.0, "ABCABC"),
+        (6, 8.0, "BCBCBC"),
+        (6, 11.0, "BCBCBC"),
+        (6, 14.0, "BCBCBC"),
+        (6, 17.0, "BCBCBC"),
+        (6, 20.0, "BCBCBC"),
+        (0, 20.0, "BCBCBC"),
+        (0, 20.0, "ABCABC"),
+    ]
+    assert [(t["B"], v) for _, _, _, t, v in rows] == [
+        (2.0, 1.0),
+        (5.0, 4.0),
+        (8.0, 7.0),
+        (11.0, 10.0),
+        (14.0, 13.0),
+        (17.0, 16.0),
+        (20.0, 19.0),
+        (22.0, 21.0),
+    ]
 
 
 def test_the_bookkeeping_imports_no_trio():

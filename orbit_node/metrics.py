@@ -5,7 +5,8 @@ Every node has its own ``CollectorRegistry`` (never the library's global one), s
 nodes in one process (tests, benchmarks) keep separate counts. Two kinds of metrics:
 
 * instruments updated as things happen, through small hooks: claim latency
-  (``ClaimPool.observe``), dispatch -> Start latency (the Worker hub), HTTP requests (the
+  (``ClaimPool.observe``), the wait of a claim request for its turn per application
+  (``ClaimPool.observe_wait``), dispatch -> Start latency (the Worker hub), HTTP requests (the
   app), database replays (``Database.on_replay``);
 * values the node already keeps, read when scraped (``NodeCollector``): connections,
   claim requests pending / in flight, SQL slots, claims by outcome, claim turns per
@@ -37,6 +38,9 @@ CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2
 # From the dispatch frame leaving the node to the Worker's Start arriving: network round
 # trip plus the Worker's own queueing.
 START_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# From a claim request entering the fair pool to its grant: nothing while the pool has room,
+# up to about a scan cycle (1 s) for a paced-out request, longer when the pool is saturated.
+TURN_WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # RecoveryStats fields, one label value each.
 RECOVERY_OUTCOMES = ("requeued", "retried", "failed", "cancelled", "expired")
 # Methods counted under their own name; any other (a client may send anything) is "other".
@@ -53,6 +57,7 @@ class NodeMetrics:
     # Application id -> name, learnt from the credentials of connections (turn labels).
     application_names: dict[str, str] = attrs.field(factory=dict, init=False)
     claim_seconds: Histogram = attrs.field(init=False)
+    claim_turn_wait_seconds: Histogram = attrs.field(init=False)
     dispatch_to_start_seconds: Histogram = attrs.field(init=False)
     http_requests: Counter = attrs.field(init=False)
     http_seconds: Histogram = attrs.field(init=False)
@@ -68,6 +73,13 @@ class NodeMetrics:
             "Claim transactions by outcome (tasks, empty, error), seconds.",
             ["outcome"],
             buckets=CLAIM_BUCKETS,
+            registry=r,
+        )
+        self.claim_turn_wait_seconds = Histogram(
+            "orbit_claim_turn_wait_seconds",
+            "From a claim request entering this node's fair pool to its turn (the grant), per application, seconds.",
+            ["application"],
+            buckets=TURN_WAIT_BUCKETS,
             registry=r,
         )
         self.dispatch_to_start_seconds = Histogram(
@@ -117,6 +129,11 @@ class NodeMetrics:
 
     def observe_claim(self, grant: Grant, outcome: str, seconds: float) -> None:
         self.claim_seconds.labels(outcome).observe(seconds)
+
+    def observe_turn_wait(self, grant: Grant, seconds: float) -> None:
+        application_id = grant.request.application_id
+        application = self.application_names.get(application_id, application_id)
+        self.claim_turn_wait_seconds.labels(application).observe(max(seconds, 0.0))
 
     def observe_start(self, seconds: float) -> None:
         self.dispatch_to_start_seconds.observe(max(seconds, 0.0))

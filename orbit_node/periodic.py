@@ -1,4 +1,5 @@
-"""The engine of the node's periodic database services (recovery sweeper, plan trigger).
+"""The engine of the node's periodic database services (recovery sweeper, plan trigger,
+fairness weight follower).
 
 A *round* runs passes back to back while a pass reports more work waiting
 (``saturated``), at most ``MAX_BACK_TO_BACK_PASSES`` times, then the service sleeps

@@ -57,6 +57,10 @@ BACKOFF_MULTIPLIER_MIN = 1.0
 BACKOFF_MULTIPLIER_MAX = 10.0
 # Queue controls are INT columns.
 CONTROL_MAX = 2_147_483_647
+# An application's fairness weight (applications.fairness_weight): with every application
+# asking, claim turns are shared in proportion to the weights; 1 everywhere is P3's rotation.
+MIN_WEIGHT = 1
+MAX_WEIGHT = 100
 SUBMIT_FIELDS = (
     "queue_id",
     "handler",
@@ -236,6 +240,17 @@ def integer(value: Any, field: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidArgument(f"{field}: must be a JSON integer from {low} to {high}, got {show(value)}", field=field)
     return value
+
+
+def fairness_weight(value: Any, field: str = "weight") -> int:
+    """An application's fairness weight: an integer from 1 to 100, or its decimal text (a
+    command-line argument)."""
+    weight = int(value) if isinstance(value, str) and re.fullmatch(r"[0-9]{1,3}", value) else value
+    if isinstance(weight, bool) or not isinstance(weight, int) or not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+        raise InvalidArgument(
+            f"{field}: must be an integer from {MIN_WEIGHT} to {MAX_WEIGHT}, got {show(value)}", field=field
+        )
+    return weight
 
 
 def number(value: Any, field: str, low: float, high: float) -> int | float:

@@ -26,6 +26,7 @@ from .dispatch.pool import ClaimPool
 from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import FairScheduler
 from .dispatch.turns import TurnRecorder
+from .dispatch.weights import WeightFollower
 from .errors import Unauthenticated, Unavailable
 from .metrics import NodeMetrics
 from .store.dispatch import DispatchStore
@@ -61,9 +62,9 @@ def default_services() -> ServiceSet:
 @attrs.frozen(kw_only=True)
 class Shard:
     """One database holding applications' rows, its repositories, and the services that
-    work on it: the group commit of its Worker transitions, its claim-turn recorder, its
-    recovery sweeper and its plan trigger. Each transaction any of them runs touches this
-    database only."""
+    work on it: the group commit of its Worker transitions, its claim-turn recorder, the
+    follower of its applications' fairness weights, its recovery sweeper and its plan
+    trigger. Each transaction any of them runs touches this database only."""
 
     # "main" for ORBIT_MYSQL_DSN, else "shard N" (N from 2, in ORBIT_SHARDS order).
     label: str
@@ -76,6 +77,7 @@ class Shard:
     registry: WorkerRegistryStore
     commits: GroupCommitter | None = None
     turns: TurnRecorder | None = None
+    weights: WeightFollower | None = None
     sweeper: Sweeper | None = None
     trigger: PlanTrigger | None = None
 
@@ -206,13 +208,23 @@ def _turns_of(shards: Callable[[], Shards], index: int, scheduler: FairScheduler
     return turns
 
 
+def _holds(shards: Callable[[], Shards], index: int) -> Callable[[str], bool]:
+    """Whether an application id (verified on this node) lives on the shard at ``index``."""
+
+    def holds(application_id: str) -> bool:
+        routed = shards()
+        return routed.holds(routed.all[index], application_id)
+
+    return holds
+
+
 def _known_on(shards: Callable[[], Shards], index: int, scheduler: FairScheduler) -> Callable[[], Collection[str]]:
     """The applications whose turns on other nodes a shard's recorder reads: those of that
     shard the node's rotation knows now (only they can be charged)."""
+    holds = _holds(shards, index)
 
     def applications() -> Collection[str]:
-        routed = shards()
-        return [app for app in scheduler.applications() if routed.holds(routed.all[index], app)]
+        return [app for app in scheduler.applications() if holds(app)]
 
     return applications
 
@@ -283,12 +295,17 @@ class DispatchServices:
                 return await routed().release(application_id, items)
 
             pool = ClaimPool(
-                FairScheduler(config.scheduler), claim=claim, release=release, observe=metrics.observe_claim
+                FairScheduler(config.scheduler),
+                claim=claim,
+                release=release,
+                observe=metrics.observe_claim,
+                observe_wait=metrics.observe_turn_wait,
             )
         built: list[Shard] = []
         for label, shard_db in zip(shard_labels(config), (db, *shard_dbs), strict=True):
             store = DispatchStore.from_config(shard_db, config)
-            commits = turns = sweeper = trigger = None
+            tenancy = TenancyStore(shard_db)
+            commits = turns = weights = sweeper = trigger = None
             if pool is not None:
                 commits = GroupCommitter(store)
                 # Claim turns go to the database too: operators see every node's rotation in one place.
@@ -299,6 +316,9 @@ class DispatchServices:
                     _turns_of(routed, len(built), pool.scheduler),
                     applications=_known_on(routed, len(built), pool.scheduler),
                     charge_elsewhere=pool.scheduler.charge_elsewhere,
+                )
+                weights = WeightFollower(
+                    tenancy.application_weights, pool.scheduler.set_weight, _holds(routed, len(built))
                 )
             if run.recovery:
                 sweeper = Sweeper(store, config.sweep_interval_s)
@@ -312,7 +332,7 @@ class DispatchServices:
                 Shard(
                     label=label,
                     db=shard_db,
-                    tenancy=TenancyStore(shard_db),
+                    tenancy=tenancy,
                     tasks=TaskStore(shard_db),
                     plans=PlanStore(shard_db),
                     operations=OperationsStore(shard_db),
@@ -320,6 +340,7 @@ class DispatchServices:
                     registry=WorkerRegistryStore(shard_db),
                     commits=commits,
                     turns=turns,
+                    weights=weights,
                     sweeper=sweeper,
                     trigger=trigger,
                 )
@@ -364,6 +385,8 @@ class DispatchServices:
             for shard in self.shards.all:
                 if shard.turns is not None:
                     await nursery.start(shard.turns.run)
+                if shard.weights is not None:
+                    await nursery.start(shard.weights.run)
                 if shard.sweeper is not None:
                     await nursery.start(shard.sweeper.run)
                 if shard.trigger is not None:

@@ -248,6 +248,41 @@ async def test_quota_suspend_and_resume_an_application(dsn, db):
     assert line == "error: NOT_FOUND: application: 'nosuch' not found"
 
 
+async def test_an_application_s_fairness_weight_is_set_listed_and_checked(dsn, db):
+    await seed.tenant(db, application="shop")
+    await seed.tenant(db, application="other")
+
+    async def weights() -> dict[str, int]:
+        rows = await db.run(lambda tx: tx.fetchall_raw("SELECT name, fairness_weight FROM applications"))
+        return {r["name"]: r["fairness_weight"] for r in rows}
+
+    listed = await admin_json("application", "list", dsn=dsn)
+    assert {a["application"]: a["fairness_weight"] for a in listed} == {"shop": 1, "other": 1}
+    app = await admin_json("application", "weight", "shop", "4", dsn=dsn)
+    assert (app["application"], app["fairness_weight"]) == ("shop", 4)
+    assert await weights() == {"shop": 4, "other": 1}
+    text = await admin("application", "weight", "other", "100", dsn=dsn)
+    assert text.returncode == 0 and text.stdout == "application other: fairness weight 100\n", text
+    listed = await admin("application", "list", dsn=dsn)
+    assert listed.returncode == 0, listed.stderr
+    rows = [[cell.strip() for cell in line.split("│")] for line in listed.stdout.splitlines() if "│" in line]
+    assert {row[1]: row[5] for row in rows} == {"other": "100", "shop": "4"}
+    header = next(line for line in listed.stdout.splitlines() if "application" in line and "weight" in line)
+    assert [cell.strip() for cell in header.split("┃")][5] == "weight"
+    # Bad usage: one line naming the field, exit 2, nothing changed (even for an unknown application).
+    for bad, shown in (("0", '"0"'), ("101", '"101"'), ("-1", '"-1"'), ("2.5", '"2.5"'), ("four", '"four"')):
+        for application in ("shop", "nosuch"):
+            line = one_line_error(await admin("application", "weight", application, bad, dsn=dsn), code=2)
+            assert line == f"error: INVALID_ARGUMENT: weight: must be an integer from 1 to 100, got {shown}", line
+    one_line_error(await admin("application", "weight", "shop", dsn=dsn), code=2)
+    # An unknown application is a failed operation, as for quota and suspend.
+    line = one_line_error(await admin("application", "weight", "nosuch", "2", dsn=dsn))
+    assert line == "error: NOT_FOUND: application: 'nosuch' not found"
+    assert await weights() == {"shop": 4, "other": 100}
+    await admin_json("application", "weight", "shop", "1", dsn=dsn)
+    assert await weights() == {"shop": 1, "other": 100}
+
+
 # -- queues, tasks, explanations -----------------------------------------------------------
 
 
@@ -368,9 +403,19 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
                     for running in (one, two):
                         await running.node.state.services.turns.flush()
 
+                    await admin_json("application", "weight", "beta", "3", dsn=dsn)
                     (frame,) = await top_frames("--once", dsn=dsn)
                     apps = {a["application"]: a for a in frame["applications"]}
                     assert (apps["alpha"]["claim_turns"], apps["beta"]["claim_turns"]) == (3, 2)
+                    # Each share of the turns beside the share its weight gives (1 and 3 of 4).
+                    assert [
+                        (apps[a]["fairness_weight"], apps[a]["claim_turn_share"], apps[a]["weight_share"])
+                        for a in ("alpha", "beta")
+                    ] == [(1, 0.6, 0.25), (3, 0.4, 0.75)]
+                    (beta_only,) = await top_frames("--once", "--application", "beta", dsn=dsn)
+                    assert [(a["claim_turn_share"], a["weight_share"]) for a in beta_only["applications"]] == [
+                        (0.4, 0.75)
+                    ]
                     assert apps["alpha"]["claim_turns_per_s"] is None  # one frame has no rate
                     assert (apps["alpha"]["running"], apps["alpha"]["reserved"], apps["alpha"]["queued"]) == (3, 0, 5)
                     assert (apps["beta"]["running"], apps["beta"]["reserved"]) == (0, 2)
@@ -392,6 +437,8 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
                     assert text.returncode == 0, text.stderr
                     for word in ("applications", "claim turns", "alpha", "beta", "later", "p9", "live nodes"):
                         assert word in text.stdout
+                    beta_row = next(line for line in text.stdout.splitlines() if line.startswith("│ beta "))
+                    assert [cell.strip() for cell in beta_row.split("│")][7:12] == ["3", "2", "-", "40.0 %", "75.0 %"]
     # Stopped nodes took their counters with them.
     (frame,) = await top_frames("--once", dsn=dsn)
     assert frame["nodes"] == [] and {a["claim_turns"] for a in frame["applications"]} == {0}
@@ -433,6 +480,7 @@ COMMANDS = [
     ["credential", "list", "--application", "a"],
     ["application", "list"],
     ["application", "quota", "a", "--max-concurrent", "1"],
+    ["application", "weight", "a", "2"],
     ["application", "suspend", "a"],
     ["application", "resume", "a"],
     ["queue", "list"],

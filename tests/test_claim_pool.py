@@ -90,6 +90,42 @@ async def test_pool_serves_empty_results_from_the_cache_for_one_cycle(autojump_c
     assert delivered[-1] <= start + 3.5
 
 
+async def test_each_grant_reports_how_long_its_request_waited_for_its_turn(autojump_clock):
+    async def claim(request):
+        await trio.sleep(1.0)
+        return ["task"]
+
+    waited: list[tuple[str, float]] = []
+    pool = ClaimPool(
+        FairScheduler(SchedulerLimits(sql_slots=1)),
+        claim=claim,
+        release=None,
+        observe_wait=lambda grant, seconds: waited.append((grant.request.application_id, seconds)),
+    )
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            start = trio.current_time()
+            delivered = []
+
+            def again(result):  # A asks again as soon as its first claim ended (t=1)
+                delivered.append(result)
+                pool.request(ticket("c1", "A", "qA"), delivered.append)
+
+            pool.request(ticket("c1", "A", "qA"), again)
+            for conn, app in (("c2", "B"), ("c3", "C"), ("c4", "D")):
+                pool.request(ticket(conn, app, f"q{app}"), delivered.append)
+            await trio.sleep(0.5)
+            pool.leave("c4")  # D leaves before its turn: no wait to report
+            while len(delivered) < 4:
+                await trio.sleep(0.1)
+            pool.close()
+    # One SQL slot, claims of 1 s: B waits one claim, C two; A's second request, made at
+    # t=1, comes after B's and C's turns (t=3).
+    assert [(app, round(seconds, 6)) for app, seconds in waited] == [("A", 0.0), ("B", 1.0), ("C", 2.0), ("A", 2.0)]
+    assert round(trio.current_time() - start, 6) == 4.0
+
+
 async def test_close_cancels_pending_requests_and_lets_in_flight_claims_deliver(autojump_clock):
     release_claim = trio.Event()
 

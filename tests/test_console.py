@@ -19,6 +19,7 @@ from orbit_node.api.console.session import COOKIE_NAME, SessionSigner
 from orbit_node.config import NodeConfig
 from orbit_node.errors import ConfigError
 from orbit_node.services import default_services
+from orbit_node.store.operations import OperationsStore
 from orbit_node.store.plans import PlanStore
 from orbit_node.store.tenancy import TenancyStore
 
@@ -278,6 +279,73 @@ async def test_fairness_shows_every_application_only_with_metrics_read(running_n
         assert "75.0 %" in every.text and "25.0 %" in every.text and 'id="own-only"' not in every.text
 
 
+async def test_fairness_sets_the_share_of_turns_against_the_weights_share_per_node_and_across_nodes(running_node, db):
+    alpha = await make_tenant(db, "alpha")
+    beta = await make_tenant(db, "beta")
+    await OperationsStore(db).set_weight("alpha", 3)
+    one, two = "1" * 32, "2" * 32
+    turns = [(one, alpha, 30), (one, beta, 10), (two, alpha, 5), (two, beta, 15)]
+    for node_id in (one, two):
+        await db.run(
+            lambda tx, n=node_id: tx.execute_raw(
+                "INSERT INTO nodes (node_id, hostname, http_addr, version) VALUES (%s, 'h', 'a', 'v')", (n,)
+            )
+        )
+    for node_id, tenant, count in turns:
+        await db.run(
+            lambda tx, n=node_id, a=tenant.application_id, t=count: tx.execute_raw(
+                "INSERT INTO claim_turns (node_id, application_id, turns) VALUES (%s, %s, %s)", (n, a, t)
+            )
+        )
+    minute = "INSERT INTO claim_turn_minutes (application_id, minute, node_id, turns) VALUES (%s, NOW() - INTERVAL SECOND(NOW()) SECOND, %s, %s)"
+    for tenant, count in ((alpha, 6), (beta, 4)):
+        await db.run(lambda tx, a=tenant.application_id, t=count: tx.execute_raw(minute, (a, one, t)))
+    operator = await make_token(db, alpha, {"tasks:read": "*", "metrics:read": "*"})
+    reader = await make_token(db, alpha, {"tasks:read": "*"})
+    across = re.compile(
+        r'<tr class="app-turns" data-application-id="\w+" data-application="(\w+)" data-turns="(\d+)" '
+        r'data-weight="(\d+)"(?: data-share="([\d.]+)" data-weight-share="([\d.]+)")?>'
+    )
+    per_node = re.compile(
+        r'<tr class="node-app-turns" data-application-id="(\w+)" data-turns="(\d+)" data-weight="(\d+)"'
+        r'(?: data-share="([\d.]+)" data-weight-share="([\d.]+)")?>'
+    )
+
+    def tables(html: str) -> dict[str, list[tuple[str, ...]]]:
+        found = {}
+        for node_id, body in re.findall(
+            r'<table class="turns node-turns" data-node-id="(\w+)">(.*?)</table>', html, re.S
+        ):
+            names = {alpha.application_id: "alpha", beta.application_id: "beta"}
+            found[node_id] = [(names[a], *rest) for a, *rest in per_node.findall(body)]
+        return found
+
+    async with console(running_node) as client:
+        await sign_in(client, operator)
+        page = await client.get("/console/fairness")
+        assert page.status_code == 200
+        # Every node: alpha has 35 of 60 turns where its weight 3 of 4 gives it 75 %.
+        assert across.findall(page.text) == [
+            ("alpha", "35", "3", "0.5833", "0.7500"),
+            ("beta", "25", "1", "0.4167", "0.2500"),
+        ]
+        # Per node: node one follows the weights, node two does not (alpha asked little there).
+        assert tables(page.text) == {
+            one: [("alpha", "30", "3", "0.7500", "0.7500"), ("beta", "10", "1", "0.2500", "0.2500")],
+            two: [("alpha", "5", "3", "0.2500", "0.7500"), ("beta", "15", "1", "0.7500", "0.2500")],
+        }
+        assert "alpha: 6 turns, 60.0 %; weight 3 gives 75.0 %" in page.text
+        assert "beta: 4 turns, 40.0 %; weight 1 gives 25.0 %" in page.text
+        overview = await client.get("/console")
+        assert '<dd id="fairness-weight">3</dd>' in overview.text
+        # Without metrics:read: its own application's weight, no shares, nothing of the others.
+        await sign_in(client, reader)
+        own = await client.get("/console/fairness")
+        assert across.findall(own.text) == [("alpha", "35", "3", "", "")]
+        assert tables(own.text) == {one: [("alpha", "30", "3", "", "")], two: [("alpha", "5", "3", "", "")]}
+        assert "alpha: 6 turns, weight 3" in own.text and "beta" not in own.text and " %" not in own.text
+
+
 async def test_fairness_history_covers_the_last_minutes_of_every_node(running_node, db):
     """Minute rows of two nodes (written with chosen times, as nodes write them) are summed
     per application; rows older than the window are left out; tenants see only their own."""
@@ -411,6 +479,34 @@ def test_application_turns_hide_other_tenants_without_a_node_wide_grant():
     assert [(a.application, a.turns, a.nodes, a.share) for a in every] == [("alpha", 6, 2, 0.75), ("beta", 2, 1, 0.25)]
     own = model.application_turns(rows, own_application_id="a", node_wide=False)
     assert [(a.application, a.turns, a.share) for a in own] == [("alpha", 6, None)]
+
+
+def test_each_node_s_turns_are_set_against_the_weights_of_the_applications_it_served():
+    rows = [
+        {"node_id": "n1", "application_id": "a", "application": "alpha", "fairness_weight": 3, "turns": 9},
+        {"node_id": "n1", "application_id": "b", "application": "beta", "fairness_weight": 1, "turns": 3},
+        {"node_id": "n2", "application_id": "b", "application": "beta", "fairness_weight": 1, "turns": 4},
+        {"node_id": "n2", "application_id": "c", "application": "gone", "fairness_weight": None, "turns": 4},
+    ]
+    nodes = model.node_turns(rows, own_application_id="a", node_wide=True)
+    assert [
+        (n.node_id, [(a.application, a.turns, a.weight, a.share, a.weight_share) for a in n.applications])
+        for n in nodes
+    ] == [
+        ("n1", [("alpha", 9, 3, 0.75, 0.75), ("beta", 3, 1, 0.25, 0.25)]),
+        ("n2", [("beta", 4, 1, 0.5, 0.5), ("gone", 4, 1, 0.5, 0.5)]),
+    ]
+    every = model.application_turns(rows, own_application_id="a", node_wide=True)
+    assert [(a.application, a.weight, a.weight_share) for a in every] == [
+        ("alpha", 3, 0.6),
+        ("beta", 1, 0.2),
+        ("gone", 1, 0.2),
+    ]
+    # Without a node-wide grant: the own application on the nodes that served it, no shares.
+    own = model.node_turns(rows, own_application_id="a", node_wide=False)
+    assert [(n.node_id, [(a.turns, a.weight, a.weight_share) for a in n.applications]) for n in own] == [
+        ("n1", [(9, 3, None)])
+    ]
 
 
 def test_visible_workers_keep_the_readable_queues_only():

@@ -26,13 +26,15 @@ from .seed import add_queue, bulk_insert_tasks, claim_request, dispatch_store, t
 
 NODES = 4
 CLAIMERS_PER_NODE = 16
-TASKS = 5000
+# Enough that every kind of chaos below happens many times (asserted), few enough that the run
+# ends in tens of seconds on a loaded 2-core machine running other tests beside it.
+TASKS = 2000
 # Connections per simulated node: the scheduler's 4 claim slots plus transition traffic.
 POOL_SIZE = 6
 
 
-# Its own bound on the run (120 s) is the one meant to fire.
-@pytest.mark.time_cap(180)
+# Its own bound on the run (240 s) is the one meant to fire.
+@pytest.mark.time_cap(300)
 async def test_exactly_one_owner_none_lost_none_finished_twice(db, dsn):
     owner = await tenant(db)
     second = await add_queue(db, owner, "second")
@@ -108,11 +110,11 @@ async def test_exactly_one_owner_none_lost_none_finished_twice(db, dsn):
         return rows[0]["n"] == TASKS
 
     async def monitor() -> None:
-        await wait_until(all_settled, timeout_s=120, poll_s=0.1)
+        await wait_until(all_settled, timeout_s=240, poll_s=0.1)
         done.set()
 
     try:
-        with trio.fail_after(120):
+        with trio.fail_after(240):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(monitor)
                 for node, pool in enumerate(pools):

@@ -160,6 +160,11 @@ async def test_a_scripted_workload_shows_exactly_its_counts(node_config, db):
             assert value(m, "orbit_claim_duration_seconds_count", outcome="empty") == 2
             assert value(m, "orbit_claim_turns_total", application_id=alpha.application_id, application="alpha") == 2
             assert value(m, "orbit_claim_turns_total", application_id=beta.application_id, application="beta") == 2
+            # How long each request waited for its turn, per application (by name).
+            for name in ("alpha", "beta"):
+                assert value(m, "orbit_claim_turn_wait_seconds_count", application=name) == 2
+                assert value(m, "orbit_claim_turn_wait_seconds_bucket", application=name, le="+Inf") == 2
+                assert 0 <= value(m, "orbit_claim_turn_wait_seconds_sum", application=name) < TEST_TIMEOUT_S
             # Tasks: exact counts of what the script did.
             assert value(m, "orbit_tasks_reserved_total") == 5
             assert value(m, "orbit_tasks_dispatched_total") == 5

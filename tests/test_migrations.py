@@ -24,7 +24,7 @@ async def test_up_from_empty_then_status_then_up_again_changes_nothing(empty_dsn
         assert await migrate.current_version(db) == 0
         applied = await migrate.up(db)
         assert [m.version for m in applied] == list(range(1, migrate.HEAD + 1))
-        assert migrate.HEAD == 16
+        assert migrate.HEAD == 17
         status = await migrate.status(db)
         assert [(s.version, s.state) for s in status] == [(v, "applied") for v in range(1, migrate.HEAD + 1)]
         before = await schema_dump(db)
@@ -123,6 +123,26 @@ async def test_p3_upgrade_path_keeps_every_task_and_orders_them_by_available_at(
             )
         )[0]
         assert row["lead_s"] == 270
+    finally:
+        await db.aclose()
+
+
+async def test_existing_applications_get_weight_1_and_the_database_refuses_a_weight_out_of_range(empty_dsn):
+    db = Database(empty_dsn, size=1)
+    try:
+        await migrate.up(db, target=16)
+        await db.run(lambda tx: tx.execute_raw("INSERT INTO applications (application_id, name) VALUES ('a', 'old')"))
+        await migrate.up(db)
+        read = "SELECT fairness_weight AS w FROM applications WHERE application_id = 'a'"
+        assert (await db.run(lambda tx: tx.fetchall_raw(read)))[0]["w"] == 1
+        for bad in (0, 101):
+            with pytest.raises(DatabaseError) as info:
+                await db.run(
+                    lambda tx: tx.execute_raw("UPDATE applications SET fairness_weight = %s", (bad,))  # noqa: B023 - awaited within the iteration
+                )
+            assert info.value.errno in (4025, 3819)  # MariaDB / MySQL CHECK constraint violation
+        await db.run(lambda tx: tx.execute_raw("UPDATE applications SET fairness_weight = 100"))
+        assert (await db.run(lambda tx: tx.fetchall_raw(read)))[0]["w"] == 100
     finally:
         await db.aclose()
 

@@ -197,6 +197,27 @@ async def test_two_shards_on_two_servers_one_node(empty_dsn: Dsn, private_mariad
                     for key, db in (("a", main_db), ("b", shard_db))
                 }
                 assert succeeded == {"a": [5], "b": [5]}
+
+                # A fairness weight is set on the application's shard and read from there: a
+                # copy of its row left behind on another shard does not count.
+                weighted = await trio.to_thread.run_sync(
+                    lambda: cli("orbit-admin", "application", "weight", "app-b", "5", dsn=empty_dsn, env=env)
+                )
+                assert weighted.returncode == 0, weighted.stderr
+                assert await names(shard_db, "SELECT fairness_weight FROM applications") == [5]
+                scheduler = services.pool.scheduler
+                await wait_until(lambda: scheduler.weight(b.application_id) == 5)
+                await main_db.run(
+                    lambda tx: tx.execute_raw(
+                        "INSERT INTO applications (application_id, name, fairness_weight) VALUES (%s, 'app-b', 9)",
+                        (b.application_id,),
+                    )
+                )
+                follower = shards.main.weights
+                assert follower is not None
+                for _ in range(2):
+                    await follower.wait_for_pass()
+                assert (scheduler.weight(a.application_id), scheduler.weight(b.application_id)) == (1, 5)
     finally:
         with trio.CancelScope(shield=True):
             await main_db.aclose()

@@ -22,6 +22,7 @@ from ..config import parse_addr
 from ..db import Database
 from ..errors import InvalidArgument, NotFound, OrbitError
 from ..ids import is_hex32
+from ..rules import MAX_WEIGHT, MIN_WEIGHT, fairness_weight
 from ..rules import QUEUE_NAME as NAME
 from ..store.dispatch import DispatchStore
 from ..store.operations import OperationsStore
@@ -306,9 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     clist.add_argument("--namespace")
     _add_json(clist)
 
-    app = sub.add_parser("application", help="list applications, set quota, suspend or resume").add_subparsers(
-        dest="action", required=True, metavar="ACTION"
-    )
+    app = sub.add_parser(
+        "application", help="list applications, set quota or fairness weight, suspend or resume"
+    ).add_subparsers(dest="action", required=True, metavar="ACTION")
     alist = app.add_parser("list", help="applications with their quota, state and live tasks")
     _add_json(alist)
     acreate = app.add_parser(
@@ -332,6 +333,16 @@ def build_parser() -> argparse.ArgumentParser:
     quota.add_argument("--max-concurrent", type=_quota_value, default=UNCHANGED, metavar="N|none")
     quota.add_argument("--max-starts-per-second", type=_quota_value, default=UNCHANGED, metavar="N|none")
     _add_json(quota)
+    weight = app.add_parser(
+        "weight",
+        help="set an application's fairness weight (1-100, default 1)",
+        description="With every application asking, each node shares its claim turns in proportion to the "
+        "weights; weight 1 everywhere is the plain rotation. Every node applies a change within about a second. "
+        "A weight shares turns, not limits: quotas and the in-flight limit per application still hold.",
+    )
+    weight.add_argument("application", metavar="APPLICATION")
+    weight.add_argument("weight", metavar="WEIGHT", help=f"an integer from {MIN_WEIGHT} to {MAX_WEIGHT}")
+    _add_json(weight)
     for action, text in (
         ("suspend", "no new reservations for the application (running tasks go on)"),
         ("resume", "let the application's tasks be reserved again"),
@@ -514,13 +525,23 @@ async def _application(db: Database, args) -> None:
             _console().print(
                 _table(
                     "applications",
-                    ["application", "state", "max_concurrent", "max_starts/s", "queued", "reserved", "running"],
+                    [
+                        "application",
+                        "state",
+                        "max_concurrent",
+                        "max_starts/s",
+                        "weight",
+                        "queued",
+                        "reserved",
+                        "running",
+                    ],
                     [
                         [
                             a["application"],
                             "suspended" if a["suspended"] else "active",
                             a["max_concurrent_executions"],
                             a["max_starts_per_second"],
+                            a["fairness_weight"],
                             a["queued"],
                             a["reserved"],
                             a["running"],
@@ -543,6 +564,13 @@ async def _application(db: Database, args) -> None:
             f"application {app['application']}: max_concurrent={_text(app['max_concurrent_executions'])} "
             f"max_starts_per_second={_text(app['max_starts_per_second'])}"
         )
+    elif args.action == "weight":
+        try:
+            weight = fairness_weight(args.weight)
+        except InvalidArgument as exc:
+            fail(f"{exc.code}: {exc.message}", 2)
+        app = await ops.set_weight(args.application, weight)
+        message = f"application {app['application']}: fairness weight {app['fairness_weight']}"
     else:
         app = await ops.application(args.application)
         suspended = args.action == "suspend"

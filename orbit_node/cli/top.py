@@ -1,5 +1,6 @@
 """``orbit-admin top``: a live view of queues, backlog per priority, running per application
-and claim turns per application, refreshed every second.
+and claim turns per application (with each application's fairness weight, its share of the
+turns and the share its weight gives it), refreshed every second.
 
 Everything comes from the database, so one view covers every node behind a load
 balancer: backlogs and running tasks from ``tasks``, claim turns from ``claim_turns``
@@ -19,6 +20,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from ..api.console.model import weight_of, weight_shares
 from ..store.operations import OperationsStore, QueueBacklog
 
 # Priority levels of P3 (0-9), highest first in the view.
@@ -34,12 +36,22 @@ class TopSnapshot:
     nodes: list[dict[str, Any]]
     # (node_id, application_id) -> cumulative turns of live nodes.
     node_turns: dict[tuple[str, str], int]
+    # Fairness weight of every application with turns (listed or not).
+    weights: dict[str, int] = attrs.field(factory=dict)
 
     def turns_by_application(self) -> dict[str, int]:
         totals: dict[str, int] = {}
         for (_, application_id), turns in self.node_turns.items():
             totals[application_id] = totals.get(application_id, 0) + turns
         return totals
+
+    def shares(self) -> dict[str, tuple[float, float | None]]:
+        """Per application with claim turns on live nodes (shown or not): its share of their
+        turns and the share its weight gives it among them (weight over the sum of their weights)."""
+        totals = {app: n for app, n in self.turns_by_application().items() if n > 0}
+        grand = sum(totals.values())
+        given = weight_shares({app: self.weights.get(app, 1) for app in totals}, node_wide=True)
+        return {app: (n / grand, given[app]) for app, n in totals.items()}
 
     def turn_rates(self, previous: TopSnapshot | None) -> dict[str, float] | None:
         """Turns per second per application since ``previous`` (None for the first frame).
@@ -59,6 +71,7 @@ class TopSnapshot:
     def as_json(self, previous: TopSnapshot | None = None) -> dict[str, Any]:
         totals = self.turns_by_application()
         rates = self.turn_rates(previous) or {}
+        shares = self.shares()
         return {
             "queues": [q.as_json() for q in self.queues],
             "applications": [
@@ -68,6 +81,8 @@ class TopSnapshot:
                     "claim_turns_per_s": round(rates[app["application_id"]], 3)
                     if app["application_id"] in rates
                     else None,
+                    "claim_turn_share": _rounded(shares, app["application_id"], 0),
+                    "weight_share": _rounded(shares, app["application_id"], 1),
                 }
                 for app in self.applications
             ],
@@ -88,17 +103,28 @@ async def take_snapshot(
         applications=applications,
         nodes=nodes,
         node_turns={(r["node_id"], r["application_id"]): int(r["turns"]) for r in turns},
+        weights={r["application_id"]: weight_of(r) for r in turns},
     )
+
+
+def _rounded(shares: dict[str, tuple[float, float | None]], application_id: str, which: int) -> float | None:
+    share = shares.get(application_id, (None, None))[which]
+    return None if share is None else round(share, 4)
 
 
 def _limit(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.1f} %"
+
+
 def render(snapshot: TopSnapshot, previous: TopSnapshot | None = None) -> Group:
     """The frame: applications, queues with backlog per priority, live nodes."""
     totals = snapshot.turns_by_application()
     rates = snapshot.turn_rates(previous)
+    shares = snapshot.shares()
 
     apps = Table(title="applications", title_justify="left", expand=False)
     for column in (
@@ -108,12 +134,16 @@ def render(snapshot: TopSnapshot, previous: TopSnapshot | None = None) -> Group:
         "queued",
         "reserved",
         "running",
+        "weight",
         "claim turns",
         "turns/s",
+        "turn share",
+        "weight's share",
     ):
         apps.add_column(column, justify="left" if column in ("application", "state") else "right")
     for app in snapshot.applications:
         rate = "-" if rates is None else f"{rates.get(app['application_id'], 0.0):.1f}"
+        share, given = shares.get(app["application_id"], (None, None))
         apps.add_row(
             app["application"],
             Text("suspended", style="bold red") if app["suspended"] else Text("active"),
@@ -121,8 +151,11 @@ def render(snapshot: TopSnapshot, previous: TopSnapshot | None = None) -> Group:
             str(app["queued"]),
             str(app["reserved"]),
             str(app["running"]),
+            str(app["fairness_weight"]),
             str(totals.get(app["application_id"], 0)),
             rate,
+            _percent(share),
+            _percent(given),
         )
 
     queues = Table(title="queues (queued backlog per priority level)", title_justify="left", expand=False)

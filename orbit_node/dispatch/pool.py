@@ -60,7 +60,12 @@ class ClaimPool:
     on_grant: Callable[[Grant], None] | None = None
     # Called with each request the scheduler accepted.
     on_request: Callable[[ClaimRequest], None] | None = None
+    # Called with each grant and how long its request waited for it (trio's clock, from
+    # ``request`` to the grant): metrics hook.
+    observe_wait: Callable[[Grant, float], None] | None = None
     _deliver: dict[str, Deliver] = attrs.field(factory=dict, init=False)
+    # Per connection with a request waiting for its turn: when it was accepted (trio's clock).
+    _submitted: dict[str, float] = attrs.field(factory=dict, init=False)
     _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
     _closed: bool = attrs.field(default=False, init=False)
     # Set when ``run`` has returned: closed, every in-flight claim finished and delivered
@@ -78,6 +83,7 @@ class ClaimPool:
         if self._closed:
             raise PoolClosed("node is shutting down")
         self.scheduler.submit(request)
+        self._submitted[request.connection_id] = trio.current_time()
         self._deliver[request.connection_id] = deliver
         if self.on_request is not None:
             self.on_request(request)
@@ -91,6 +97,7 @@ class ClaimPool:
         """The connection is gone: drop its pending request; in-flight results get released."""
         self.scheduler.forget_connection(connection_id)
         self._deliver.pop(connection_id, None)
+        self._submitted.pop(connection_id, None)
         self._changed.set()
 
     def task_arrived(self, queue_id: str) -> None:
@@ -102,6 +109,7 @@ class ClaimPool:
         """Stop granting; cancel pending requests. In-flight claims still finish."""
         self._closed = True
         for request in self.scheduler.withdraw_all():
+            self._submitted.pop(request.connection_id, None)
             deliver = self._deliver.pop(request.connection_id, None)
             if deliver is not None:
                 deliver(PoolClosed("node is shutting down"))
@@ -128,6 +136,9 @@ class ClaimPool:
                 now = trio.current_time()
                 if not self._closed:
                     for grant in self.scheduler.grant(now):
+                        submitted = self._submitted.pop(grant.request.connection_id, now)
+                        if self.observe_wait is not None:
+                            self.observe_wait(grant, now - submitted)
                         if self.on_grant is not None:
                             self.on_grant(grant)
                         claims.start_soon(self._run_claim, grant)

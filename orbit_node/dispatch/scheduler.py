@@ -42,6 +42,7 @@ import attrs
 
 from ..claims import ClaimRequest
 from ..config import SchedulerLimits
+from ..rules import MAX_WEIGHT, MIN_WEIGHT
 from .cache import CacheKey, EmptyResultCache
 
 
@@ -57,9 +58,6 @@ class AlreadyOutstanding(SchedulerRefused):
     """The connection already has its one outstanding request."""
 
 
-# Weights an application may have; every one of them divides ``TURN``.
-MIN_WEIGHT = 1
-MAX_WEIGHT = 100
 # Virtual time is counted in units of 1/TURN of a turn at weight 1. Every weight from 1
 # to MAX_WEIGHT divides TURN, so a turn at any weight costs a whole number of units:
 # virtual times are exact integers and ties between them are exact.

@@ -17,6 +17,7 @@ import attrs
 from ..db import Database, Tx
 from ..errors import InvalidArgument, NotFound
 from ..ids import is_hex32
+from ..rules import fairness_weight
 from ..wire import rfc3339, stored_json
 from .tasks import PRIORITY_STEP_S
 
@@ -150,6 +151,7 @@ class OperationsStore:
                 "suspended": bool(r["suspended"]),
                 "max_concurrent_executions": r["max_concurrent_executions"],
                 "max_starts_per_second": r["max_starts_per_second"],
+                "fairness_weight": int(r["fairness_weight"]),
                 "queued": int(r["queued"]),
                 "reserved": int(r["reserved"]),
                 "running": int(r["running"]),
@@ -177,6 +179,16 @@ class OperationsStore:
             params[f"set_{field}"] = field in changes
             params[field] = changes.get(field)
         await self.db.execute("ops_app_patch_quota", params)
+        return await self.application(name)
+
+    async def set_weight(self, name: str, weight: Any) -> dict[str, Any]:
+        """Set the application's fairness weight (1-100); returns the application. Every
+        node applies it to its claim scheduler within about a second (``dispatch/weights.py``)."""
+        weight = fairness_weight(weight)
+        app = await self.application(name)
+        await self.db.execute(
+            "ops_app_set_weight", {"application_id": app["application_id"], "fairness_weight": weight}
+        )
         return await self.application(name)
 
     async def namespace(self, application: str, namespace: str) -> dict[str, Any]:

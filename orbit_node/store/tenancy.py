@@ -14,6 +14,7 @@ import attrs
 from ..db import Database, Tx
 from ..errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 from ..ids import is_hex32, random_id
+from ..rules import MAX_WEIGHT
 
 SCOPES = (
     "queues:manage",
@@ -176,6 +177,14 @@ class TenancyStore:
 
     async def set_application_suspended(self, application_id: str, suspended: bool) -> None:
         await self.db.execute("app_set_suspended", {"application_id": application_id, "suspended": int(suspended)})
+
+    async def application_weights(self) -> dict[str, int]:
+        """Application id -> fairness weight, of every application whose weight is not 1.
+
+        A weight above the largest (a server that does not enforce the column's CHECK, as
+        MySQL before 8.0.16) counts as the largest: the scheduler never sees one it refuses."""
+        rows = await self.db.fetchall("app_weights")
+        return {r["application_id"]: min(int(r["fairness_weight"]), MAX_WEIGHT) for r in rows}
 
     # -- queues ----------------------------------------------------------------------
 

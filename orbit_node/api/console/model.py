@@ -64,6 +64,19 @@ def limit(value: int | None) -> str:
     return "unlimited" if value is None else str(value)
 
 
+def weight_of(row: Mapping[str, Any]) -> int:
+    """The fairness weight of a row's application (1 when the application row is gone)."""
+    return int(row.get("fairness_weight") or 1)
+
+
+def weight_shares(weights: Mapping[str, int], *, node_wide: bool) -> dict[str, float | None]:
+    """The share of the turns each application's weight gives it among ``weights``' applications
+    (weight / the sum of their weights): what its share of the turns is while every one of them
+    asks all the time. None for each when other applications are hidden."""
+    total = sum(weights.values())
+    return {app: (weight / total if total else 0.0) if node_wide else None for app, weight in weights.items()}
+
+
 @attrs.frozen(kw_only=True)
 class ApplicationTurns:
     application_id: str
@@ -73,6 +86,11 @@ class ApplicationTurns:
     nodes: int
     # Share of all visible turns (None when other applications are hidden).
     share: float | None
+    # The application's fairness weight (applications.fairness_weight, as set now).
+    weight: int = 1
+    # The share of the turns its weight gives it among the applications listed (None when
+    # other applications are hidden).
+    weight_share: float | None = None
 
 
 # Minutes of claim-turn history the fairness panel draws.
@@ -95,6 +113,10 @@ class TurnSeries:
     # Turns in the window, and the share of all visible turns in it (None: others hidden).
     total: int
     share: float | None
+    # Its fairness weight, and the share of the turns that gives it among the applications
+    # drawn (None: others hidden).
+    weight: int = 1
+    weight_share: float | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -122,6 +144,7 @@ def turn_history(
     ``application_turns``."""
     buckets: dict[str, list[int]] = {}
     names: dict[str, str] = {}
+    weights: dict[str, int] = {}
     for row in rows:
         application_id = row["application_id"]
         if not node_wide and application_id != own_application_id:
@@ -130,11 +153,13 @@ def turn_history(
         if not 0 <= ago <= minutes:
             continue
         names[application_id] = row.get("application") or application_id
+        weights[application_id] = weight_of(row)
         buckets.setdefault(application_id, [0] * (minutes + 1))[minutes - ago] += int(row["turns"])
     peak = max((n for counts in buckets.values() for n in counts), default=0)
     grand = sum(sum(counts) for counts in buckets.values())
     step = (CHART_RIGHT - CHART_LEFT) / minutes
     series = []
+    given = weight_shares(weights, node_wide=node_wide)
     ordered = sorted(buckets, key=lambda a: (names[a], a))
     for index, application_id in enumerate(ordered):
         counts = buckets[application_id]
@@ -151,6 +176,8 @@ def turn_history(
                 points=points,
                 total=total,
                 share=(total / grand if grand else 0.0) if node_wide else None,
+                weight=weights[application_id],
+                weight_share=given[application_id],
             )
         )
     return TurnHistory(minutes=minutes, peak=peak, series=series)
@@ -161,18 +188,19 @@ def application_turns(
 ) -> list[ApplicationTurns]:
     """Claim turns per application from ``claim_turns`` rows of live nodes.
 
-    ``node_wide`` (``metrics:read``): every application with its share of all turns.
-    Otherwise only the principal's own application, without a share: the total would
-    tell how busy the other tenants are."""
+    ``node_wide`` (``metrics:read``): every application with its share of all turns and
+    the share its weight gives it. Otherwise only the principal's own application, without
+    shares: the total would tell how busy the other tenants are."""
     totals: dict[str, list[Any]] = {}
     for row in rows:
         application_id = row["application_id"]
         if not node_wide and application_id != own_application_id:
             continue
-        entry = totals.setdefault(application_id, [row.get("application") or application_id, 0, 0])
+        entry = totals.setdefault(application_id, [row.get("application") or application_id, 0, 0, weight_of(row)])
         entry[1] += int(row["turns"])
         entry[2] += 1
     grand = sum(entry[1] for entry in totals.values())
+    given = weight_shares({app: entry[3] for app, entry in totals.items()}, node_wide=node_wide)
     result = [
         ApplicationTurns(
             application_id=application_id,
@@ -180,10 +208,34 @@ def application_turns(
             turns=turns,
             nodes=nodes,
             share=(turns / grand if grand else 0.0) if node_wide else None,
+            weight=weight,
+            weight_share=given[application_id],
         )
-        for application_id, (name, turns, nodes) in totals.items()
+        for application_id, (name, turns, nodes, weight) in totals.items()
     ]
     return sorted(result, key=lambda a: (a.application, a.application_id))
+
+
+@attrs.frozen(kw_only=True)
+class NodeTurns:
+    """One live node's claim turns per application (since the node started)."""
+
+    node_id: str
+    applications: list[ApplicationTurns]
+
+
+def node_turns(rows: Iterable[Mapping[str, Any]], *, own_application_id: str, node_wide: bool) -> list[NodeTurns]:
+    """``application_turns`` of each live node on its own, in the order of ``rows``: each
+    node rotates on its own, so each node's shares are set against the weights there."""
+    by_node: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_node.setdefault(row["node_id"], []).append(row)
+    nodes = []
+    for node_id, node_rows in by_node.items():
+        applications = application_turns(node_rows, own_application_id=own_application_id, node_wide=node_wide)
+        if applications:
+            nodes.append(NodeTurns(node_id=node_id, applications=applications))
+    return nodes
 
 
 def visible_workers(

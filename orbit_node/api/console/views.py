@@ -364,6 +364,8 @@ async def fairness():
         "console/panels/fairness.html",
         node_wide=node_wide,
         applications=model.application_turns(rows, own_application_id=who.application_id, node_wide=node_wide),
+        nodes=model.node_turns(rows, own_application_id=who.application_id, node_wide=node_wide),
+        this_node=node_state().node_id,
         history=model.turn_history(minutes, own_application_id=who.application_id, node_wide=node_wide),
     )
 

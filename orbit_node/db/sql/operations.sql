@@ -29,12 +29,12 @@ ON DUPLICATE KEY UPDATE turns = claim_turn_minutes.turns + VALUES(turns)
 -- Turns per application and minute over the last %(minutes)s minutes (every node summed),
 -- oldest first, with the database clock's current minute.
 -- name: ops_turn_minutes_recent
-SELECT m.application_id, a.name AS application, m.minute, SUM(m.turns) AS turns,
+SELECT m.application_id, a.name AS application, a.fairness_weight, m.minute, SUM(m.turns) AS turns,
        (NOW() - INTERVAL SECOND(NOW()) SECOND) AS current_minute
   FROM claim_turn_minutes m
   LEFT JOIN applications a ON a.application_id = m.application_id
  WHERE m.minute >= (NOW() - INTERVAL SECOND(NOW()) SECOND) - INTERVAL %(minutes)s MINUTE
- GROUP BY m.application_id, a.name, m.minute
+ GROUP BY m.application_id, a.name, a.fairness_weight, m.minute
  ORDER BY m.minute, m.application_id
 
 -- name: ops_turn_minutes_prune
@@ -53,7 +53,7 @@ DELETE ct FROM claim_turns ct
 
 -- Counters of live nodes (not stopped, heartbeat recent).
 -- name: ops_turns_live
-SELECT ct.node_id, ct.application_id, a.name AS application, ct.turns
+SELECT ct.node_id, ct.application_id, a.name AS application, a.fairness_weight, ct.turns
   FROM claim_turns ct
   JOIN nodes n ON n.node_id = ct.node_id
   LEFT JOIN applications a ON a.application_id = ct.application_id
@@ -90,6 +90,7 @@ SELECT n.node_id, n.hostname, n.http_addr, n.version, n.started_at, n.heartbeat_
 -- Live tasks per application through ix_tasks_app_state (application_id, state).
 -- name: ops_applications
 SELECT a.application_id, a.name, a.suspended, a.max_concurrent_executions, a.max_starts_per_second,
+       a.fairness_weight,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'queued') AS queued,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'reserved') AS reserved,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'running') AS running
@@ -105,6 +106,9 @@ UPDATE applications
                                       max_concurrent_executions),
        max_starts_per_second = IF(%(set_max_starts_per_second)s, %(max_starts_per_second)s, max_starts_per_second)
  WHERE application_id = %(application_id)s
+
+-- name: ops_app_set_weight
+UPDATE applications SET fairness_weight = %(fairness_weight)s WHERE application_id = %(application_id)s
 
 -- name: ops_namespace
 SELECT n.namespace_id, n.application_id, n.name, n.environment, a.name AS application

@@ -16,6 +16,11 @@ UPDATE applications
 -- name: app_set_suspended
 UPDATE applications SET suspended = %(suspended)s WHERE application_id = %(application_id)s
 
+-- The applications whose fairness weight is not the default 1 (a range of
+-- ix_applications_weight): what a node tells its claim scheduler, about once a second.
+-- name: app_weights
+SELECT application_id, fairness_weight FROM applications WHERE fairness_weight > 1
+
 -- name: ns_insert_ignore
 INSERT IGNORE INTO namespaces (namespace_id, application_id, name, environment)
 VALUES (%(namespace_id)s, %(application_id)s, %(name)s, %(environment)s)

@@ -23,6 +23,12 @@ Phases, each on a fresh node process (so the claim pool's counters start at zero
   always have a request waiting (as in ``pool-bound``). Cluster-wide claim turns (every
   node's, summed): B's share against its weight's share.
 
+* ``weights``: six applications of each fairness weight 1, 2 and 4 (set as ``orbit-admin
+  application weight`` sets them), one node, the slowed SQL, Workers that always have a
+  request waiting: each application's share of the turns against the share its weight
+  gives. Six of each, so that the heaviest needs well under one of the 4 SQL slots: one
+  claim in flight per application caps any application at one slot, whatever its weight.
+
 With ``--s4-baseline DIR`` (a source tree of an older commit: ``git worktree add DIR
 2f1cfde``), ``slow-sql`` and ``three-nodes`` also run with that tree's node, in the same
 run, before the current one: a before/after pair.
@@ -41,6 +47,8 @@ from typing import Any
 
 import attrs
 import trio
+
+from orbit_node.store.operations import OperationsStore
 
 from .common import (
     App,
@@ -154,7 +162,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-PHASES = ("alone", "flood", "pool-bound", "slow-sql", "three-nodes")
+PHASES = ("alone", "flood", "pool-bound", "slow-sql", "three-nodes", "weights")
+# The weights phase: six applications of each weight. So many that the heaviest one's
+# share of the turns (4/42) needs well under one SQL slot: one claim in flight per
+# application caps any application at one slot of four, whatever its weight.
+WEIGHTS = (1, 2, 4)
+WEIGHTED_COPIES = 6
+# Issue 24: with weights 1:2:4, each application's share within 10 % of its weight's.
+TARGET_WEIGHT_SHARE_ERROR = 0.10
 # The diagnostic beside slow-sql (skipped with --no-diagnose).
 SMALL_ALONE = "slow-sql, B-F alone"
 
@@ -166,6 +181,31 @@ def slow_apps(backlog: int, *, nodes: int = 1, big: bool = True) -> list[AppSpec
     if not big:
         return small
     return [AppSpec("A", A_QUEUES, SLOW_A_CONNECTIONS, backlog * nodes, nodes=tuple(range(nodes))), *small]
+
+
+def weighted_apps(backlog: int) -> list[AppSpec]:
+    """W1a, W1b, ... (weight 1), W2a, ... (2), W4a, ... (4): 1 queue and 2 connections each."""
+    return [
+        AppSpec(f"W{weight}{copy}", 1, SLOW_SMALL_CONNECTIONS, backlog, weight=weight)
+        for weight in WEIGHTS
+        for copy in "abcdefgh"[:WEIGHTED_COPIES]
+    ]
+
+
+def weight_figures(p: dict[str, Any]) -> dict[str, Any]:
+    """Per application, its share of the turns over the share its weight gives (weight over
+    the sum of the phase's weights); Jain's index over turns per unit of weight."""
+    weights = {spec["key"]: spec["weight"] for spec in p["apps"]}
+    total = sum(p["turns"].values())
+    over = {
+        key: ratio(ratio(p["turns"].get(key, 0), total), weight / sum(weights.values()))
+        for key, weight in weights.items()
+    }
+    return {
+        "share_over_weight": over,
+        "worst_error": max(abs(v - 1) for v in over.values()),
+        "weighted_jain": fairness({key: p["turns"].get(key, 0) / w for key, w in weights.items()})["jain"],
+    }
 
 
 def pool_bound_apps(backlog: int) -> list[AppSpec]:
@@ -200,6 +240,9 @@ async def _phase(
             if spec.backlog:
                 await seed_tasks(bdb.db, app, max(1, spec.backlog // spec.queues), queue_id=queue_id)
         apps[spec.key] = app
+        if spec.weight != 1:
+            # What `orbit-admin application weight` does; each node applies it within a second.
+            await OperationsStore(bdb.db).set_weight(app.name, spec.weight)
     steady = [spec.key for spec in specs if not spec.backlog]
     plans: list[list[tuple[str, Any]]] = [[] for _ in range(nodes)]
     for spec in specs:
@@ -398,6 +441,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         claim_batch_size=POOL_CLAIM_BATCH,
                     )
                 )
+        if "weights" in wanted:
+            phases.append(
+                await _phase(
+                    bdb,
+                    "weights",
+                    weighted_apps(args.s4_slow_backlog),
+                    **{**slow, "capacity": POOL_CAPACITY},
+                    claim_batch_size=POOL_CLAIM_BATCH,
+                )
+            )
     by = {p["name"]: p for p in phases}
     turn_rows = []
     for p in phases:
@@ -519,6 +572,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 [["mean of B-F", can, fair, ratio(can, fair), got, ratio(got, fair)]],
             )
         )
+    if "weights" in by:
+        figures = weight_figures(by["weights"])
+        tables.append(
+            format_table(
+                ["weights phase", "Jain on turns / weight", "worst |share / weight's - 1|"],
+                [
+                    [
+                        f"{len(WEIGHTS) * WEIGHTED_COPIES} apps, weights {', '.join(map(str, WEIGHTS))} "
+                        f"({WEIGHTED_COPIES} each)",
+                        figures["weighted_jain"],
+                        f"{figures['worst_error']:.1%}",
+                    ]
+                ],
+            )
+        )
     targets = []
     if "alone" in by and "flood" in by:
         wait_rows = []
@@ -592,6 +660,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"{figures['b_ceiling_over_weight']:.2f}",
             )
         )
+    if "weights" in by:
+        targets.append(
+            Target.at_most(
+                "S4 weights 1:2:4, worst share / weight's share - 1",
+                100 * weight_figures(by["weights"])["worst_error"],
+                100 * TARGET_WEIGHT_SHARE_ERROR,
+                unit="%",
+                note=f"{len(WEIGHTS) * WEIGHTED_COPIES} apps, one node, every statement +{args.s4_sql_delay_ms:g} ms",
+            )
+        )
     notes = [
         f"alone / flood: A has {A_QUEUES} queues x {A_CONNECTIONS // A_QUEUES} connections and a backlog of "
         f"{args.s4_backlog:,}; B, C: 1 queue, 1 connection, {args.s4_rate:g} arrivals/s each over HTTP; capacity "
@@ -612,6 +690,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "rotations, not the Workers, share the turns); turns summed over the nodes. B's ceiling: the first node's "
         "turns all to B-F, evenly (nodes 2 and 3 serve only A: the share across nodes never idles them). "
         f"The slowed phases measure after {SLOW_WARM_UP_S:g} s of warm-up.",
+        f"weights: {WEIGHTED_COPIES} applications of each weight {', '.join(map(str, WEIGHTS))} (set in the "
+        f"database, as orbit-admin application weight does), 1 queue x {SLOW_SMALL_CONNECTIONS} connections and a "
+        f"backlog of {args.s4_slow_backlog:,} each, one node, the same proxy and Workers as three-nodes. Weight's "
+        "share = the application's weight / the sum of the phase's weights.",
         f"the claim pool is the bottleneck when its {SQL_SLOTS} slots stay busy (claims in flight near "
         f"{SQL_SLOTS}, requests waiting) and turns per application stay under the pace of "
         f"{PACE_CLAIMS_PER_S:g} claims/s per connection; claim ms = claims in flight / turns per second of the "

@@ -117,9 +117,9 @@ class OperationsStore:
         node but ``node_id``: what the share across nodes reads once a scan cycle."""
         if not application_ids:
             return []
+        applications = json.dumps([{"a": app} for app in sorted(application_ids)])
         rows = await self.db.fetchall(
-            "ops_turns_elsewhere",
-            {"node_id": node_id, "stale_s": NODE_STALE_S, "application_ids": tuple(sorted(application_ids))},
+            "ops_turns_elsewhere", {"node_id": node_id, "stale_s": NODE_STALE_S, "applications": applications}
         )
         return [(r["node_id"], r["application_id"], int(r["turns"])) for r in rows]
 

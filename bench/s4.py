@@ -13,6 +13,25 @@ Phases, each on a fresh node process (so the claim pool's counters start at zero
   would take; the node's other SQL passes at once. More busy applications than claim SQL
   slots, and claims slow enough that the slots, not the per-connection pace, limit
   claiming. Claim turns per application: Jain's index and A's share.
+* ``slow-sql`` (issue 24's measurement): every statement of the node slowed by
+  ``--s4-sql-delay-ms`` (the proxy without ``--only``), six applications with a backlog,
+  every Worker the SDK Worker of capacity 4: A (10 queues, 20 connections), B-F (1 queue,
+  2 connections each). A small application's Workers wait for their Start/Finish acks
+  with no request waiting, so the rotation must not punish a brief absence.
+* ``three-nodes``: the same applications and slowed SQL on three node processes sharing
+  the database; A's Workers spread over all three, B-F's on the first only, Workers that
+  always have a request waiting (as in ``pool-bound``). Cluster-wide claim turns (every
+  node's, summed): B's share against its weight's share.
+
+* ``weights``: six applications of each fairness weight 1, 2 and 4 (set as ``orbit-admin
+  application weight`` sets them), one node, the slowed SQL, Workers that always have a
+  request waiting: each application's share of the turns against the share its weight
+  gives. Six of each, so that the heaviest needs well under one of the 4 SQL slots: one
+  claim in flight per application caps any application at one slot, whatever its weight.
+
+With ``--s4-baseline DIR`` (a source tree of an older commit: ``git worktree add DIR
+2f1cfde``), ``slow-sql`` and ``three-nodes`` also run with that tree's node, in the same
+run, before the current one: a before/after pair.
 
 Claim turns per application come from the node's ``ClaimPool.statistics()``.
 """
@@ -20,12 +39,16 @@ Claim turns per application come from the node's ``ClaimPool.statistics()``.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import time
-from contextlib import nullcontext
+from contextlib import AsyncExitStack, nullcontext
+from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
+
+from orbit_node.store.operations import OperationsStore
 
 from .common import (
     App,
@@ -64,16 +87,37 @@ POOL_CLAIM_BATCH = 16
 POOL_CAPACITY = 2 * POOL_CLAIM_BATCH
 # Turn counts are plotted per this many seconds.
 SERIES_STEP_S = 1.0
+# Issue 24: the measurement's shape. Every statement of the node slowed by this much
+# (the claim, the transitions, everything: the pool's 4 slots are the bottleneck), SDK
+# Workers of capacity 4 (a connection asks again once 2 are free), A with 10 queues and
+# 20 connections, B-F with 1 queue and 2 connections each.
+SQL_DELAY_MS = 20.0
+SLOW_CAPACITY = 4
+SLOW_A_CONNECTIONS = 20
+SLOW_SMALL_CONNECTIONS = 2
+SMALL = "BCDEF"
+# The slowed phases measure after this long: every connection has said hello, and every
+# node has written its turns and read the others' at least twice (once a second).
+SLOW_WARM_UP_S = 3.0
+# Issue 24's targets: one node, A over the mean of B-F and Jain on claim turns; three
+# nodes, B's cluster-wide share of the turns over the share its weight gives it.
+TARGET_A_OVER_SMALL = 1.1
+TARGET_SLOW_JAIN = 0.99
+TARGET_SPREAD_SHARE = 0.8
+NODES = 3
 
 
 @attrs.frozen
 class AppSpec:
-    """One application of a phase; ``backlog`` 0 means steady arrivals over HTTP instead."""
+    """One application of a phase; ``backlog`` 0 means steady arrivals over HTTP instead.
+    Its connections go round-robin to the phase's nodes named in ``nodes``."""
 
     key: str
     queues: int
     connections: int
     backlog: int
+    nodes: tuple[int, ...] = (0,)
+    weight: int = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,6 +136,76 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=6_000,
         help="S4: seeded backlog of each application, pool-bound phase (default 6000)",
     )
+    parser.add_argument(
+        "--s4-sql-delay-ms",
+        type=float,
+        default=SQL_DELAY_MS,
+        help=f"S4: delay added to every statement, slow-sql and three-nodes phases (default {SQL_DELAY_MS:g})",
+    )
+    parser.add_argument(
+        "--s4-slow-backlog",
+        type=int,
+        default=4_000,
+        help="S4: seeded backlog of each application, slow-sql and three-nodes phases (default 4000)",
+    )
+    parser.add_argument(
+        "--s4-phases",
+        default=",".join(PHASES),
+        help=f"S4: the phases to run, comma-separated (default: all, {','.join(PHASES)})",
+    )
+    parser.add_argument(
+        "--s4-baseline",
+        type=Path,
+        default=None,
+        help="S4: a source tree of an older commit (git worktree add DIR 2f1cfde): slow-sql and three-nodes "
+        "also run with its node, in the same run",
+    )
+
+
+PHASES = ("alone", "flood", "pool-bound", "slow-sql", "three-nodes", "weights")
+# The weights phase: six applications of each weight. So many that the heaviest one's
+# share of the turns (4/42) needs well under one SQL slot: one claim in flight per
+# application caps any application at one slot of four, whatever its weight.
+WEIGHTS = (1, 2, 4)
+WEIGHTED_COPIES = 6
+# Issue 24: with weights 1:2:4, each application's share within 10 % of its weight's.
+TARGET_WEIGHT_SHARE_ERROR = 0.10
+# The diagnostic beside slow-sql (skipped with --no-diagnose).
+SMALL_ALONE = "slow-sql, B-F alone"
+
+
+def slow_apps(backlog: int, *, nodes: int = 1, big: bool = True) -> list[AppSpec]:
+    """A: 10 queues, 20 connections over every node (a backlog for each); B-F: 1 queue,
+    2 connections, on the first node. Without ``big``, B-F alone."""
+    small = [AppSpec(key, 1, SLOW_SMALL_CONNECTIONS, backlog) for key in SMALL]
+    if not big:
+        return small
+    return [AppSpec("A", A_QUEUES, SLOW_A_CONNECTIONS, backlog * nodes, nodes=tuple(range(nodes))), *small]
+
+
+def weighted_apps(backlog: int) -> list[AppSpec]:
+    """W1a, W1b, ... (weight 1), W2a, ... (2), W4a, ... (4): 1 queue and 2 connections each."""
+    return [
+        AppSpec(f"W{weight}{copy}", 1, SLOW_SMALL_CONNECTIONS, backlog, weight=weight)
+        for weight in WEIGHTS
+        for copy in "abcdefgh"[:WEIGHTED_COPIES]
+    ]
+
+
+def weight_figures(p: dict[str, Any]) -> dict[str, Any]:
+    """Per application, its share of the turns over the share its weight gives (weight over
+    the sum of the phase's weights); Jain's index over turns per unit of weight."""
+    weights = {spec["key"]: spec["weight"] for spec in p["apps"]}
+    total = sum(p["turns"].values())
+    over = {
+        key: ratio(ratio(p["turns"].get(key, 0), total), weight / sum(weights.values()))
+        for key, weight in weights.items()
+    }
+    return {
+        "share_over_weight": over,
+        "worst_error": max(abs(v - 1) for v in over.values()),
+        "weighted_jain": fairness({key: p["turns"].get(key, 0) / w for key, w in weights.items()})["jain"],
+    }
 
 
 def pool_bound_apps(backlog: int) -> list[AppSpec]:
@@ -109,24 +223,43 @@ async def _phase(
     rate: float,
     capacity: int,
     claim_delay_ms: float = 0.0,
+    delay_only: str | None = SLOW_STATEMENT,
     claim_batch_size: int | None = None,
+    nodes: int = 1,
+    warm_up_s: float = 1.0,
+    tree: Path | None = None,
+    code: str = "",
 ) -> dict[str, Any]:
+    """One phase on ``nodes`` fresh node processes sharing the database (``tree``'s node
+    when given, labelled ``code``); claim turns are summed over the nodes."""
     apps: dict[str, App] = {}
+    label = name if not code else f"{name} @{code}"
     for spec in specs:
-        app = await make_app(bdb.db, f"{spec.key}-{name}", queues=spec.queues)
+        app = await make_app(bdb.db, f"{spec.key}-{label}", queues=spec.queues)
         for queue_id in app.queue_ids:
             if spec.backlog:
                 await seed_tasks(bdb.db, app, max(1, spec.backlog // spec.queues), queue_id=queue_id)
         apps[spec.key] = app
+        if spec.weight != 1:
+            # What `orbit-admin application weight` does; each node applies it within a second.
+            await OperationsStore(bdb.db).set_weight(app.name, spec.weight)
     steady = [spec.key for spec in specs if not spec.backlog]
-    plan = [c for spec in specs for c in connection_plan(apps[spec.key], spec.connections)]
-    async with (
-        _node_dsn(bdb.dsn, claim_delay_ms) as node_dsn,
-        node_process(node_dsn, claim_batch_size=claim_batch_size) as node,
-    ):
-        async with worker_fleet(node.url, plan, capacity=capacity):
-            await trio.sleep(1.0)  # every connection has said hello and made its first claim
-            before = node.last_stats()
+    plans: list[list[tuple[str, Any]]] = [[] for _ in range(nodes)]
+    for spec in specs:
+        for i, connection in enumerate(connection_plan(apps[spec.key], spec.connections)):
+            plans[spec.nodes[i % len(spec.nodes)]].append(connection)
+    async with AsyncExitStack() as stack:
+        node_dsn = await stack.enter_async_context(_node_dsn(bdb.dsn, claim_delay_ms, delay_only))
+        procs = [
+            await stack.enter_async_context(node_process(node_dsn, claim_batch_size=claim_batch_size, tree=tree))
+            for _ in range(nodes)
+        ]
+        async with AsyncExitStack() as fleets:
+            for node, plan in zip(procs, plans, strict=True):
+                if plan:
+                    await fleets.enter_async_context(worker_fleet(node.url, plan, capacity=capacity))
+            await trio.sleep(warm_up_s)  # every connection has said hello and made its first claim
+            before = [node.last_stats() for node in procs]
             t0 = time.time()
             if not steady:
                 await trio.sleep(seconds)
@@ -135,47 +268,64 @@ async def _phase(
                     for index, key in enumerate(steady):
                         nursery.start_soon(
                             lambda s=apps[key], i=index: submit_open_loop(
-                                node.url, s.token, s.queue_id, rate=rate, duration_s=seconds, seed=11 + i
+                                procs[0].url, s.token, s.queue_id, rate=rate, duration_s=seconds, seed=11 + i
                             )
                         )
             t1 = time.time()
             await trio.sleep(0.5)
-            after = node.last_stats()
-            stats = node.stats()
+            after = [node.last_stats() for node in procs]
+            stats = [node.stats() for node in procs]
     names = {app.application_id: key for key, app in apps.items()}
-    turns = {
-        key: after.get("turns_by_application", {}).get(app.application_id, 0)
-        - before.get("turns_by_application", {}).get(app.application_id, 0)
-        for key, app in apps.items()
-    }
-    window = [line for line in stats if t0 <= line["t"] <= t1]
-    if not window or "turns_by_application" not in after:
-        raise RuntimeError(f"S4 {name}: the node wrote no statistics during the window (did it stop?)")
+    if any("turns_by_application" not in line for line in after):
+        raise RuntimeError(f"S4 {label}: a node wrote no statistics during the window (did it stop?)")
+    turns_by_node = [
+        {
+            key: a.get("turns_by_application", {}).get(app.application_id, 0)
+            - b.get("turns_by_application", {}).get(app.application_id, 0)
+            for key, app in apps.items()
+        }
+        for a, b in zip(after, before, strict=True)
+    ]
+    turns = {key: sum(node[key] for node in turns_by_node) for key in apps}
+    windows = [[line for line in node if t0 <= line["t"] <= t1] for node in stats]
     finished, waits = {}, {}
     for key, app in apps.items():
         rows = await task_times(bdb.db, "application_id = %s AND state = 'succeeded'", (app.application_id,))
         finished[key] = sum(1 for r in rows if r["finished"] is not None and t0 <= r["finished"] <= t1)
         if key in steady:
             waits[key] = summarize(r["to_start"] for r in rows)
+    series = [_turn_series(node, names, t0, t1) for node in stats]
     return {
-        "name": name,
+        "name": label,
+        "phase": name,
+        "code": code,
+        "nodes": nodes,
         "apps": [attrs.asdict(s) for s in specs],
         "window_s": t1 - t0,
         "turns": turns,
+        "turns_by_node": turns_by_node,
         "turn_fairness": fairness(turns),
         "throughput": {k: v / (t1 - t0) for k, v in finished.items()},
         "throughput_fairness": fairness(finished),
         "waits_s": waits,
-        "series": _turn_series(stats, names, t0, t1),
+        "series": {key: _sum_series([s[key] for s in series]) for key in names.values()},
         "claim_delay_ms": claim_delay_ms,
-        "mean_in_flight": _mean(line.get("in_flight", 0) for line in window),
-        "mean_pending": _mean(line.get("pending", 0) for line in window),
+        "delay_only": delay_only,
+        "mean_in_flight": _mean(line.get("in_flight", 0) for line in windows[0]),
+        "mean_pending": _mean(line.get("pending", 0) for line in windows[0]),
     }
 
 
-def _node_dsn(dsn, claim_delay_ms: float):
-    """The DSN the node gets: through the delay proxy when ``claim_delay_ms`` is set."""
-    return delayed_dsn(dsn, claim_delay_ms, only=SLOW_STATEMENT) if claim_delay_ms > 0 else nullcontext(dsn)
+def _node_dsn(dsn, delay_ms: float, only: str | None):
+    """The DSN the nodes get: through the delay proxy when ``delay_ms`` is set (every
+    statement, or with ``only`` those whose text contains it)."""
+    return delayed_dsn(dsn, delay_ms, only=only) if delay_ms > 0 else nullcontext(dsn)
+
+
+def _sum_series(series: list[list[tuple[float, int]]]) -> list[tuple[float, int]]:
+    """Several nodes' series of one application, added step by step (the first node's times)."""
+    steps = min(len(s) for s in series)
+    return [(series[0][i][0], sum(s[i][1] for s in series)) for i in range(steps)]
 
 
 def _mean(values) -> float:
@@ -202,63 +352,154 @@ def _turn_series(stats: list[dict[str, Any]], names: dict[str, str], t0: float, 
     return series
 
 
+def _tree_code(tree: Path) -> str:
+    """The short commit of a source tree (a git worktree), else its directory name."""
+    try:
+        return subprocess.run(
+            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return tree.name
+
+
+def spread_figures(p: dict[str, Any]) -> dict[str, float]:
+    """A slowed phase's fairness figures: A over the mean of B-F, and B's cluster-wide share
+    over the share its weight gives it, beside the most B could have had without idling a
+    node (the first node's turns, all of them to B-F, split evenly)."""
+    turns = p["turns"]
+    total = sum(turns.values())
+    weights = {spec["key"]: spec["weight"] for spec in p["apps"]}
+    small_mean = sum(turns.get(k, 0) for k in SMALL) / len(SMALL)
+    weight_share = weights["B"] / sum(weights.values())
+    b_share = ratio(turns.get("B", 0), total)
+    first_node = sum(p["turns_by_node"][0].values())
+    return {
+        "a_over_small": ratio(turns.get("A", 0), small_mean),
+        "b_share": b_share,
+        "b_over_weight": ratio(b_share, weight_share),
+        "b_ceiling_over_weight": ratio(ratio(first_node / len(SMALL), total), weight_share),
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    wanted = [name.strip() for name in args.s4_phases.split(",") if name.strip()]
+    unknown = set(wanted) - set(PHASES)
+    if unknown:
+        raise SystemExit(f"--s4-phases: unknown {', '.join(sorted(unknown))} (phases: {', '.join(PHASES)})")
     common = {"seconds": args.s4_seconds, "rate": args.s4_rate}
     steady = [AppSpec("B", 1, 1, 0), AppSpec("C", 1, 1, 0)]
+    slow = {
+        **common,
+        "capacity": SLOW_CAPACITY,
+        "claim_delay_ms": args.s4_sql_delay_ms,
+        "delay_only": None,
+        "warm_up_s": SLOW_WARM_UP_S,
+    }
+    trees: list[tuple[Path | None, str]] = [(None, "")]
+    if args.s4_baseline is not None:
+        trees.insert(0, (args.s4_baseline.resolve(), _tree_code(args.s4_baseline)))
+    phases = []
     async with bench_database() as bdb:
-        phases = [
-            await _phase(bdb, "alone", steady, capacity=args.capacity, **common),
-            await _phase(
-                bdb,
-                "flood",
-                [AppSpec("A", A_QUEUES, A_CONNECTIONS, args.s4_backlog), *steady],
-                capacity=args.capacity,
-                **common,
-            ),
-            await _phase(
-                bdb,
-                "pool-bound",
-                pool_bound_apps(args.s4_pool_backlog),
-                capacity=POOL_CAPACITY,
-                claim_delay_ms=args.s4_claim_delay_ms,
-                claim_batch_size=POOL_CLAIM_BATCH,
-                **common,
-            ),
-        ]
+        if "alone" in wanted:
+            phases.append(await _phase(bdb, "alone", steady, capacity=args.capacity, **common))
+        if "flood" in wanted:
+            flood = [AppSpec("A", A_QUEUES, A_CONNECTIONS, args.s4_backlog), *steady]
+            phases.append(await _phase(bdb, "flood", flood, capacity=args.capacity, **common))
+        if "pool-bound" in wanted:
+            phases.append(
+                await _phase(
+                    bdb,
+                    "pool-bound",
+                    pool_bound_apps(args.s4_pool_backlog),
+                    capacity=POOL_CAPACITY,
+                    claim_delay_ms=args.s4_claim_delay_ms,
+                    claim_batch_size=POOL_CLAIM_BATCH,
+                    **common,
+                )
+            )
+        if "slow-sql" in wanted:
+            for tree, code in trees:
+                specs = slow_apps(args.s4_slow_backlog)
+                phases.append(await _phase(bdb, "slow-sql", specs, tree=tree, code=code, **slow))
+            if not args.no_diagnose:
+                # B-F without A: the most their Workers take at all (each connection waits for
+                # its Start and Finish acks before it asks again), to set beside the fair share.
+                specs = slow_apps(args.s4_slow_backlog, big=False)
+                phases.append(await _phase(bdb, SMALL_ALONE, specs, **slow))
+        if "three-nodes" in wanted:
+            for tree, code in trees:
+                specs = slow_apps(args.s4_slow_backlog, nodes=NODES)
+                phases.append(
+                    await _phase(
+                        bdb,
+                        "three-nodes",
+                        specs,
+                        nodes=NODES,
+                        tree=tree,
+                        code=code,
+                        **{**slow, "capacity": POOL_CAPACITY},
+                        claim_batch_size=POOL_CLAIM_BATCH,
+                    )
+                )
+        if "weights" in wanted:
+            phases.append(
+                await _phase(
+                    bdb,
+                    "weights",
+                    weighted_apps(args.s4_slow_backlog),
+                    **{**slow, "capacity": POOL_CAPACITY},
+                    claim_batch_size=POOL_CLAIM_BATCH,
+                )
+            )
     by = {p["name"]: p for p in phases}
     turn_rows = []
     for p in phases:
         tf, hf = p["turn_fairness"], p["throughput_fairness"]
+        weights = {spec["key"]: spec["weight"] for spec in p["apps"]}
         for spec in p["apps"]:
             key = spec["key"]
+            weight_share = spec["weight"] / sum(weights.values())
             turn_rows.append(
                 [
                     p["name"],
                     key,
-                    f"{spec['queues']} x {spec['connections']}",
+                    f"{spec['queues']} x {spec['connections']}"
+                    + (f" on {len(spec['nodes'])} nodes" if len(spec["nodes"]) > 1 else ""),
                     p["turns"].get(key, 0) / p["window_s"],
                     f"{tf['shares'].get(key, 0):.1%}",
+                    f"{weight_share:.1%}",
+                    ratio(tf["shares"].get(key, 0), weight_share),
                     p["throughput"].get(key, 0),
                     f"{hf['shares'].get(key, 0):.1%}",
                 ]
             )
     turn_table = format_table(
-        ["phase", "app", "queues x conns", "turns/s", "turn share", "tasks/s", "task share"],
+        [
+            "phase",
+            "app",
+            "queues x conns",
+            "turns/s",
+            "turn share",
+            "weight's share",
+            "share / weight's",
+            "tasks/s",
+            "task share",
+        ],
         turn_rows,
-        align="lllrrrr",
+        align="lllrrrrrr",
     )
     phase_rows = [
         [
             p["name"],
             len(p["apps"]),
-            f"{p['claim_delay_ms']:g}",
+            f"{p['claim_delay_ms']:g}" + ("" if p["delay_only"] else " (all)"),
             sum(p["turns"].values()) / p["window_s"],
             p["turn_fairness"]["jain"],
             p["turn_fairness"]["min_over_max"],
             p["throughput_fairness"]["jain"],
             f"{p['mean_in_flight']:.2f} / {SQL_SLOTS}",
             p["mean_pending"],
-            ms(ratio(p["mean_in_flight"], sum(p["turns"].values()) / p["window_s"])),
+            ms(ratio(p["mean_in_flight"], sum(p["turns_by_node"][0].values()) / p["window_s"])),
         ]
         for p in phases
     ]
@@ -266,7 +507,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         [
             "phase",
             "apps",
-            "claim delay ms",
+            "delay ms",
             "turns/s",
             "turns Jain",
             "min/max",
@@ -277,66 +518,197 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ],
         phase_rows,
     )
-    wait_rows = []
-    for key in ("B", "C"):
-        alone, flood = by["alone"]["waits_s"].get(key, {}), by["flood"]["waits_s"].get(key, {})
-        wait_rows.append(
-            [
-                key,
-                ms(alone.get("p50", float("nan"))),
-                ms(alone.get("p99", float("nan"))),
-                ms(flood.get("p50", float("nan"))),
-                ms(flood.get("p99", float("nan"))),
-                ratio(flood.get("p99"), alone.get("p99")),
-            ]
+    tables = [phase_table, turn_table]
+    slow_phases = [p for p in phases if p["phase"] in ("slow-sql", "three-nodes")]
+    if slow_phases:
+        slow_rows = []
+        for p in slow_phases:
+            f = spread_figures(p)
+            slow_rows.append(
+                [
+                    p["phase"],
+                    p["code"] or "this tree",
+                    p["nodes"],
+                    " / ".join(f"{sum(n.values()) / p['window_s']:.1f}" for n in p["turns_by_node"]),
+                    p["turn_fairness"]["jain"],
+                    f["a_over_small"],
+                    f"{f['b_share']:.1%}",
+                    f["b_over_weight"],
+                    f["b_ceiling_over_weight"] if p["nodes"] > 1 else "-",
+                ]
+            )
+        tables.append(
+            format_table(
+                [
+                    "phase",
+                    "node code",
+                    "nodes",
+                    "turns/s per node",
+                    "Jain",
+                    "A / mean(B..F)",
+                    "B's share",
+                    "B / weight's share",
+                    "B's ceiling / weight's",
+                ],
+                slow_rows,
+                align="llrrrrrrr",
+            )
         )
-    wait_table = format_table(
-        ["app", "alone p50 ms", "alone p99 ms", "with A flooding p50 ms", "p99 ms", "p99 flood/alone"], wait_rows
-    )
-    b_alone, b_flood = by["alone"]["waits_s"].get("B", {}), by["flood"]["waits_s"].get("B", {})
-    pool = by["pool-bound"]
-    targets = [
-        Target.at_most(
-            "S4 B's p99 wait, A flooding / alone",
-            ratio(b_flood.get("p99"), b_alone.get("p99")),
-            TARGET_FLOOD_P99_RATIO,
-            unit="x",
-            note="available -> start, database clock",
-        ),
-        Target.at_least(
-            "S4 Jain on claim turns, pool-bound",
-            pool["turn_fairness"]["jain"],
-            TARGET_JAIN,
-            note=f"6 busy apps, candidate read +{args.s4_claim_delay_ms:g} ms",
-        ),
-        Target.at_most(
-            "S4 A's share of claim turns, pool-bound",
-            100 * pool["turn_fairness"]["shares"].get("A", float("nan")),
-            100 * TARGET_BIG_SHARE,
-            unit="%",
-            note=f"A: {A_QUEUES} queues, {A_CONNECTIONS} connections",
-        ),
+    if SMALL_ALONE in by and "slow-sql" in by:
+        alone, one = by[SMALL_ALONE], by["slow-sql"]
+        can = sum(alone["turns"].values()) / len(SMALL) / alone["window_s"]
+        fair = sum(one["turns"].values()) / len(one["turns"]) / one["window_s"]
+        got = sum(one["turns"][k] for k in SMALL) / len(SMALL) / one["window_s"]
+        tables.append(
+            format_table(
+                [
+                    "slow-sql, per small application",
+                    "turns/s B-F alone (their Workers' most)",
+                    "fair share with A",
+                    "most / fair",
+                    "turns/s with A",
+                    "with A / fair",
+                ],
+                [["mean of B-F", can, fair, ratio(can, fair), got, ratio(got, fair)]],
+            )
+        )
+    if "weights" in by:
+        figures = weight_figures(by["weights"])
+        tables.append(
+            format_table(
+                ["weights phase", "Jain on turns / weight", "worst |share / weight's - 1|"],
+                [
+                    [
+                        f"{len(WEIGHTS) * WEIGHTED_COPIES} apps, weights {', '.join(map(str, WEIGHTS))} "
+                        f"({WEIGHTED_COPIES} each)",
+                        figures["weighted_jain"],
+                        f"{figures['worst_error']:.1%}",
+                    ]
+                ],
+            )
+        )
+    targets = []
+    if "alone" in by and "flood" in by:
+        wait_rows = []
+        for key in ("B", "C"):
+            alone, flood = by["alone"]["waits_s"].get(key, {}), by["flood"]["waits_s"].get(key, {})
+            wait_rows.append(
+                [
+                    key,
+                    ms(alone.get("p50", float("nan"))),
+                    ms(alone.get("p99", float("nan"))),
+                    ms(flood.get("p50", float("nan"))),
+                    ms(flood.get("p99", float("nan"))),
+                    ratio(flood.get("p99"), alone.get("p99")),
+                ]
+            )
+        tables.append(
+            format_table(
+                ["app", "alone p50 ms", "alone p99 ms", "with A flooding p50 ms", "p99 ms", "p99 flood/alone"],
+                wait_rows,
+            )
+        )
+        b_alone, b_flood = by["alone"]["waits_s"].get("B", {}), by["flood"]["waits_s"].get("B", {})
+        targets.append(
+            Target.at_most(
+                "S4 B's p99 wait, A flooding / alone",
+                ratio(b_flood.get("p99"), b_alone.get("p99")),
+                TARGET_FLOOD_P99_RATIO,
+                unit="x",
+                note="available -> start, database clock",
+            )
+        )
+    if "pool-bound" in by:
+        pool = by["pool-bound"]
+        targets += [
+            Target.at_least(
+                "S4 Jain on claim turns, pool-bound",
+                pool["turn_fairness"]["jain"],
+                TARGET_JAIN,
+                note=f"6 busy apps, candidate read +{args.s4_claim_delay_ms:g} ms",
+            ),
+            Target.at_most(
+                "S4 A's share of claim turns, pool-bound",
+                100 * pool["turn_fairness"]["shares"].get("A", float("nan")),
+                100 * TARGET_BIG_SHARE,
+                unit="%",
+                note=f"A: {A_QUEUES} queues, {A_CONNECTIONS} connections",
+            ),
+        ]
+    if "slow-sql" in by:
+        one = by["slow-sql"]
+        targets += [
+            Target.at_most(
+                "S4 A / mean(B..F) claim turns, slow-sql",
+                spread_figures(one)["a_over_small"],
+                TARGET_A_OVER_SMALL,
+                unit="x",
+                note=f"every statement +{args.s4_sql_delay_ms:g} ms, SDK Workers of capacity {SLOW_CAPACITY}",
+            ),
+            Target.at_least(
+                "S4 Jain on claim turns, slow-sql", one["turn_fairness"]["jain"], TARGET_SLOW_JAIN, note="6 apps"
+            ),
+        ]
+    if "three-nodes" in by:
+        figures = spread_figures(by["three-nodes"])
+        targets.append(
+            Target.at_least(
+                "S4 B's cluster-wide share / its weight's, three nodes",
+                figures["b_over_weight"],
+                TARGET_SPREAD_SHARE,
+                note=f"A on {NODES} nodes, B-F on one; the most without idling a node: "
+                f"{figures['b_ceiling_over_weight']:.2f}",
+            )
+        )
+    if "weights" in by:
+        targets.append(
+            Target.at_most(
+                "S4 weights 1:2:4, worst share / weight's share - 1",
+                100 * weight_figures(by["weights"])["worst_error"],
+                100 * TARGET_WEIGHT_SHARE_ERROR,
+                unit="%",
+                note=f"{len(WEIGHTS) * WEIGHTED_COPIES} apps, one node, every statement +{args.s4_sql_delay_ms:g} ms",
+            )
+        )
+    notes = [
+        f"alone / flood: A has {A_QUEUES} queues x {A_CONNECTIONS // A_QUEUES} connections and a backlog of "
+        f"{args.s4_backlog:,}; B, C: 1 queue, 1 connection, {args.s4_rate:g} arrivals/s each over HTTP; capacity "
+        f"{args.capacity}. Waits: available -> start, database clock.",
+        f"pool-bound: A as above, B-F 1 queue with 1, 2, 1, 2, 1 connections; every application a seeded backlog "
+        f"of {args.s4_pool_backlog:,}; node claim batch {POOL_CLAIM_BATCH}, Worker capacity {POOL_CAPACITY} (a "
+        "connection asks again while a batch runs: every application always waits for a turn); the node reaches "
+        f"MariaDB through a proxy that holds each claim's candidate read (the statement naming {SLOW_STATEMENT}) for "
+        f"{args.s4_claim_delay_ms:g} ms; its other SQL passes at once.",
+        f"slow-sql: A {A_QUEUES} queues x {SLOW_A_CONNECTIONS} connections, B-F 1 queue x "
+        f"{SLOW_SMALL_CONNECTIONS} connections, a seeded backlog of {args.s4_slow_backlog:,} each; SDK Workers of "
+        f"capacity {SLOW_CAPACITY}, the node's default claim batch; the node reaches MariaDB through a proxy that "
+        f"holds every statement {args.s4_sql_delay_ms:g} ms. '{SMALL_ALONE}': the same without A (diagnostic: "
+        "what B-F's Workers take at all).",
+        f"three-nodes: the same applications and proxy, {NODES} node processes on the database, A's connections "
+        f"round-robin over them, B-F's on the first; Workers of capacity {POOL_CAPACITY} and claim batch "
+        f"{POOL_CLAIM_BATCH} (as pool-bound: every application always has a request waiting, so the nodes' "
+        "rotations, not the Workers, share the turns); turns summed over the nodes. B's ceiling: the first node's "
+        "turns all to B-F, evenly (nodes 2 and 3 serve only A: the share across nodes never idles them). "
+        f"The slowed phases measure after {SLOW_WARM_UP_S:g} s of warm-up.",
+        f"weights: {WEIGHTED_COPIES} applications of each weight {', '.join(map(str, WEIGHTS))} (set in the "
+        f"database, as orbit-admin application weight does), 1 queue x {SLOW_SMALL_CONNECTIONS} connections and a "
+        f"backlog of {args.s4_slow_backlog:,} each, one node, the same proxy and Workers as three-nodes. Weight's "
+        "share = the application's weight / the sum of the phase's weights.",
+        f"the claim pool is the bottleneck when its {SQL_SLOTS} slots stay busy (claims in flight near "
+        f"{SQL_SLOTS}, requests waiting) and turns per application stay under the pace of "
+        f"{PACE_CLAIMS_PER_S:g} claims/s per connection; claim ms = claims in flight / turns per second of the "
+        "first node (Little's law).",
+        f"{args.s4_seconds:g} s windows; claim turns from the nodes' ClaimPool.statistics().turns_by_application.",
     ]
+    if args.s4_baseline is not None:
+        notes.append(f"phases marked @{trees[0][1]} ran that commit's node ({trees[0][0]}), the others this tree's.")
     return {
         "scenario": "s4",
         "server": bdb.server_version,
         "figures": {"phases": phases},
-        "tables": [phase_table, turn_table, wait_table],
+        "tables": tables,
         "targets": targets,
-        "notes": [
-            f"alone / flood: A has {A_QUEUES} queues x {A_CONNECTIONS // A_QUEUES} connections and a backlog of "
-            f"{args.s4_backlog:,}; B, C: 1 queue, 1 connection, {args.s4_rate:g} arrivals/s each over HTTP; capacity "
-            f"{args.capacity}. Waits: available -> start, database clock.",
-            f"pool-bound: A as above, B-F 1 queue with 1, 2, 1, 2, 1 connections; every application a seeded backlog "
-            f"of {args.s4_pool_backlog:,}; node claim batch {POOL_CLAIM_BATCH}, Worker capacity {POOL_CAPACITY} (a "
-            "connection asks again while a batch runs: every application always waits for a turn); the node reaches MariaDB through a proxy that "
-            f"holds each claim's candidate read (the statement naming {SLOW_STATEMENT}) for "
-            f"{args.s4_claim_delay_ms:g} ms; its other SQL passes at once.",
-            f"the claim pool is the bottleneck when its {SQL_SLOTS} slots stay busy (claims in flight near "
-            f"{SQL_SLOTS}, requests waiting) and turns per application stay under the pace of "
-            f"{PACE_CLAIMS_PER_S:g} claims/s per connection; claim ms = claims in flight / turns per second (Little's law).",
-            f"{args.s4_seconds:g} s windows; claim turns from the node's ClaimPool.statistics().turns_by_application.",
-        ],
+        "notes": notes,
     }
 
 
@@ -345,7 +717,7 @@ def plot(report: dict[str, Any], outdir, plots) -> list:
     for phase in report["figures"]["phases"]:
         out.append(
             plots.lines(
-                outdir / f"s4-turns-{phase['name']}.png",
+                outdir / f"s4-turns-{phase['name'].replace(' @', '-')}.png",
                 phase["series"],
                 title=f"S4 {phase['name']}: claim turns per application per second",
                 xlabel="seconds into the window",

@@ -12,7 +12,7 @@ application ids ``Shards`` learns from verified credentials.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 
 import attrs
 import trio
@@ -218,6 +218,17 @@ def _holds(shards: Callable[[], Shards], index: int) -> Callable[[str], bool]:
     return holds
 
 
+def _known_on(shards: Callable[[], Shards], index: int, scheduler: FairScheduler) -> Callable[[], Collection[str]]:
+    """The applications whose turns on other nodes a shard's recorder reads: those of that
+    shard the node's rotation knows now (only they can be charged)."""
+    holds = _holds(shards, index)
+
+    def applications() -> Collection[str]:
+        return [app for app in scheduler.applications() if holds(app)]
+
+    return applications
+
+
 def shard_labels(config: NodeConfig) -> list[str]:
     """The label of each shard: "main", then "shard 2", "shard 3"... (``config.shard_dsns`` order)."""
     return ["main", *(f"shard {n}" for n in range(2, 2 + len(config.shard_dsns)))]
@@ -298,7 +309,14 @@ class DispatchServices:
             if pool is not None:
                 commits = GroupCommitter(store)
                 # Claim turns go to the database too: operators see every node's rotation in one place.
-                turns = TurnRecorder(OperationsStore(shard_db), node_id, _turns_of(routed, len(built), pool.scheduler))
+                # And the other nodes' turns come back from it: the share across nodes.
+                turns = TurnRecorder(
+                    OperationsStore(shard_db),
+                    node_id,
+                    _turns_of(routed, len(built), pool.scheduler),
+                    applications=_known_on(routed, len(built), pool.scheduler),
+                    charge_elsewhere=pool.scheduler.charge_elsewhere,
+                )
                 weights = WeightFollower(
                     tenancy.application_weights, pool.scheduler.set_weight, _holds(routed, len(built))
                 )

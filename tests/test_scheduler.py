@@ -461,6 +461,69 @@ def test_charge_counts_turns_taken_elsewhere():
         s.charge("A", -1)
 
 
+def cycles_with_turns_elsewhere(s: FairScheduler, elsewhere, *, cycles: int, grants_per_cycle: int) -> Counter:
+    """One SQL slot, every request asked again at once. Each cycle (a node's scan cycle):
+    ``charge_elsewhere(elsewhere(cycle))`` (the turns the other nodes granted since the
+    previous read), then ``grants_per_cycle`` local turns. Returns the local turns per
+    application."""
+    local: Counter[str] = Counter()
+    for cycle in range(cycles):
+        s.charge_elsewhere(elsewhere(cycle))
+        for app, _, _ in drain_one_at_a_time(s, resubmit=lambda t: t, rounds=grants_per_cycle):
+            local[app] += 1
+    return local
+
+
+def test_turns_taken_elsewhere_even_out_the_cluster_wide_share():
+    """A takes 3 turns a cycle on other nodes; this node grants 12 a cycle to A, B and C,
+    all always asking. Counted across the cluster they share evenly: A 2 + 3, B 5, C 5."""
+    s = FairScheduler(SchedulerLimits(sql_slots=1, claims_per_connection_per_cycle=10**9))
+    for name in "ABC":
+        s.submit(ticket(name, name, f"q{name}"))
+    local = cycles_with_turns_elsewhere(s, lambda _: {"A": 3}, cycles=100, grants_per_cycle=12)
+    assert abs(local["A"] - 200) <= 3 and abs(local["B"] - 500) <= 3 and abs(local["C"] - 500) <= 3, local
+    # With weights: B of weight 2 is charged half as much per turn, so it takes twice A's share.
+    s = FairScheduler(SchedulerLimits(sql_slots=1, claims_per_connection_per_cycle=10**9))
+    s.set_weight("B", 2)
+    for name in "AB":
+        s.submit(ticket(name, name, f"q{name}"))
+    local = cycles_with_turns_elsewhere(s, lambda _: {"A": 2, "B": 4}, cycles=100, grants_per_cycle=12)
+    # A takes 4 here + 2 elsewhere a cycle, B 8 + 4: 6 and 12 across the cluster, as 1 : 2.
+    assert abs(local["A"] - 400) <= 3 and abs(local["B"] - 800) <= 3, local
+
+
+def test_an_application_served_enough_elsewhere_gets_no_turn_while_others_ask_and_every_turn_when_they_do_not():
+    """A takes 20 turns a cycle elsewhere, more than this node's whole cycle: while B and C
+    ask, it gets none here. The debt does not pile up: once the turns elsewhere stop, A is
+    back within the turns of one cycle elsewhere (20 rounds of B and C), then the plain
+    rotation. And the charge never withholds a turn: alone, A gets every one."""
+    s = FairScheduler(SchedulerLimits(sql_slots=1, claims_per_connection_per_cycle=10**9))
+    for name in "ABC":
+        s.submit(ticket(name, name, f"q{name}"))
+    local = cycles_with_turns_elsewhere(s, lambda _: {"A": 20}, cycles=50, grants_per_cycle=12)
+    assert local == {"B": 300, "C": 300}
+    assert s.statistics().virtual_time_by_application["A"] - s.statistics().virtual_time <= 21
+    order = "".join(app for app, _, _ in drain_one_at_a_time(s, resubmit=lambda t: t, rounds=60))
+    assert "A" in order[:43], order
+    assert Counter(order[order.index("A") :][:12]) == {"A": 4, "B": 4, "C": 4}, order
+    # Alone, A is granted at once whatever it was charged.
+    s = FairScheduler(SchedulerLimits(sql_slots=1, claims_per_connection_per_cycle=10**9))
+    s.submit(ticket("A", "A", "qA"))
+    local = cycles_with_turns_elsewhere(s, lambda _: {"A": 1000}, cycles=10, grants_per_cycle=12)
+    assert local == {"A": 120}
+
+
+def test_charge_elsewhere_skips_unknown_applications_and_refuses_negative_turns():
+    s = FairScheduler(SchedulerLimits(sql_slots=1))
+    s.submit(ticket("a", "A", "qA"))
+    s.charge_elsewhere({"A": 0, "nobody": 7})
+    assert s.statistics().virtual_time_by_application == {"A": 0.0}
+    s.charge_elsewhere({"A": 2})
+    assert s.statistics().virtual_time_by_application == {"A": 2.0}
+    with pytest.raises(ValueError):
+        s.charge_elsewhere({"A": -1})
+
+
 def test_virtual_time_state_is_bounded_by_the_applications_of_about_a_round():
     """10,000 applications come once and go: the rotation remembers only those whose
     virtual time is still ahead of the node's (the last round), and forgets each queue
@@ -497,8 +560,10 @@ def test_the_rotation_stays_in_virtual_time_order_under_random_load():
             s.withdraw(rng.choice(conns).connection_id)
         elif action < 0.55:
             s.set_weight(f"app{rng.randrange(12)}", rng.choice([1, 2, 3, 7, 100]))
-        elif action < 0.6:
+        elif action < 0.58:
             s.charge(f"app{rng.randrange(12)}", rng.randrange(3))
+        elif action < 0.6:
+            s.charge_elsewhere({f"app{rng.randrange(12)}": rng.randrange(4) for _ in range(3)})
         elif in_flight:
             s.complete(in_flight.pop(rng.randrange(len(in_flight))), 0.0, empty=False)
         in_flight.extend(s.grant(0.0))

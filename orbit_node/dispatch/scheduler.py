@@ -35,7 +35,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter, OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from itertools import count
 
 import attrs
@@ -151,17 +151,22 @@ class Rotation:
         self.now = start
         return self._catch_up()
 
-    def charge(self, key: str, cost: int) -> None:
-        """Move a known ``key`` ``cost`` units later, as if it had taken turns worth that."""
+    def charge(self, key: str, cost: int, *, lead_at_most: int | None = None) -> None:
+        """Move a known ``key`` ``cost`` units later, as if it had taken turns worth that.
+        With ``lead_at_most``, its time ends at most that far ahead of ``now``: whatever
+        lead it had beyond that is dropped."""
         own = self._time.get(key)
         if own is None:
             return
+        time = max(own, self.now) + cost
+        if lead_at_most is not None:
+            time = min(time, self.now + lead_at_most)
         if key in self._members:
             self._unline(key)
-            self._time[key] = own + cost
+            self._time[key] = time
             bisect.insort(self._line, self._entry(key))
         else:
-            self._time[key] = max(own, self.now) + cost
+            self._time[key] = time
             self._gone.add(key)
 
     def _entry(self, key: str) -> tuple[int, int, str]:
@@ -289,6 +294,26 @@ class FairScheduler:
         if turns < 0:
             raise ValueError(f"turns must not be negative, got {turns!r}")
         self._apps.charge(application_id, turns * (TURN // self.weight(application_id)))
+
+    def applications(self) -> list[str]:
+        """The applications in the rotation or remembered by it: those a charge reaches."""
+        return list(self._apps.times())
+
+    def charge_elsewhere(self, turns: Mapping[str, int]) -> None:
+        """The share across nodes: ``turns`` are the claim turns each application took on
+        the cluster's other nodes since the previous call (once a scan cycle). Each counts
+        as taken here, as with ``charge``, but an application ends at most those turns plus
+        one ahead of the node's virtual time: a lead left from earlier calls that the node
+        has not caught up with yet is dropped. So turns taken elsewhere delay an application
+        here by at most one call's worth, and only while others ask: like every charge,
+        this orders turns and never withholds one (an application that alone asks is
+        granted). Applications this node neither serves nor remembers are left out."""
+        for application_id, n in turns.items():
+            if n < 0:
+                raise ValueError(f"turns must not be negative, got {n!r} for {application_id}")
+            if n:
+                unit = TURN // self.weight(application_id)
+                self._apps.charge(application_id, n * unit, lead_at_most=(n + 1) * unit)
 
     # -- requests ----------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ are the per-node fairness counters of P3 section 3; each node records its own he
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -111,6 +111,17 @@ class OperationsStore:
     async def live_turns(self) -> list[dict[str, Any]]:
         """Rows (node_id, application_id, application, turns) of live nodes."""
         return await self.db.fetchall("ops_turns_live", {"stale_s": NODE_STALE_S})
+
+    async def turns_elsewhere(self, node_id: str, application_ids: Collection[str]) -> list[tuple[str, str, int]]:
+        """(node_id, application_id, cumulative turns) of the given applications on every live
+        node but ``node_id``: what the share across nodes reads once a scan cycle."""
+        if not application_ids:
+            return []
+        applications = json.dumps([{"a": app} for app in sorted(application_ids)])
+        rows = await self.db.fetchall(
+            "ops_turns_elsewhere", {"node_id": node_id, "stale_s": NODE_STALE_S, "applications": applications}
+        )
+        return [(r["node_id"], r["application_id"], int(r["turns"])) for r in rows]
 
     async def live_nodes(self) -> list[dict[str, Any]]:
         rows = await self.db.fetchall("ops_nodes_live", {"stale_s": NODE_STALE_S})

@@ -61,6 +61,22 @@ SELECT ct.node_id, ct.application_id, a.name AS application, a.fairness_weight, 
    AND n.heartbeat_at > NOW(6) - INTERVAL %(stale_s)s SECOND
  ORDER BY ct.node_id, ct.application_id
 
+-- The cumulative turns of the named applications on every other live node: each node reads
+-- them once a scan cycle, and what they gained since its previous read counts in its own
+-- rotation as turns taken elsewhere (the share across nodes, docs/scheduling.md).
+-- %(applications)s: [{"a": application id}, ...]. The ids come through JSON_TABLE so that
+-- each (live node, application) is one primary-key lookup (an IN list on the key's second
+-- part would read every row of each node); nothing is locked.
+-- name: ops_turns_elsewhere
+SELECT ct.node_id, ct.application_id, ct.turns
+  FROM nodes n
+  STRAIGHT_JOIN JSON_TABLE(%(applications)s, '$[*]' COLUMNS (
+         application_id CHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.a')) v
+  STRAIGHT_JOIN claim_turns ct ON ct.node_id = n.node_id AND ct.application_id = v.application_id
+ WHERE n.node_id <> %(node_id)s
+   AND n.stopped_at IS NULL
+   AND n.heartbeat_at > NOW(6) - INTERVAL %(stale_s)s SECOND
+
 -- name: ops_nodes_live
 SELECT n.node_id, n.hostname, n.http_addr, n.version, n.started_at, n.heartbeat_at,
        TIMESTAMPDIFF(MICROSECOND, n.heartbeat_at, NOW(6)) / 1000000 AS heartbeat_age_s,

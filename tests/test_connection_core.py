@@ -502,15 +502,20 @@ class ConnectionLife(RuleBasedStateMachine):
         self.now += 0.25
         return self.now
 
+    def may_ask(self) -> bool:
+        """Whether the connection asks for tasks now: nothing outstanding, not draining, and
+        room, at least half a claim of it while it holds tasks."""
+        free = self.capacity - len(self.model)
+        threshold = -(-min(self.capacity, self.batch) // 2)
+        return not (self.outstanding or self.draining or free <= 0 or (self.model and free < threshold))
+
     @rule()
     def ask(self) -> None:
         request = self.core.next_claim()
-        free = self.capacity - len(self.model)
-        threshold = -(-min(self.capacity, self.batch) // 2)
-        if self.outstanding or self.draining or free <= 0 or (self.model and free < threshold):
+        if not self.may_ask():
             assert request is None
             return
-        assert request is not None and request.limit == min(free, self.batch)
+        assert request is not None and request.limit == min(self.capacity - len(self.model), self.batch)
         self.outstanding, self.limit = True, request.limit
 
     @rule()
@@ -551,7 +556,7 @@ class ConnectionLife(RuleBasedStateMachine):
     def retry(self) -> None:
         due = self.core.retry_claim_at is not None and self.tick() >= self.core.retry_claim_at
         request = self.core.claim_retry(self.now)
-        may_ask = not self.outstanding and not self.draining and len(self.model) < self.capacity
+        may_ask = self.may_ask()
         if not due:
             assert request is None
         elif may_ask:

@@ -94,8 +94,15 @@ class ClaimPool:
         self._changed.set()
 
     def task_arrived(self, queue_id: str) -> None:
-        """A task was accepted for ``queue_id`` through this node: wake its waiting requests."""
+        """Tasks are due in ``queue_id`` (accepted or requeued through this node, or heard
+        of from another): wake its waiting requests."""
         self.scheduler.task_arrived(queue_id)
+        self._changed.set()
+
+    def task_due(self, queue_id: str, when: float) -> None:
+        """A task of ``queue_id`` comes due at ``when`` (trio's clock): wake its waiting
+        requests then, rather than when their empty results expire."""
+        self.scheduler.cache.forget_queue_at(queue_id, when)
         self._changed.set()
 
     def close(self) -> None:
@@ -126,6 +133,8 @@ class ClaimPool:
             while True:
                 self._rounds += 1
                 now = trio.current_time()
+                for queue_id in self.scheduler.cache.due_queues(now):
+                    self.scheduler.task_arrived(queue_id)
                 if not self._closed:
                     for grant in self.scheduler.grant(now):
                         if self.on_grant is not None:
@@ -133,9 +142,12 @@ class ClaimPool:
                         claims.start_soon(self._run_claim, grant)
                 if self._closed and self.scheduler.statistics().in_flight == 0:
                     return
-                wakeup = None if self._closed else self.scheduler.next_wakeup(now)
+                wakeup = math.inf
+                if not self._closed:
+                    times = (self.scheduler.next_wakeup(now), self.scheduler.cache.next_due())
+                    wakeup = min((t for t in times if t is not None), default=math.inf)
                 self._changed = trio.Event()
-                with trio.move_on_at(math.inf if wakeup is None else wakeup):
+                with trio.move_on_at(wakeup):
                     await self._changed.wait()
 
     async def _run_claim(self, grant: Grant) -> None:

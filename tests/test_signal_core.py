@@ -5,6 +5,8 @@ trio's clock."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import trio
@@ -229,3 +231,11 @@ async def test_a_claim_running_when_its_queue_comes_due_is_not_remembered_empty(
                 await trio.sleep(0.01)
             pool.close()
     assert [round(t - start, 3) for t in calls] == [0.0, 2.0]
+
+
+def test_the_bookkeeping_imports_neither_trio_nor_a_driver():
+    code = (
+        "import sys, orbit_node.dispatch.signal_core, orbit_node.dispatch.cache; "
+        "sys.exit(bool({'trio', 'trio_mysql'} & set(sys.modules)))"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

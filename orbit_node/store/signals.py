@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import attrs
 
-from ..db import Database
+if TYPE_CHECKING:
+    # Only the repository needs the database: the values stay importable without a driver.
+    from ..db import Database
 
 TASKS = "tasks"
 CANCEL = "cancel"

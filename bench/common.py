@@ -403,11 +403,18 @@ class NodeProcess:
 
 @asynccontextmanager
 async def ready_process(
-    cmd: Sequence[str], ready: Path, *, name: str, start_timeout_s: float, stop_timeout_s: float
+    cmd: Sequence[str],
+    ready: Path,
+    *,
+    name: str,
+    start_timeout_s: float,
+    stop_timeout_s: float,
+    cwd: Path = REPO,
 ) -> AsyncIterator[tuple[subprocess.Popen, dict[str, Any]]]:
-    """Run ``cmd`` (from the repository root) until it writes JSON to ``ready``; yield the
-    process and that JSON; SIGTERM it on exit (SIGKILL after ``stop_timeout_s``)."""
-    proc = subprocess.Popen(list(cmd), cwd=REPO, stdin=subprocess.DEVNULL)
+    """Run ``cmd`` (from ``cwd``, the repository root by default) until it writes JSON to
+    ``ready``; yield the process and that JSON; SIGTERM it on exit (SIGKILL after
+    ``stop_timeout_s``)."""
+    proc = subprocess.Popen(list(cmd), cwd=cwd, stdin=subprocess.DEVNULL)
     try:
         with trio.fail_after(start_timeout_s):
             while not ready.exists():
@@ -436,10 +443,14 @@ async def node_process(
     stats_interval_s: float | None = None,
     run_lease_s: float | None = None,
     shards: str = "",
+    source: Path | None = None,
 ) -> AsyncIterator[NodeProcess]:
     """Start ``python -m bench.nodeproc`` on a free port of 127.0.0.1; SIGTERM it on exit.
 
-    ``shards``: the node's ORBIT_SHARDS (none: every application on ``dsn``)."""
+    ``shards``: the node's ORBIT_SHARDS (none: every application on ``dsn``). ``source``:
+    another checkout of the repository whose ``orbit_node`` the node runs (an earlier
+    commit, measured in the same run; the database keeps this checkout's schema, which
+    an older node serves as it is)."""
     workdir = Path(tempfile.mkdtemp(prefix="orbit-bench-node-"))
     ready = workdir / "ready.json"
     stats = workdir / "stats.jsonl"
@@ -456,7 +467,12 @@ async def node_process(
         cmd += ["--shards", shards]
     try:
         async with ready_process(
-            cmd, ready, name="node", start_timeout_s=NODE_START_TIMEOUT_S, stop_timeout_s=NODE_STOP_TIMEOUT_S
+            cmd,
+            ready,
+            name="node",
+            start_timeout_s=NODE_START_TIMEOUT_S,
+            stop_timeout_s=NODE_STOP_TIMEOUT_S,
+            cwd=REPO if source is None else source,
         ) as (proc, info):
             yield NodeProcess(info["url"], proc.pid, stats)
     finally:

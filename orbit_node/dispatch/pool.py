@@ -175,7 +175,12 @@ class ClaimPool:
             self._changed.set()
             raise
         now = trio.current_time()
-        self.scheduler.complete(grant, now, empty=outcome == "empty")
+        # A claim that took fewer tasks than it asked for has found the queue empty behind
+        # them (it reads past rows other claims hold): remembered like an empty result, so
+        # the connection's next request (right after this delivery, or after its Finish)
+        # spends no grant of its pace and no SQL until a task arrives or the cycle ends.
+        exhausted = outcome != "error" and len(reservations) < grant.claim.limit
+        self.scheduler.complete(grant, now, empty=exhausted)
         self._changed.set()
         self._counts[outcome] += 1
         if outcome == "tasks":

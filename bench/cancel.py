@@ -73,9 +73,9 @@ class Blocking:
 
 
 async def cancel_path(
-    submitter: OrbitClient, canceller: OrbitClient, worker: Worker, handler: Blocking, app, args, spread_s: float
+    submitter: OrbitClient, canceller: OrbitClient, worker: Worker, handler: Blocking, app, tasks: int, spread_s: float
 ) -> dict[str, Any]:
-    """Run ``--cancel-tasks`` handlers, cancel each through ``canceller`` within ``spread_s``."""
+    """Run ``tasks`` handlers, cancel each through ``canceller`` within ``spread_s``."""
     run = f"{time.time_ns()}"
     results = await submitter.submit_many(
         (
@@ -88,7 +88,7 @@ async def cancel_path(
                 payload={},
             ),
         )
-        for index in range(args.cancel_tasks)
+        for index in range(tasks)
     )
     task_ids = [item.task.task_id for item in results if item.task is not None]
     if not await wait_until(lambda: handler.started >= set(task_ids), timeout_s=SETTLE_S):
@@ -116,7 +116,12 @@ async def cancel_path(
     states = {(await submitter.get_task(task_id)).state for task_id in task_ids}
     if states != {"cancelled"}:
         raise RuntimeError(f"cancelled tasks ended {sorted(states)}")
-    return {"tasks": len(task_ids), "latency_s": summarize(latencies), "cancel_answer_s": summarize(answers)}
+    return {
+        "tasks": len(task_ids),
+        "latency_s": summarize(latencies),
+        "cancel_answer_s": summarize(answers),
+        "samples_s": latencies,
+    }
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -142,7 +147,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         ("same node (holds the connection)", via_holding, SAME_NODE_SPREAD_S),
                         ("another node", via_other, renew_s),
                     ):
-                        row = await cancel_path(via_holding, canceller, worker, handler, app, args, spread_s)
+                        row = await cancel_path(
+                            via_holding, canceller, worker, handler, app, args.cancel_tasks, spread_s
+                        )
                         rows.append({"path": path, "spread_s": spread_s, **row})
                 finally:
                     with trio.CancelScope(shield=True), trio.move_on_after(10):

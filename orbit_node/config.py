@@ -271,6 +271,37 @@ class SchedulerLimits:
 
 
 @attrs.frozen(kw_only=True)
+class SignalTiming:
+    """Signals between nodes (docs/scheduling.md, "Signals between nodes")."""
+
+    # Between two reads of the signal table while signals come (or this node writes them).
+    fast_interval_s: float = attrs.field(default=0.02, validator=_positive)
+    # The longest pause between two reads: a quiet node reads this often (a few a second).
+    slow_interval_s: float = attrs.field(default=0.25, validator=_positive)
+    # Reads stay at the fast interval this long after the last signal read or written.
+    busy_s: float = attrs.field(default=10.0, validator=_non_negative)
+    # Signals read at most per statement (a fuller page is followed by another read at once).
+    read_limit: int = attrs.field(default=500, validator=_positive)
+    # A node that begins to listen (its first Worker connection) also hears the signals of
+    # the last this many seconds: those written while its Workers' first claims ran.
+    look_back_s: float = attrs.field(default=2.0, validator=_non_negative)
+    # A hole in the ids read (an insert not yet committed) is looked for again this long.
+    gap_wait_s: float = attrs.field(default=0.5, validator=_non_negative)
+    # Signals not yet written, at most (more are dropped: they cost latency only).
+    outbox_limit: int = attrs.field(default=10_000, validator=_positive)
+    # Signals are deleted this many seconds after they were written, this often.
+    keep_s: int = attrs.field(default=60, validator=_positive)
+    prune_interval_s: float = attrs.field(default=10.0, validator=_positive)
+
+    def __attrs_post_init__(self):
+        if self.slow_interval_s < self.fast_interval_s:
+            raise ConfigError(
+                f"slow_interval_s must be at least fast_interval_s, got {self.slow_interval_s!r}",
+                field="slow_interval_s",
+            )
+
+
+@attrs.frozen(kw_only=True)
 class NodeConfig:
     # The node's database: the directory (nodes, schema) and the shard of every
     # application ORBIT_SHARDS does not name.
@@ -328,6 +359,7 @@ class NodeConfig:
     # a revoked or changed credential takes effect within it. 0: every request asks.
     credential_cache_s: float = attrs.field(default=1.0, validator=_non_negative)
     scheduler: SchedulerLimits = attrs.field(factory=SchedulerLimits)
+    signals: SignalTiming = attrs.field(factory=SignalTiming)
     # The read-only web console at /console (docs/operations.md).
     console: bool = True
     # Key that signs console session cookies (ORBIT_CONSOLE_SECRET). Nodes behind one load

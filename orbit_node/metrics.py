@@ -31,6 +31,7 @@ from .dispatch.commit import GroupCommitter
 from .dispatch.pool import ClaimPool
 from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import Grant
+from .dispatch.signals import SignalRelay
 from .workers.hub import WorkerHub
 
 # Claim SQL takes milliseconds; a slow one is a lock wait or a sick database.
@@ -42,6 +43,16 @@ START_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 # up to about a scan cycle (1 s) for a paced-out request, longer when the pool is saturated.
 TURN_WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # RecoveryStats fields, one label value each.
+# orbit_signals{event}: the event, and the field of RelayStatistics that counts it.
+SIGNAL_EVENTS = (
+    ("written", "published"),
+    ("write_failed", "publish_failures"),
+    ("dropped", "dropped"),
+    ("heard", "heard"),
+    ("queue_woken", "woken"),
+    ("due_set", "due"),
+    ("cancel_pushed", "cancels_pushed"),
+)
 RECOVERY_OUTCOMES = ("requeued", "retried", "failed", "cancelled", "expired")
 # Methods counted under their own name; any other (a client may send anything) is "other".
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -118,12 +129,13 @@ class NodeMetrics:
         sweepers: Sequence[Sweeper] = (),
         commits: Sequence[GroupCommitter] = (),
         databases: Sequence[Database] = (),
+        signals: Sequence[SignalRelay] = (),
     ) -> None:
         """Read the node's services at every scrape (called once, when the node is built).
 
         A node with several shards has a sweeper, a group commit and a database per shard:
         their figures are summed (``databases`` defaults to the node's own)."""
-        self.registry.register(NodeCollector(self, hub, pool, sweepers, commits, databases or (self.db,)))
+        self.registry.register(NodeCollector(self, hub, pool, sweepers, commits, databases or (self.db,), signals))
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -174,8 +186,10 @@ class NodeCollector:
         sweepers: Sequence[Sweeper],
         commits: Sequence[GroupCommitter],
         databases: Sequence[Database],
+        signals: Sequence[SignalRelay] = (),
     ):
         self.metrics = metrics
+        self.signals = signals
         self.hub = hub
         self.pool = pool
         self.sweepers = sweepers
@@ -280,6 +294,25 @@ class NodeCollector:
             for application_id, count in sorted(stats.turns_by_application.items()):
                 turns.add_metric([application_id, names.get(application_id, "")], count)
             yield turns
+
+        if self.signals:
+            relays = [relay.statistics() for relay in self.signals]
+            signals = CounterMetricFamily(
+                "orbit_signals",
+                "Signals between nodes: written, write_failed and dropped (not written), heard "
+                "(written by other nodes, or due times of this one), and what they did here: "
+                "queue_woken, due_set, cancel_pushed.",
+                labels=["event"],
+            )
+            for event, field in SIGNAL_EVENTS:
+                signals.add_metric([event], sum(getattr(r, field) for r in relays))
+            yield signals
+            reads = CounterMetricFamily(
+                "orbit_signal_reads", "Reads of the signal table, by outcome (ok, failed).", labels=["outcome"]
+            )
+            reads.add_metric(["ok"], sum(r.reads for r in relays))
+            reads.add_metric(["failed"], sum(r.read_failures for r in relays))
+            yield reads
 
         if self.sweepers:
             recovered = CounterMetricFamily(

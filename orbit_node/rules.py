@@ -465,6 +465,11 @@ class NewTask:
     backoff_multiplier: float = DEFAULT_BACKOFF_MULTIPLIER
     resource_key: str | None = None
 
+    @property
+    def held_back(self) -> bool:
+        """Whether the submission names when the task becomes available (else: at once)."""
+        return self.available_at is not None or self.delay_us > 0
+
     def canonical(self) -> dict[str, Any]:
         """The request as the digest sees it: every field at its default value is left out.
 

@@ -25,6 +25,7 @@ from .dispatch.plan_trigger import PlanTrigger
 from .dispatch.pool import ClaimPool
 from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import FairScheduler
+from .dispatch.signals import SignalRelay
 from .dispatch.turns import TurnRecorder
 from .dispatch.weights import WeightFollower
 from .errors import Unauthenticated, Unavailable
@@ -33,6 +34,7 @@ from .store.dispatch import DispatchStore
 from .store.operations import OperationsStore
 from .store.ownership import Reservation
 from .store.plans import PlanStore
+from .store.signals import SignalStore
 from .store.tasks import TaskStore
 from .store.tenancy import Principal, TenancyStore
 from .store.workers import WorkerRegistryStore
@@ -63,8 +65,9 @@ def default_services() -> ServiceSet:
 class Shard:
     """One database holding applications' rows, its repositories, and the services that
     work on it: the group commit of its Worker transitions, its claim-turn recorder, the
-    follower of its applications' fairness weights, its recovery sweeper and its plan
-    trigger. Each transaction any of them runs touches this database only."""
+    follower of its applications' fairness weights, its signals between nodes, its recovery
+    sweeper and its plan trigger. Each transaction any of them runs touches this database
+    only."""
 
     # "main" for ORBIT_MYSQL_DSN, else "shard N" (N from 2, in ORBIT_SHARDS order).
     label: str
@@ -78,6 +81,7 @@ class Shard:
     commits: GroupCommitter | None = None
     turns: TurnRecorder | None = None
     weights: WeightFollower | None = None
+    signals: SignalRelay | None = None
     sweeper: Sweeper | None = None
     trigger: PlanTrigger | None = None
 
@@ -191,6 +195,9 @@ class Shards:
     def registries(self) -> Sequence[WorkerRegistryStore]:
         return [shard.registry for shard in self.all]
 
+    def signals_for(self, application_id: str) -> SignalRelay | None:
+        return self.of_application(application_id).signals
+
     def turns_on(self, shard: Shard, turns: Mapping[str, int]) -> Mapping[str, int]:
         """Of the node's claim turns per application id, those of ``shard``'s applications."""
         if not self._by_name:
@@ -286,6 +293,23 @@ class DispatchServices:
             return shards
 
         pool = None
+        hub: WorkerHub | None = None
+
+        def push_cancel(task_id: str) -> bool:
+            return hub is not None and hub.push_cancel(task_id)
+
+        def listening_on(index: int) -> Callable[[], bool]:
+            """Whether the node has Worker connections of applications of shard ``index``."""
+
+            def listening() -> bool:
+                if hub is None:
+                    return False
+                routed_shards = routed()
+                shard = routed_shards.all[index]
+                return any(routed_shards.holds(shard, c.principal.application_id) for c in hub.connections.values())
+
+            return listening
+
         if run.workers:
 
             async def claim(request: ClaimRequest) -> Sequence[Reservation]:
@@ -305,7 +329,7 @@ class DispatchServices:
         for label, shard_db in zip(shard_labels(config), (db, *shard_dbs), strict=True):
             store = DispatchStore.from_config(shard_db, config)
             tenancy = TenancyStore(shard_db)
-            commits = turns = weights = sweeper = trigger = None
+            commits = turns = weights = signals = sweeper = trigger = None
             if pool is not None:
                 commits = GroupCommitter(store)
                 # Claim turns go to the database too: operators see every node's rotation in one place.
@@ -317,6 +341,14 @@ class DispatchServices:
                     applications=_known_on(routed, len(built), pool.scheduler),
                     charge_elsewhere=pool.scheduler.charge_elsewhere,
                 )
+                signals = SignalRelay(
+                    SignalStore(shard_db),
+                    node_id,
+                    config.signals,
+                    pool=pool,
+                    listening=listening_on(len(built)),
+                    push_cancel=push_cancel,
+                )
                 weights = WeightFollower(
                     tenancy.application_weights, pool.scheduler.set_weight, _holds(routed, len(built))
                 )
@@ -326,7 +358,7 @@ class DispatchServices:
                 trigger = PlanTrigger(
                     PlanStore(shard_db),
                     config.plan_interval_s,
-                    tasks_arrived=None if pool is None else pool.task_arrived,
+                    tasks_arrived=None if signals is None else signals.tasks_arrived,
                 )
             built.append(
                 Shard(
@@ -341,6 +373,7 @@ class DispatchServices:
                     commits=commits,
                     turns=turns,
                     weights=weights,
+                    signals=signals,
                     sweeper=sweeper,
                     trigger=trigger,
                 )
@@ -348,7 +381,6 @@ class DispatchServices:
         by_location = {dsn.location: shard for dsn, shard in zip(config.shard_dsns, built[1:], strict=True)}
         by_name = {entry.application: by_location.get(entry.dsn.location, built[0]) for entry in config.shards}
         shards = Shards(built[0], tuple(built[1:]), by_name)
-        hub = None
         if pool is not None:
             hub = WorkerHub(
                 config=config,
@@ -365,6 +397,7 @@ class DispatchServices:
             sweepers=[s.sweeper for s in built if s.sweeper is not None],
             commits=[s.commits for s in built if s.commits is not None],
             databases=[s.db for s in built],
+            signals=[s.signals for s in built if s.signals is not None],
         )
         return cls(shards=shards, pool=pool, hub=hub)
 
@@ -387,6 +420,8 @@ class DispatchServices:
                     await nursery.start(shard.turns.run)
                 if shard.weights is not None:
                     await nursery.start(shard.weights.run)
+                if shard.signals is not None:
+                    await nursery.start(shard.signals.run)
                 if shard.sweeper is not None:
                     await nursery.start(shard.sweeper.run)
                 if shard.trigger is not None:

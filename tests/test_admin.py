@@ -386,35 +386,36 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
             watch_one = ClaimWatch(one.node.state.services.pool)
             watch_two = ClaimWatch(two.node.state.services.pool)
             async with raw_worker(one.base_url, alpha.token) as w1:
-                # Node one: alpha runs its 3 tasks (a claim with tasks, then an empty one: with
-                # 3 of 6 held, half a claim is free, so the connection asks again).
+                # Node one: alpha runs its 3 tasks (one claim: it took fewer than it asked
+                # for, so the queue is remembered empty and the connection's next request,
+                # with half a claim free, runs no SQL).
                 await w1.hello([alpha.queues["work"]], capacity=6)
                 tasks = (await w1.recv_type("dispatch"))["tasks"]
                 ack = await w1.request("start", [{"task_id": t["task_id"], "token": t["token"]} for t in tasks], "s")
                 assert len(ack["results"]) == 3 and all(r["ok"] for r in ack["results"])
-                await watch_one.wait_for(2)
+                await watch_one.wait_for(1)
                 async with raw_worker(two.base_url, beta.token) as w2, raw_worker(two.base_url, alpha.token) as w3:
-                    # Node two: beta reserves its 2 tasks (2 claims); alpha finds nothing (1 claim).
+                    # Node two: beta reserves its 2 tasks (1 claim); alpha finds nothing (1 claim).
                     await w2.hello([beta.queue_id], capacity=5)
                     assert len((await w2.recv_type("dispatch"))["tasks"]) == 2
-                    await watch_two.wait_for(2)
+                    await watch_two.wait_for(1)
                     await w3.hello([alpha.queues["work"]], capacity=1)
-                    await watch_two.wait_for(3)
+                    await watch_two.wait_for(2)
                     for running in (one, two):
                         await running.node.state.services.turns.flush()
 
                     await admin_json("application", "weight", "beta", "3", dsn=dsn)
                     (frame,) = await top_frames("--once", dsn=dsn)
                     apps = {a["application"]: a for a in frame["applications"]}
-                    assert (apps["alpha"]["claim_turns"], apps["beta"]["claim_turns"]) == (3, 2)
+                    assert (apps["alpha"]["claim_turns"], apps["beta"]["claim_turns"]) == (2, 1)
                     # Each share of the turns beside the share its weight gives (1 and 3 of 4).
                     assert [
                         (apps[a]["fairness_weight"], apps[a]["claim_turn_share"], apps[a]["weight_share"])
                         for a in ("alpha", "beta")
-                    ] == [(1, 0.6, 0.25), (3, 0.4, 0.75)]
+                    ] == [(1, 0.6667, 0.25), (3, 0.3333, 0.75)]
                     (beta_only,) = await top_frames("--once", "--application", "beta", dsn=dsn)
                     assert [(a["claim_turn_share"], a["weight_share"]) for a in beta_only["applications"]] == [
-                        (0.4, 0.75)
+                        (0.3333, 0.75)
                     ]
                     assert apps["alpha"]["claim_turns_per_s"] is None  # one frame has no rate
                     assert (apps["alpha"]["running"], apps["alpha"]["reserved"], apps["alpha"]["queued"]) == (3, 0, 5)
@@ -438,7 +439,7 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
                     for word in ("applications", "claim turns", "alpha", "beta", "later", "p9", "live nodes"):
                         assert word in text.stdout
                     beta_row = next(line for line in text.stdout.splitlines() if line.startswith("│ beta "))
-                    assert [cell.strip() for cell in beta_row.split("│")][7:12] == ["3", "2", "-", "40.0 %", "75.0 %"]
+                    assert [cell.strip() for cell in beta_row.split("│")][7:12] == ["3", "1", "-", "33.3 %", "75.0 %"]
     # Stopped nodes took their counters with them.
     (frame,) = await top_frames("--once", dsn=dsn)
     assert frame["nodes"] == [] and {a["claim_turns"] for a in frame["applications"]} == {0}

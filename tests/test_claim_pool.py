@@ -301,3 +301,47 @@ async def test_a_paced_out_request_widened_while_it_waits_claims_the_freed_capac
             pool.close()
     assert limits == [1, 1, 1, 1, 5]
     assert times[4] - start >= 1.0  # still paced: the fifth claim waited for the next cycle
+
+
+async def test_a_claim_that_takes_fewer_than_it_asked_spends_no_further_grant_until_a_task_arrives(autojump_clock):
+    """Tasks arriving one by one to an idle Worker (capacity 8): each costs one claim. The
+    follow-up request after a short claim is held like one after an empty claim, so
+    three arrivals in one cycle are served within it, beside the cycle's probe of the
+    expired empty result (a second, empty claim per task would pace the connection out
+    after two: probe, task, empty, task)."""
+    available: list[str] = []
+    claims: list[float] = []
+
+    async def claim(request):
+        claims.append(trio.current_time())
+        taken = available[: request.limit]
+        del available[: request.limit]
+        return taken
+
+    pool = ClaimPool(FairScheduler(SchedulerLimits(scan_cycle_s=1.0)), claim=claim, release=None)
+    dispatched: dict[str, float] = {}
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            start = trio.current_time()
+
+            def deliver(result):
+                if isinstance(result, PoolClosed):
+                    return
+                for task in result:
+                    dispatched[task] = trio.current_time() - start
+                pool.request(attrs.evolve(ticket(), limit=8), deliver)  # room left: asks again
+
+            pool.request(attrs.evolve(ticket(), limit=8), deliver)
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(1.0)  # the next cycle: its probe (the empty result expired) runs first
+            for n in range(3):
+                await trio.sleep(0.1)
+                available.append(f"t{n}")
+                pool.task_arrived("q")
+                await trio.testing.wait_all_tasks_blocked()
+            pool.close()
+    assert sorted(dispatched) == ["t0", "t1", "t2"]
+    assert max(dispatched.values()) < 1.5
+    # A probe per cycle, then one claim per task.
+    assert [round(t - start, 3) for t in claims] == [0.0, 1.0, 1.1, 1.2, 1.3]

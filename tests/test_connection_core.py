@@ -20,6 +20,7 @@ from orbit_node.workers.core import (
     CancelNotice,
     ConnectionCore,
     Held,
+    Requeued,
     TaskState,
     TransitionKind,
     kind_of,
@@ -37,6 +38,8 @@ QUEUES = ("q" * 32, "r" * 32)
 BATCH = 16
 SCAN_CYCLE_S = 1.0
 EPOCH = datetime(2030, 1, 1)
+# When a retried task comes due again (database clock).
+DUE = datetime(2030, 1, 1, 0, 0, 2)
 
 # Written out here, not read from RULES: the held states each transition accepts ...
 ACCEPTS = {START: {RESERVED}, RENEW: {RESERVED, RUNNING}, FINISH: {RUNNING}, RELEASE: {RESERVED}}
@@ -638,7 +641,7 @@ TestConnectionLife.settings = settings(max_examples=200, stateful_step_count=40,
         (FINISH, Outcome.CANCELLED, False),
     ],
 )
-def test_a_task_back_in_its_queue_names_the_queue_to_wake(kind, outcome, requeued):
+def test_a_task_back_in_its_queue_names_the_queue_to_wake_and_when(kind, outcome, requeued):
     state = RESERVED if kind is RELEASE else RUNNING
     c = core()
     assert c.next_claim() is not None
@@ -647,10 +650,14 @@ def test_a_task_back_in_its_queue_names_the_queue_to_wake(kind, outcome, requeue
         refs = [p.TaskRef(task_id(n), token(n)) for n in (1, 2)]
         c.settle(START, c.split(START, refs).mine, [ok(START, 1), ok(START, 2)], 0.0)
     split = c.split(kind, [ref(kind, 1, token(1)), ref(kind, 2, token(2))])
-    results = [TransitionResult(task_id=task_id(n), outcome=outcome, state="queued") for n in (1, 2)]
+    due = {n: DUE if outcome is Outcome.RETRY else None for n in (1, 2)}
+    results = [
+        TransitionResult(task_id=task_id(n), outcome=outcome, state="queued", available_at=due[n]) for n in (1, 2)
+    ]
     settled = c.settle(kind, split.mine, results, now=1.0)
     assert settled.dropped == (task_id(1), task_id(2))
-    assert settled.requeued == ((QUEUES[1],) if requeued else ())
+    # One wake per queue and due time: a retry's when its backoff ends, a release's now.
+    assert settled.requeued == ((Requeued(QUEUES[1], due[1]),) if requeued else ())
 
 
 def test_a_refused_release_wakes_no_queue():

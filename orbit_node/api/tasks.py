@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from quart import Blueprint, request
 
 from .. import logs, rules
 from ..errors import OrbitError, PermissionDenied
+from ..services import Shard
 from ..store.acceptance import Submission
-from ..store.tasks import Task, TaskSummary
+from ..store.tasks import Accepted, Task, TaskSummary
 from ..store.tenancy import Principal
 from ..wire import stored_json
 from . import envelope, validation
@@ -80,14 +83,27 @@ async def submit_task():
     new = rules.submit_task(await validation.json_object(required=True))
     who.require("tasks:submit", new.queue_id)
     state = node_state()
-    accepted = await state.shard(who).tasks.submit(who.namespace_id, key, new)
+    where = state.shard(who)
+    accepted = await where.tasks.submit(who.namespace_id, key, new)
     logs.bind(queue_id=new.queue_id, task_id=accepted.task.task_id)
-    claims = state.services.pool
-    if accepted.created and claims is not None:
-        # Waiting Workers of this queue on this node may claim at once instead of after
-        # their empty-result cache entry expires (a latency shortcut; it decides nothing).
-        claims.task_arrived(new.queue_id)
+    if accepted.created:
+        announce(where, [arrival(new, accepted.task)])
     return envelope.ok(task_json(accepted.task), 201 if accepted.created else 200)
+
+
+def arrival(new: rules.NewTask, task: Task) -> tuple[str, datetime | None]:
+    """The queue a created task wakes, and when: at once, or at its due time when the
+    submission held it back."""
+    return task.queue_id, task.available_at if new.held_back else None
+
+
+def announce(where: Shard, arrivals: Iterable[tuple[str, datetime | None]]) -> None:
+    """Waiting Workers of these queues, on this node and the others, may claim at once (or
+    at the due time) instead of after their empty-result cache entry expires (a latency
+    shortcut; it decides nothing)."""
+    if where.signals is not None:
+        for queue_id, due_at in dict.fromkeys(arrivals):
+            where.signals.tasks_arrived(queue_id, due_at)
 
 
 def item_error(exc: OrbitError) -> dict[str, Any]:
@@ -128,20 +144,24 @@ async def submit_batch():
             continue
         submissions.append(Submission(key, new, key_field=f"tasks[{index}].idempotency_key", queue_field=field))
     minimal = prefers_minimal()
-    state = node_state()
-    outcomes = iter(await state.shard(who).tasks.submit_many(who.namespace_id, submissions))
+    where = node_state().shard(who)
+    outcomes = iter(await where.tasks.submit_many(who.namespace_id, submissions))
+    accepted = iter(submissions)
     results: list[dict[str, Any]] = []
-    arrived: set[str] = set()
+    arrived: list[tuple[str, datetime | None]] = []
     counts = {"created": 0, "existing": 0, "refused": 0}
     for index in range(len(items)):
-        outcome = refused[index] if index in refused else next(outcomes)
+        if index in refused:
+            outcome: Accepted | OrbitError = refused[index]
+        else:
+            outcome, submission = next(outcomes), next(accepted)
         if isinstance(outcome, OrbitError):
             counts["refused"] += 1
             results.append({"index": index, "status": outcome.http_status, "error": item_error(outcome)})
             continue
         counts["created" if outcome.created else "existing"] += 1
         if outcome.created:
-            arrived.add(outcome.task.queue_id)
+            arrived.append(arrival(submission.new, outcome.task))
         status = 201 if outcome.created else 200
         if minimal:
             task = outcome.task
@@ -149,10 +169,7 @@ async def submit_batch():
         else:
             results.append({"index": index, "status": status, "task": task_json(outcome.task)})
     logs.bind(tasks=len(items), **counts)
-    claims = state.services.pool
-    if claims is not None:
-        for queue_id in sorted(arrived):
-            claims.task_arrived(queue_id)
+    announce(where, sorted(arrived, key=lambda a: (a[0], a[1] or datetime.min)))
     response = envelope.ok({**counts, "results": results})
     if minimal:
         response.headers["Preference-Applied"] = "return=minimal"
@@ -206,9 +223,9 @@ async def cancel_task(task_id: str):
     task = await tasks.get(who.namespace_id, task_id)
     who.require("tasks:cancel", task.queue_id)
     cancelled = await tasks.cancel(who.namespace_id, task_id)
-    hub = node_state().services.hub
-    if hub is not None and cancelled.cancel_requested and cancelled.state in ("reserved", "running"):
-        # The Worker holding it through this node hears it now; through another node,
-        # at its next renew.
-        hub.push_cancel(task_id)
+    signals = shard().signals
+    if signals is not None and cancelled.cancel_requested and cancelled.state in ("reserved", "running"):
+        # The Worker holding it through this node hears it now; through another node, as
+        # soon as that node reads the signal (at the latest at the Worker's next renew).
+        signals.cancel(task_id)
     return envelope.ok(task_json(cancelled))

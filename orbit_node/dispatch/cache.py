@@ -5,11 +5,14 @@ is remembered for one scan cycle, so identical probes in that cycle cost no SQL.
 It authorizes nothing and changes no persistent state: a hit only means "do not
 ask the database for this queue yet". Different capability sets never share an
 entry. At most ``max_entries`` are kept (least recently used goes first). A task
-accepted through this node for a queue forgets that queue's entries at once.
+accepted for a queue (through this node, or heard of from another) forgets that
+queue's entries at once; one that comes due later ends them at its due time
+(``forget_queue_at``: at most ``max_due`` such times are kept, the earliest).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 
 import attrs
@@ -39,7 +42,12 @@ class CacheStatistics:
 class EmptyResultCache:
     ttl_s: float
     max_entries: int
+    max_due: int = 1024
     _entries: OrderedDict[CacheKey, float] = attrs.field(factory=OrderedDict, init=False)
+    # (when, queue id), sorted: queues whose entries end at a due time.
+    _due: list[tuple[float, str]] = attrs.field(factory=list, init=False)
+    # Due times dropped because ``max_due`` earlier ones filled the list (latency only).
+    dues_dropped: int = attrs.field(default=0, init=False)
     hits: int = attrs.field(default=0, init=False)
     misses: int = attrs.field(default=0, init=False)
     stores: int = attrs.field(default=0, init=False)
@@ -72,6 +80,26 @@ class EmptyResultCache:
     def forget_queue(self, queue_id: str) -> None:
         for key in [k for k in self._entries if k.queue_id == queue_id]:
             del self._entries[key]
+
+    def forget_queue_at(self, queue_id: str, when: float) -> None:
+        """A task of ``queue_id`` comes due at ``when``: its entries are to end then
+        (``due_queues`` names it from then on, once)."""
+        bisect.insort(self._due, (when, queue_id))
+        if len(self._due) > self.max_due:
+            self._due.pop()
+            self.dues_dropped += 1
+
+    def due_queues(self, now: float) -> list[str]:
+        """The queues whose due time has come (each once), out of the due list: the caller
+        forgets their entries and wakes their waiting requests (``FairScheduler.task_arrived``)."""
+        passed = bisect.bisect_right(self._due, now, key=lambda due: due[0])
+        queues = list(dict.fromkeys(queue_id for _, queue_id in self._due[:passed]))
+        del self._due[:passed]
+        return queues
+
+    def next_due(self) -> float | None:
+        """The earliest due time still to come, if any."""
+        return self._due[0][0] if self._due else None
 
     def expires_at(self, key: CacheKey, now: float) -> float | None:
         """When the fresh empty entry of ``key`` expires; None when there is none."""

@@ -101,8 +101,15 @@ class ClaimPool:
         self._changed.set()
 
     def task_arrived(self, queue_id: str) -> None:
-        """A task was accepted for ``queue_id`` through this node: wake its waiting requests."""
+        """Tasks are due in ``queue_id`` (accepted or requeued through this node, or heard
+        of from another): wake its waiting requests."""
         self.scheduler.task_arrived(queue_id)
+        self._changed.set()
+
+    def task_due(self, queue_id: str, when: float) -> None:
+        """A task of ``queue_id`` comes due at ``when`` (trio's clock): wake its waiting
+        requests then, rather than when their empty results expire."""
+        self.scheduler.cache.forget_queue_at(queue_id, when)
         self._changed.set()
 
     def close(self) -> None:
@@ -134,6 +141,8 @@ class ClaimPool:
             while True:
                 self._rounds += 1
                 now = trio.current_time()
+                for queue_id in self.scheduler.cache.due_queues(now):
+                    self.scheduler.task_arrived(queue_id)
                 if not self._closed:
                     for grant in self.scheduler.grant(now):
                         submitted = self._submitted.pop(grant.request.connection_id, now)
@@ -144,9 +153,12 @@ class ClaimPool:
                         claims.start_soon(self._run_claim, grant)
                 if self._closed and self.scheduler.statistics().in_flight == 0:
                     return
-                wakeup = None if self._closed else self.scheduler.next_wakeup(now)
+                wakeup = math.inf
+                if not self._closed:
+                    times = (self.scheduler.next_wakeup(now), self.scheduler.cache.next_due())
+                    wakeup = min((t for t in times if t is not None), default=math.inf)
                 self._changed = trio.Event()
-                with trio.move_on_at(math.inf if wakeup is None else wakeup):
+                with trio.move_on_at(wakeup):
                     await self._changed.wait()
 
     async def _run_claim(self, grant: Grant) -> None:
@@ -174,7 +186,12 @@ class ClaimPool:
             self._changed.set()
             raise
         now = trio.current_time()
-        self.scheduler.complete(grant, now, empty=outcome == "empty")
+        # A claim that took fewer tasks than it asked for has found the queue empty behind
+        # them (it reads past rows other claims hold): remembered like an empty result, so
+        # the connection's next request (right after this delivery, or after its Finish)
+        # spends no grant of its pace and no SQL until a task arrives or the cycle ends.
+        exhausted = outcome != "error" and len(reservations) < grant.claim.limit
+        self.scheduler.complete(grant, now, empty=exhausted)
         self._changed.set()
         self._counts[outcome] += 1
         if outcome == "tasks":

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
 import attrs
@@ -118,6 +119,7 @@ class Hub(Protocol):
     def observe_dispatch(self, reservations: Sequence[Reservation]) -> None: ...
     def observe_started(self, seconds: float) -> None: ...
     def observe_finish(self, results: Sequence[TransitionResult]) -> None: ...
+    def tasks_requeued(self, application_id: str, queue_id: str, due_at: datetime | None) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -435,8 +437,8 @@ class WorkerConnection:
         results += [self.hub.result_json(outcome) for _, outcome in zip(mine, outcomes, strict=False)]
         for seconds in settled.started_after_s:
             self.hub.observe_started(seconds)
-        for queue_id in settled.requeued:
-            self.hub.pool.task_arrived(queue_id)
+        for requeued in settled.requeued:
+            self.hub.tasks_requeued(self.principal.application_id, requeued.queue_id, requeued.due_at)
         if kind is TransitionKind.FINISH:
             self.hub.observe_finish(outcomes)
         self.send(p.ack(kind.value, results, message.id))

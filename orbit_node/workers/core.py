@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
 
@@ -166,6 +167,14 @@ class CancelNotice:
 
 
 @attrs.frozen
+class Requeued:
+    """Tasks went back to ``queue_id``, due at ``due_at`` (database clock; None: now)."""
+
+    queue_id: str
+    due_at: datetime | None = None
+
+
+@attrs.frozen
 class Settled:
     """What the store's results changed on this connection."""
 
@@ -175,9 +184,9 @@ class Settled:
     cancels: tuple[CancelNotice, ...] = ()
     # Task ids the connection no longer holds.
     dropped: tuple[str, ...] = ()
-    # Queues a task went back to, due again (released, or a retry): their waiting
-    # claims may find it.
-    requeued: tuple[str, ...] = ()
+    # Queues a task went back to (released: due now; a retry: due after its backoff), each
+    # due time once: their waiting claims may find it then.
+    requeued: tuple[Requeued, ...] = ()
 
 
 @attrs.define(eq=False)
@@ -333,7 +342,7 @@ class ConnectionCore:
         started: list[float] = []
         cancels: list[CancelNotice] = []
         dropped: list[str] = []
-        requeued: dict[str, None] = {}
+        requeued: dict[Requeued, None] = {}
         for ref, result in zip(refs, results, strict=False):  # fewer results than refs: the rest stay held
             effect = rule.on_ok if result.ok else rule.on_refused
             if effect is Effect.DROP:
@@ -341,7 +350,7 @@ class ConnectionCore:
                 if gone is not None:
                     dropped.append(ref.task_id)
                     if result.ok and result.outcome in _REQUEUED:
-                        requeued[gone.queue_id] = None
+                        requeued[Requeued(gone.queue_id, result.available_at)] = None
             elif effect is Effect.RUN:
                 held = self._held.get(ref.task_id)
                 if held is not None:

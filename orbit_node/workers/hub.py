@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -12,6 +13,7 @@ import trio
 
 from ..config import NodeConfig
 from ..dispatch.pool import ClaimPool
+from ..dispatch.signals import SignalRelay
 from ..store import ownership as ds
 from ..store.tenancy import TenancyStore
 from ..store.workers import WorkerRegistryStore
@@ -39,6 +41,7 @@ class ApplicationShards(Protocol):
     def tenancy_for(self, application_id: str) -> TenancyStore: ...
     def registry_for(self, application_id: str) -> WorkerRegistryStore: ...
     def registries(self) -> Sequence[WorkerRegistryStore]: ...
+    def signals_for(self, application_id: str) -> SignalRelay | None: ...
 
 
 @attrs.define(eq=False)
@@ -123,14 +126,24 @@ class WorkerHub:
             except Exception as exc:
                 log.warning("could not remove connection %s from the registry: %s", conn.connection_id, exc)
 
+    def tasks_requeued(self, application_id: str, queue_id: str, due_at: datetime | None) -> None:
+        """A Worker's release or failed attempt put tasks of ``queue_id`` back, due at
+        ``due_at`` (None: now): the waiting claims of every node hear of it."""
+        signals = self.shards.signals_for(application_id)
+        if signals is not None:
+            signals.tasks_arrived(queue_id, due_at)
+        elif due_at is None:
+            self.pool.task_arrived(queue_id)
+
     # -- cancellation -------------------------------------------------------------------
 
     def push_cancel(self, task_id: str) -> bool:
         """A cancel of ``task_id`` was requested through this node: if one of its
         connections holds the task, send that Worker ``cancel`` now (True).
 
-        Otherwise the node whose connection holds it learns the request when the
-        Worker's next renew is answered (the Worker renews every third of the run lease)."""
+        Otherwise the node whose connection holds it hears of it through the signals
+        between nodes (``SignalRelay.cancel``), or at the latest when the Worker's next
+        renew is answered (the Worker renews every third of the run lease)."""
         for conn in self.connections.values():
             if task_id in conn.core.held:
                 conn.send(p.cancel([(task_id, "cancel_requested")]))

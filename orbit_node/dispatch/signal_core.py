@@ -1,0 +1,165 @@
+"""The bookkeeping of signals between nodes, sans-IO (``signals.py`` awaits what it says).
+
+* ``Outbox``: signals this node has yet to write, each once, bounded.
+* ``ReadCursor``: where a node's reads of the signal table stand. Ids are given out
+  when an insert starts and become visible when it commits, so a read may see id 12
+  before id 11: the hole is looked for again for ``gap_wait_s`` (then given up: a signal
+  missed costs latency, never correctness) and every id is handled once.
+* ``ReadPace``: how long until the next read: the fast interval while signals come,
+  doubling up to the slow one when they stop.
+* ``sort_out``: what a page of signals asks this node to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from ..config import SignalTiming
+from ..store.signals import CANCEL, TASKS, ReadSignal, Signal
+
+
+@attrs.define(eq=False)
+class Outbox:
+    limit: int
+    # Insertion-ordered, each signal once.
+    _items: dict[Signal, None] = attrs.field(factory=dict, init=False)
+    dropped: int = attrs.field(default=0, init=False)
+
+    def add(self, signal: Signal) -> bool:
+        """Queue ``signal`` (False when the outbox is full and it is dropped)."""
+        if signal in self._items:
+            return True
+        if len(self._items) >= self.limit:
+            self.dropped += 1
+            return False
+        self._items[signal] = None
+        return True
+
+    def take(self, most: int) -> list[Signal]:
+        """The oldest ``most`` signals, out of the outbox."""
+        taken: list[Signal] = []
+        for signal in self._items:
+            if len(taken) >= most:
+                break
+            taken.append(signal)
+        for signal in taken:
+            del self._items[signal]
+        return taken
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@attrs.define(eq=False)
+class ReadCursor:
+    gap_wait_s: float
+    # Holes tracked at most; a wider jump in the ids is taken as it is.
+    max_gaps: int = 256
+    # The highest id handled; None: not started.
+    _high: int | None = attrs.field(default=None, init=False)
+    # Ids below ``_high`` not seen yet -> when to stop looking for them.
+    _gaps: dict[int, float] = attrs.field(factory=dict, init=False)
+    gaps_given_up: int = attrs.field(default=0, init=False)
+
+    @property
+    def started(self) -> bool:
+        return self._high is not None
+
+    @property
+    def read_from(self) -> int:
+        """Read the ids above this one..."""
+        if self._high is None:
+            raise ValueError("the cursor has not started")
+        return self._high
+
+    @property
+    def missing(self) -> tuple[int, ...]:
+        """... and these (holes still looked for), in order."""
+        return tuple(sorted(self._gaps))
+
+    def start(self, after: int) -> None:
+        """Hear the signals after id ``after`` (where the node begins to listen)."""
+        self._high = after
+        self._gaps.clear()
+
+    def stop(self) -> None:
+        """Stop listening; ``start`` begins afresh."""
+        self._high = None
+        self._gaps.clear()
+
+    def accept(self, page: Sequence[ReadSignal], now: float) -> list[ReadSignal]:
+        """The signals of a page (read above ``read_from`` and of ``missing``) not handled
+        before, in id order."""
+        high = self.read_from
+        fresh = [s for s in page if s.signal_id > high or s.signal_id in self._gaps]
+        for signal in fresh:
+            self._gaps.pop(signal.signal_id, None)
+        top = max((s.signal_id for s in fresh), default=high)
+        if top > high:
+            returned = {s.signal_id for s in fresh}
+            holes = (top - high) - sum(1 for i in returned if i > high)
+            if holes <= self.max_gaps - len(self._gaps):
+                for signal_id in range(high + 1, top):
+                    if signal_id not in returned:
+                        self._gaps[signal_id] = now + self.gap_wait_s
+            self._high = top
+        for signal_id, until in list(self._gaps.items()):
+            if until <= now:
+                del self._gaps[signal_id]
+                self.gaps_given_up += 1
+        return fresh
+
+
+@attrs.define(eq=False)
+class ReadPace:
+    timing: SignalTiming
+    _busy_until: float = attrs.field(default=float("-inf"), init=False)
+    _interval: float = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._interval = self.timing.slow_interval_s
+
+    def busy(self, now: float) -> None:
+        """A signal was read or written: read at the fast interval for ``busy_s``."""
+        self._busy_until = now + self.timing.busy_s
+        self._interval = self.timing.fast_interval_s
+
+    def next_delay(self, now: float) -> float:
+        """Seconds from ``now`` (a read just ended) to the next read."""
+        if now < self._busy_until:
+            self._interval = self.timing.fast_interval_s
+        else:
+            self._interval = min(self.timing.slow_interval_s, self._interval * 2)
+        return self._interval
+
+
+@attrs.frozen
+class Heard:
+    """What a page of signals asks of this node."""
+
+    # Queues with tasks due now: wake their waiting claims.
+    wake: tuple[str, ...] = ()
+    # (queue, seconds until due): wake the queue then.
+    due: tuple[tuple[str, float], ...] = ()
+    # Tasks whose cancel was asked through another node: push it if a Worker here holds one.
+    cancel: tuple[str, ...] = ()
+
+
+def sort_out(signals: Iterable[ReadSignal], node_id: str) -> Heard:
+    """What ``signals`` ask of node ``node_id``. Its own signals of tasks due now and of
+    cancels were acted on when it wrote them; its due times it hears like any other
+    node (only the database says how far away they are)."""
+    wake: dict[str, None] = {}
+    due: dict[tuple[str, float], None] = {}
+    cancel: dict[str, None] = {}
+    for signal in signals:
+        if signal.kind == TASKS and signal.queue_id is not None:
+            if signal.due_in_s is not None and signal.due_in_s > 0:
+                due[(signal.queue_id, signal.due_in_s)] = None
+            elif signal.due_in_s is not None or signal.origin_node_id != node_id:
+                wake[signal.queue_id] = None
+        elif signal.kind == CANCEL and signal.task_id is not None and signal.origin_node_id != node_id:
+            cancel[signal.task_id] = None
+    return Heard(tuple(wake), tuple(due), tuple(cancel))

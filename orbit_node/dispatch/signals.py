@@ -1,0 +1,255 @@
+"""Signals between nodes over one database (docs/scheduling.md, "Signals between nodes").
+
+``SignalRelay`` is one shard's: what happens on this node that another node's Workers
+may be waiting for is written to ``node_signals`` (tasks due now or later in a queue, a
+cancel asked for a task this node's Workers do not hold), and what the other nodes
+write is read and acted on here: a queue's waiting claims are woken (now, or at the
+tasks' due time) and a cancel is pushed to the Worker holding the task.
+
+Writes leave the request path at once: the route hands the signal over (synchronous,
+never blocks) and the writer sends what gathered meanwhile in one INSERT. Reads run
+only while this node has Worker connections on the shard, every ``fast_interval_s``
+while signals come and backing off to ``slow_interval_s`` when they stop. A failed
+write or read is logged once per streak and costs latency only: a waiting claim's
+empty result still expires after one scan cycle, and a Worker still learns of a cancel
+at its next renew.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+import attrs
+import trio
+
+from ..config import SignalTiming
+from ..errors import OrbitError
+from ..store.signals import ReadSignal, Signal, SignalStore
+from .pool import ClaimPool
+from .signal_core import Outbox, ReadCursor, ReadPace, sort_out
+
+log = logging.getLogger("orbit.signals")
+
+# Signals written per statement at most.
+PUBLISH_BATCH = 500
+# Signals deleted per statement at most, and statements per pruning round at most.
+PRUNE_BATCH = 1000
+PRUNE_ROUNDS = 16
+# Bound on one write that a stopping node lets finish.
+WRITE_TIMEOUT_S = 5.0
+
+
+def _nobody() -> bool:
+    return False
+
+
+@attrs.frozen
+class RelayStatistics:
+    published: int
+    publish_failures: int
+    dropped: int
+    reads: int
+    read_failures: int
+    heard: int
+    woken: int
+    due: int
+    cancels_pushed: int
+    gaps_given_up: int
+    pruned: int
+
+
+@attrs.define(eq=False)
+class SignalRelay:
+    store: SignalStore
+    node_id: str
+    timing: SignalTiming
+    # Wakes a queue's waiting claims now and at a due time (None: this node claims nothing).
+    pool: ClaimPool | None = None
+    # Whether this node has Worker connections a signal of this shard could concern.
+    listening: Callable[[], bool] = _nobody
+    # Sends a cancel to the Worker of this node holding the task; False when none does.
+    push_cancel: Callable[[str], bool] = lambda task_id: False
+    _outbox: Outbox = attrs.field(init=False)
+    _cursor: ReadCursor = attrs.field(init=False)
+    _pace: ReadPace = attrs.field(init=False)
+    _to_write: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # Set to cut a slow pause short (this node wrote a signal).
+    _hurry: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _read_done: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _counts: dict[str, int] = attrs.field(factory=dict, init=False)
+    _failing: dict[str, bool] = attrs.field(factory=dict, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._outbox = Outbox(self.timing.outbox_limit)
+        self._cursor = ReadCursor(self.timing.gap_wait_s)
+        self._pace = ReadPace(self.timing)
+
+    # -- what happens on this node (synchronous, never blocks) ------------------------------
+
+    def tasks_arrived(self, queue_id: str, due_at: datetime | None = None) -> None:
+        """Tasks of ``queue_id`` were accepted or requeued through this node, due now
+        (``due_at`` None) or at ``due_at`` (database clock). This node's waiting claims are
+        woken now; a due time is heard back through the table like any node's (only the
+        database says how far away it is)."""
+        if due_at is None and self.pool is not None:
+            self.pool.task_arrived(queue_id)
+        self._publish(Signal.tasks(queue_id, due_at))
+
+    def cancel(self, task_id: str) -> bool:
+        """A cancel of ``task_id`` was asked through this node: pushed to the Worker here
+        that holds it (True), else written for the node whose Worker does."""
+        if self.push_cancel(task_id):
+            return True
+        self._publish(Signal.cancel(task_id))
+        return False
+
+    def _publish(self, signal: Signal) -> None:
+        self._outbox.add(signal)
+        self._to_write.set()
+        self._pace.busy(trio.current_time())
+        self._hurry.set()
+
+    # -- the service ---------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write)
+            nursery.start_soon(self._read)
+            nursery.start_soon(self._prune)
+            task_status.started(self)
+
+    async def wait_for_read(self) -> None:
+        """Wait until the next read of the table has ended (tests)."""
+        await self._read_done.wait()
+
+    async def _write(self) -> None:
+        while True:
+            await self._to_write.wait()
+            self._to_write = trio.Event()
+            while self._outbox:
+                batch = self._outbox.take(PUBLISH_BATCH)
+                # Finished even when the node stops meanwhile (bounded): a statement cut
+                # off midway costs a database session.
+                with trio.CancelScope(shield=True), trio.move_on_after(WRITE_TIMEOUT_S) as bound:
+                    try:
+                        await self.store.publish(self.node_id, batch)
+                    except OrbitError as exc:
+                        self._failed("write", len(batch), exc.message)
+                        continue
+                if bound.cancelled_caught:
+                    self._failed("write", len(batch), f"no answer within {WRITE_TIMEOUT_S:g} s")
+                else:
+                    self._succeeded("write")
+                    self._count("published", len(batch))
+
+    async def _read(self) -> None:
+        while True:
+            full = False
+            if not self.listening():
+                self._cursor.stop()
+                delay = self.timing.slow_interval_s
+            else:
+                try:
+                    full = await self.read_once()
+                except OrbitError as exc:
+                    self._failed("read", 0, exc.message)
+                else:
+                    self._succeeded("read")
+                delay = self._pace.next_delay(trio.current_time())
+            done, self._read_done = self._read_done, trio.Event()
+            done.set()
+            if not full:
+                await self._pause(trio.current_time(), delay)
+
+    async def _pause(self, since: float, delay: float) -> None:
+        """Sleep until ``since + delay``; a signal written here meanwhile shortens a slow
+        pause to the fast interval (an own due time is heard back soon)."""
+        until = since + delay
+        while True:
+            self._hurry = trio.Event()
+            with trio.move_on_at(until):
+                await self._hurry.wait()
+                until = min(until, since + self.timing.fast_interval_s)
+                continue
+            return
+
+    async def read_once(self) -> bool:
+        """Read the signals after the cursor and act on them; True when the page was full."""
+        if not self._cursor.started:
+            self._cursor.start(await self.store.start(self.timing.look_back_s))
+        page = await self.store.read(self._cursor.read_from, self.timing.read_limit, self._cursor.missing)
+        now = trio.current_time()
+        self._count("reads")
+        fresh = self._cursor.accept(page, now)
+        if fresh:
+            self._pace.busy(now)
+            self._act(fresh, now)
+        return len(page) >= self.timing.read_limit
+
+    def _act(self, signals: Sequence[ReadSignal], now: float) -> None:
+        self._count("heard", len(signals))
+        heard = sort_out(signals, self.node_id)
+        if self.pool is not None:
+            for queue_id in heard.wake:
+                self.pool.task_arrived(queue_id)
+            for queue_id, due_in_s in heard.due:
+                self.pool.task_due(queue_id, now + due_in_s)
+            self._count("woken", len(heard.wake))
+            self._count("due", len(heard.due))
+        for task_id in heard.cancel:
+            if self.push_cancel(task_id):
+                self._count("cancels_pushed")
+
+    async def _prune(self) -> None:
+        # Nodes started together do not prune together.
+        await trio.sleep(random.uniform(0, self.timing.prune_interval_s))
+        while True:
+            try:
+                # Back to back while whole batches go (a busy minute), a bounded number of times.
+                for _ in range(PRUNE_ROUNDS):
+                    pruned = await self.store.prune(self.timing.keep_s, PRUNE_BATCH)
+                    self._count("pruned", pruned)
+                    if pruned < PRUNE_BATCH:
+                        break
+            except OrbitError as exc:
+                log.debug("could not prune signals: %s", exc)
+            await trio.sleep(self.timing.prune_interval_s)
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self._counts[name] = self._counts.get(name, 0) + n
+
+    def _failed(self, what: str, lost: int, why: str) -> None:
+        self._count(f"{what}_failures")
+        if not self._failing.get(what):
+            self._failing[what] = True
+            log.warning(
+                "could not %s signals between nodes (pickup waits up to a scan cycle until it works again): %s",
+                what,
+                why,
+                extra={"signals_lost": lost},
+            )
+
+    def _succeeded(self, what: str) -> None:
+        if self._failing.pop(what, False):
+            log.info("signals between nodes: %s works again", what)
+
+    def statistics(self) -> RelayStatistics:
+        c = self._counts
+        return RelayStatistics(
+            published=c.get("published", 0),
+            publish_failures=c.get("write_failures", 0),
+            dropped=self._outbox.dropped,
+            reads=c.get("reads", 0),
+            read_failures=c.get("read_failures", 0),
+            heard=c.get("heard", 0),
+            woken=c.get("woken", 0),
+            due=c.get("due", 0),
+            cancels_pushed=c.get("cancels_pushed", 0),
+            gaps_given_up=self._cursor.gaps_given_up,
+            pruned=c.get("pruned", 0),
+        )

@@ -4,14 +4,17 @@ A multi-table UPDATE makes the server build an internal temporary table of the r
 change (with TEXT values, an Aria table on disk in ``tmpdir``), and MariaDB 10.11.19 has
 crashed when creating one failed (docs/operations.md). Start, renew, Finish, release and
 the recovery sweep write with single-table UPDATEs by primary key instead: none creates a
-temporary table, and Finish works on a server that cannot create a file in its ``tmpdir``.
+temporary table, Finish works on a server that cannot create a file in its ``tmpdir``, and
+each reads only its own rows, by its index.
 """
 
 from __future__ import annotations
 
 import shutil
+from datetime import datetime
 
-from orbit_node.db import Database, migrate
+from orbit_node.db import QUERIES, Database, migrate
+from orbit_node.db.pool import per_row_statement
 from orbit_node.store.ownership import FinishItem, Outcome
 
 from .seed import TaskSpec, attempt_rows, claim_request, dispatch_store, expire_lease, insert_tasks, task_row, tenant
@@ -99,3 +102,39 @@ async def test_start_and_finish_work_when_the_server_cannot_create_a_temporary_f
         assert outcomes == ["succeeded", "retry", "failed"]
     finally:
         await db.aclose()
+
+
+async def test_transition_writes_read_only_their_rows_by_their_index(db):
+    """With an IN list covering most of a small table the optimizer would scan all of it
+    (and under load, every row of task_attempts, which only grows); each write names its index."""
+    store = dispatch_store(db)
+    owner = await tenant(db)
+    await insert_tasks(db, owner, [TaskSpec(available_in_s=-1) for _ in range(16)])
+    got = await store.claim(claim_request(owner, limit=16))
+    assert len(got) == 16
+    task_ids = tuple(r.task_id for r in got)
+    named = tuple(f"{r.task_id} {r.fencing_token}" for r in got)
+    now = datetime(2030, 1, 1)
+    one_each = {r.task_id: {"state": "succeeded", "result": f'{{"n": {i}}}'} for i, r in enumerate(got)}
+    statements = {
+        "start_tasks": (QUERIES["start_tasks"], {"task_ids": task_ids, "now": now, "lease_expires_at": now}),
+        "start_attempts": (QUERIES["start_attempts"], {"task_ids": task_ids, "now": now, "attempts": named}),
+        "settle_terminal": per_row_statement(QUERIES["settle_terminal"], one_each, {}),
+        "settle_requeue": per_row_statement(
+            QUERIES["settle_requeue"], {t: {"available_at": now} for t in task_ids}, {}
+        ),
+        "settle_attempts": per_row_statement(
+            QUERIES["settle_attempts"], {t: {"outcome": "succeeded"} for t in task_ids}, {"attempts": named}
+        ),
+    }
+    plans = {}
+    for name, (sql, params) in statements.items():
+        (plan,) = await db.run(lambda tx, sql=sql, params=params: tx.fetchall_raw("EXPLAIN " + sql, params))
+        plans[name] = (plan["type"], plan["key"])
+    assert plans == {
+        "start_tasks": ("range", "PRIMARY"),
+        "start_attempts": ("range", "uq_attempts_token"),
+        "settle_terminal": ("range", "PRIMARY"),
+        "settle_requeue": ("range", "PRIMARY"),
+        "settle_attempts": ("range", "uq_attempts_token"),
+    }

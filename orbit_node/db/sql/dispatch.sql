@@ -185,9 +185,11 @@ SELECT task_id, fencing_token, outcome, started_at
 
 -- reserved -> running. Like every transition write, a single-table UPDATE by primary key:
 -- a multi-table UPDATE needs an internal temporary table of the rows to change, and
--- MariaDB 10.11 has crashed when creating one failed (docs/operations.md).
+-- MariaDB 10.11 has crashed when creating one failed (docs/operations.md). Each names
+-- its index: with a long IN list over a small table the optimizer would rather scan the
+-- whole table.
 -- name: start_tasks
-UPDATE tasks
+UPDATE tasks FORCE INDEX (PRIMARY)
    SET state = 'running',
        attempts = attempts + 1,
        started_at = %(now)s,
@@ -198,7 +200,7 @@ UPDATE tasks
 -- The attempt started: the one of the task's current token (%(attempts)s, as in
 -- settle_attempts).
 -- name: start_attempts
-UPDATE task_attempts
+UPDATE task_attempts FORCE INDEX (uq_attempts_token)
    SET started_at = %(now)s
  WHERE task_id IN %(task_ids)s
    AND CONCAT(task_id, ' ', fencing_token) IN %(attempts)s
@@ -216,7 +218,7 @@ UPDATE tasks
 -- Terminal states. The fencing token stays on the row, so a late Start/Finish of that
 -- attempt can be told what happened to it.
 -- name: settle_terminal
-UPDATE tasks
+UPDATE tasks FORCE INDEX (PRIMARY)
    SET state = {state},
        result = {result},
        error = {error},
@@ -228,7 +230,7 @@ UPDATE tasks
 -- it, a NULL error keeps the last one. dispatch_at is generated from available_at and
 -- follows by itself; priority never changes.
 -- name: settle_requeue
-UPDATE tasks
+UPDATE tasks FORCE INDEX (PRIMARY)
    SET state = 'queued',
        available_at = COALESCE(CAST({available_at} AS DATETIME(6)), available_at),
        error = COALESCE({error}, error),
@@ -244,7 +246,7 @@ UPDATE tasks
 -- the server searches by bisection ((task_id, fencing_token) IN pairs is compared with
 -- every pair in turn).
 -- name: settle_attempts
-UPDATE task_attempts
+UPDATE task_attempts FORCE INDEX (uq_attempts_token)
    SET outcome = {outcome},
        error = {error},
        finished_at = NOW(6)

@@ -73,7 +73,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     notes = [
         f"{plan.seconds:g} s of faults, {result.seconds:.0f} s in all; {result.submitted:,} submits "
         f"({result.submit_retries:,} requests retried with the same key, {len(result.refused)} refused); "
-        f"{result.handlers_cut} handlers cut off mid-task; {result.worker_sessions} Worker sessions.",
+        f"{result.handlers_cut} handlers cut off mid-task; {result.worker_sessions} Worker sessions; "
+        f"{result.failed_tasks} tasks failed although no handler fails.",
         f"every acknowledged task was terminal {result.settle_seconds:.1f} s after the faults ended"
         if result.settled
         else f"NOT every acknowledged task was terminal {plan.settle_s:g} s after the faults ended",
@@ -97,6 +98,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "refused": result.refused,
             "worker_rejections": result.worker_rejections,
             "handlers_cut": result.handlers_cut,
+            "failed_tasks": result.failed_tasks,
             "ok": result.ok,
         },
         "tables": [faults, figures, properties],

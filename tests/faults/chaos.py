@@ -238,6 +238,7 @@ class ChaosResult:
             f"settled: {f'in {self.settle_seconds:.1f} s' if self.settled else f'NO, not in {self.plan.settle_s:g} s'}",
             "history: " + ", ".join(f"{k} {v}" for k, v in f.items()),
             self.verdict.text(),
+            f"tasks failed although no handler fails: {self.failed_tasks}",
             f"verdict: {'OK' if self.ok else 'FAILED'}",
         ]
         lines.extend(f"refused submit: {r}" for r in self.refused[:10])
@@ -245,8 +246,20 @@ class ChaosResult:
         return "\n".join(lines)
 
     @property
+    def failed_tasks(self) -> int:
+        """Tasks that ended failed: the handlers never fail and MAX_ATTEMPTS is far more than
+        the faults lose, so each one is a failure no handler reported."""
+        return self.verdict.figures.get("tasks_failed", 0)
+
+    @property
     def ok(self) -> bool:
-        return self.verdict.ok and self.settled and not self.refused and not self.worker_rejections
+        return (
+            self.verdict.ok
+            and self.settled
+            and not self.refused
+            and not self.worker_rejections
+            and not self.failed_tasks
+        )
 
 
 @attrs.define(eq=False)

@@ -56,7 +56,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     workdir = Path(tempfile.mkdtemp(prefix="orbit-chaos-"))
     result = await run_chaos(plan, workdir)
-    if result.ok and not args.chaos_keep:
+    kept = args.chaos_keep or not result.ok
+    if not kept:
         shutil.rmtree(workdir, ignore_errors=True)
     verdict = result.verdict
     faults = format_table(["fault", "count"], [[kind, result.faults[kind]] for kind in FAULTS])
@@ -72,12 +73,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     notes = [
         f"{plan.seconds:g} s of faults, {result.seconds:.0f} s in all; {result.submitted:,} submits "
         f"({result.submit_retries:,} requests retried with the same key, {len(result.refused)} refused); "
-        f"{result.handlers_cut} handlers cut off mid-task; {result.worker_sessions} Worker sessions.",
+        f"{result.handlers_cut} handlers cut off mid-task; {result.worker_sessions} Worker sessions; "
+        f"{result.failed_tasks} tasks failed although no handler fails.",
         f"every acknowledged task was terminal {result.settle_seconds:.1f} s after the faults ended"
         if result.settled
         else f"NOT every acknowledged task was terminal {plan.settle_s:g} s after the faults ended",
         f"verdict: {'every property holds' if result.ok else 'FAILED'}"
-        + ("" if result.ok else f" (files kept in {workdir})"),
+        + (f" (node logs, execution and fault logs in {workdir})" if kept else ""),
         *(f"violation: {v}" for name in PROPERTIES for v in verdict.violations[name][:20]),
         *(f"refused submit: {r}" for r in result.refused[:10]),
         *(f"Worker rejected: {r}" for r in result.worker_rejections[:10]),
@@ -96,6 +98,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "refused": result.refused,
             "worker_rejections": result.worker_rejections,
             "handlers_cut": result.handlers_cut,
+            "failed_tasks": result.failed_tasks,
             "ok": result.ok,
         },
         "tables": [faults, figures, properties],

@@ -19,6 +19,7 @@ async def test_a_chaos_run_keeps_every_history_property(tmp_path):
     print(result.text())
     assert result.verdict.ok, result.text()
     assert result.settled and not result.refused and not result.worker_rejections, result.text()
+    assert result.failed_tasks == 0, result.text()
     # The run did what it is for: every kind of fault happened and work was lost and redone.
     assert all(result.faults[kind] >= 1 for kind in FAULTS), result.faults
     assert result.verdict.figures["acknowledged"] >= PLAN.seconds * PLAN.submits_per_s * 0.5, result.text()

@@ -22,6 +22,9 @@ The user's guide is ``docs/sdk.md``. In short:
   not one per task.
 * Leases of running tasks are renewed in one batched ``renew`` every third of the
   run lease; a task the node no longer confirms is cancelled locally.
+* A Start or Finish the node could not decide (``UNAVAILABLE``: its database out of
+  reach; ``RESOURCE_EXHAUSTED``) is sent again, with a growing pause, until the node
+  decides it; an undecided renew is simply tried again at the next renewal.
 * A handler's return value is the result (any JSON value). ``PermanentError`` fails
   the task without retry; any other exception fails the attempt as retryable. Either
   way the stored error message starts with the exception's type name.
@@ -80,6 +83,13 @@ DISCONNECT_TIMEOUT_S = 2.0
 
 # The protocol's bound on the tasks of one start/renew/finish/release message.
 MAX_TASKS_PER_MESSAGE = 1000
+# Ack codes of a transition the node could not decide (its database out of reach, its
+# queue of transitions full): nothing changed, the connection still holds the task, and
+# the same transition is sent again.
+UNDECIDED = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED"})
+# Pause before an undecided Start or Finish is sent again: first, and cap (doubling).
+UNDECIDED_RETRY_INITIAL_S = 0.25
+UNDECIDED_RETRY_MAX_S = 2.0
 # The protocol's bound on a Finish error message.
 MAX_ERROR_MESSAGE = 4096
 
@@ -330,6 +340,27 @@ class _Batcher:
             by_id = {r.get("task_id"): r for r in results}
             for item, send in batch:
                 send.send_nowait(by_id.get(item["task_id"]))
+
+
+async def _until_decided(batcher: _Batcher, items: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """Submit ``items``; the ones the node answers ``UNDECIDED`` are submitted again after a
+    pause (doubling up to ``UNDECIDED_RETRY_MAX_S``) until each has an answer that decides
+    it. The session's end (the connection lost) stops the retries."""
+    results: list[dict[str, Any] | None] = [None] * len(items)
+    waiting = list(range(len(items)))
+    pause = UNDECIDED_RETRY_INITIAL_S
+    while True:
+        answers = await batcher.submit([items[i] for i in waiting])
+        again = []
+        for index, answer in zip(waiting, answers, strict=True):
+            results[index] = answer
+            if answer is not None and not answer.get("ok") and answer.get("code") in UNDECIDED:
+                again.append(index)
+        if not again:
+            return results
+        waiting = again
+        await trio.sleep(pause)
+        pause = min(pause * 2, UNDECIDED_RETRY_MAX_S)
 
 
 class Worker:
@@ -732,7 +763,7 @@ class Worker:
             if self._draining:
                 await session.request("release", refs)
                 return
-            results = await session.starts.submit(refs)
+            results = await _until_decided(session.starts, refs)
             async with trio.open_nursery() as nursery:
                 for t, result in zip(tasks, results, strict=False):
                     if result is not None and result.get("ok"):
@@ -798,7 +829,7 @@ class Worker:
                     outcome="failed", retryable=False, error={"message": "cancelled by the node", "code": "CANCELLED"}
                 )
         try:
-            (result,) = await session.finishes.submit([report])
+            (result,) = await _until_decided(session.finishes, [report])
         finally:
             session.running.pop(task.task_id, None)
             session.cancels.pop(task.task_id, None)
@@ -822,7 +853,7 @@ class Worker:
             if not refs:
                 continue
             for result in await session.request("renew", refs):
-                if not result["ok"]:
+                if not result["ok"] and result.get("code") not in UNDECIDED:
                     running = session.running.get(result["task_id"])
                     if running is not None:
                         running[1].cancel()

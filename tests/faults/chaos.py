@@ -63,7 +63,6 @@ NODE_ENV = {
     "ORBIT_RUN_LEASE_S": "6",
     "ORBIT_HEARTBEAT_TIMEOUT_S": "6",
     "ORBIT_DB_POOL_SIZE": "6",
-    "ORBIT_LOG_LEVEL": "warning",
 }
 HANDLER = ("chaos", "v1", "v1")
 # Every task may be lost many times before it would fail for good; retries come back fast.
@@ -124,8 +123,11 @@ class Slot:
     name: str
     node: NodeProcess
     scope: trio.CancelScope | None = None
+    worker: Worker | None = None
     busy: int = 0
     workers: int = 0
+    # When a handler of this slot last began (0: never).
+    last_start: float = 0.0
 
 
 @attrs.define(eq=False)
@@ -236,6 +238,7 @@ class ChaosResult:
             f"settled: {f'in {self.settle_seconds:.1f} s' if self.settled else f'NO, not in {self.plan.settle_s:g} s'}",
             "history: " + ", ".join(f"{k} {v}" for k, v in f.items()),
             self.verdict.text(),
+            f"tasks failed although no handler fails: {self.failed_tasks}",
             f"verdict: {'OK' if self.ok else 'FAILED'}",
         ]
         lines.extend(f"refused submit: {r}" for r in self.refused[:10])
@@ -243,8 +246,20 @@ class ChaosResult:
         return "\n".join(lines)
 
     @property
+    def failed_tasks(self) -> int:
+        """Tasks that ended failed: the handlers never fail and MAX_ATTEMPTS is far more than
+        the faults lose, so each one is a failure no handler reported."""
+        return self.verdict.figures.get("tasks_failed", 0)
+
+    @property
     def ok(self) -> bool:
-        return self.verdict.ok and self.settled and not self.refused and not self.worker_rejections
+        return (
+            self.verdict.ok
+            and self.settled
+            and not self.refused
+            and not self.worker_rejections
+            and not self.failed_tasks
+        )
 
 
 @attrs.define(eq=False)
@@ -278,7 +293,7 @@ class Chaos:
         )
 
         async def handle(task: WorkerTask) -> Any:
-            start = time.time()
+            start = slot.last_start = time.time()
             slot.busy += 1
             try:
                 await trio.sleep(task.payload["run_s"])
@@ -293,7 +308,7 @@ class Chaos:
     async def serve(self, slot: Slot) -> None:
         """Keep a Worker running in ``slot``; a cut one is replaced at once."""
         while True:
-            worker = self.worker(slot)
+            worker = slot.worker = self.worker(slot)
             slot.workers += 1
             try:
                 with trio.CancelScope() as slot.scope:
@@ -308,52 +323,66 @@ class Chaos:
 
     # -- faults
 
-    async def node_kill(self) -> None:
+    # Each fault returns what it did, for the fault log.
+
+    async def node_kill(self) -> str:
         node = self.rng.choice(self.nodes)
         await node.kill()
-        await trio.sleep(self.rng.uniform(0.5, 3.0))
+        down = self.rng.uniform(0.5, 3.0)
+        await trio.sleep(down)
         await node.start()
+        return f"node{self.nodes.index(node)} down {down:.1f} s"
 
-    async def node_stop(self) -> None:
+    async def node_stop(self) -> str:
         node = self.rng.choice(self.nodes)
+        stopped = self.rng.uniform(2.0, self.plan.stop_max_s)
         node.pause()
         try:
-            await trio.sleep(self.rng.uniform(2.0, self.plan.stop_max_s))
+            await trio.sleep(stopped)
         finally:
             node.resume()
+        return f"node{self.nodes.index(node)} stopped {stopped:.1f} s"
 
-    async def db_restart(self) -> None:
-        if self.faults["db_restart"] % 2 == 0:
+    async def db_restart(self) -> str:
+        crash = self.faults["db_restart"] % 2 == 0
+        if crash:
             await self.server.kill9()
         else:
             await self.server.stop()
         await trio.sleep(self.rng.uniform(0.0, 1.5))
         await self.server.start()
+        return "kill -9" if crash else "SIGTERM"
 
-    async def db_stall(self) -> None:
+    async def db_stall(self) -> str:
         stalled = self.proxies if self.rng.random() < 0.3 else [self.rng.choice(self.proxies)]
+        held = self.rng.uniform(1.0, self.plan.stall_max_s)
         for proxy in stalled:
             proxy.stall()
         try:
-            await trio.sleep(self.rng.uniform(1.0, self.plan.stall_max_s))
+            await trio.sleep(held)
         finally:
             for proxy in stalled:
                 proxy.heal()
+        return f"{'+'.join(f'node{self.proxies.index(p)}' for p in stalled)} held {held:.1f} s"
 
-    async def db_drop(self) -> None:
+    async def db_drop(self) -> str:
         proxy = self.rng.choice(self.proxies)
+        black = 0.0
         if self.faults["db_drop"] % 2 == 1:
+            black = self.rng.uniform(1.0, 3.0)
             proxy.blackhole(Direction.BOTH)
-            await trio.sleep(self.rng.uniform(1.0, 3.0))
-        proxy.reset()
+            await trio.sleep(black)
+        reset = proxy.reset()
         proxy.heal()
+        return f"node{self.proxies.index(proxy)} black-holed {black:.1f} s, {reset} connections reset"
 
-    async def worker_cut(self) -> None:
+    async def worker_cut(self) -> str:
         busy = [s for s in self.slots if s.busy and s.scope is not None]
         slot = self.rng.choice(busy or self.slots)
         self.handlers_cut += slot.busy
         if slot.scope is not None:
             slot.scope.cancel()
+        return f"{slot.name} with {slot.busy} handlers running"
 
     async def schedule(self, stop: trio.Event) -> None:
         order = list(FAULTS)
@@ -364,8 +393,11 @@ class Chaos:
             if stop.is_set():
                 return
             kind = order[n % len(order)] if self.plan.rotate else self.rng.choice(FAULTS)
-            await getattr(self, kind)()
+            began = time.time()
+            what = await getattr(self, kind)()
             self.faults[kind] += 1
+            with (self.workdir / "faults.jsonl").open("a") as out:
+                out.write(json.dumps({"fault": kind, "what": what, "start": began, "end": time.time()}) + "\n")
 
     # -- the watcher
 
@@ -408,6 +440,47 @@ class Chaos:
                     pass
             await trio.sleep(0.5)
         return False
+
+    async def post_mortem(self, db: Database, http: httpx.AsyncClient) -> Path:
+        """What the nodes, the Workers and the database say about the tasks that did not settle."""
+        stuck = await db.run(
+            lambda tx: tx.fetchall_raw(
+                "SELECT task_id, state, priority, resource_key, attempts, available_at, dispatch_at, reserved_at,"
+                " lease_expires_at, owner_node_id, connection_id, NOW(6) AS now FROM tasks WHERE state NOT IN %s"
+                " ORDER BY dispatch_at LIMIT 50",
+                (tuple(TERMINAL),),
+            )
+        )
+        states = await db.run(lambda tx: tx.fetchall_raw("SELECT state, COUNT(*) AS n FROM tasks GROUP BY state"))
+        keys = await db.run(lambda tx: tx.fetchall_raw("SELECT * FROM resource_keys WHERE holder_task_id IS NOT NULL"))
+        registry = await db.run(lambda tx: tx.fetchall_raw("SELECT * FROM worker_connections"))
+        explained = {}
+        for row in stuck[:5]:
+            for node in self.nodes:
+                try:
+                    response = await http.get(
+                        f"{node.base_url}/v1/tasks/{row['task_id']}/explain",
+                        headers={"Authorization": f"Bearer {self.token}"},
+                    )
+                    explained[f"{row['task_id']} via {node.base_url}"] = response.json()
+                except (httpx.TransportError, ValueError) as exc:
+                    explained[f"{row['task_id']} via {node.base_url}"] = repr(exc)
+        slots = [
+            {
+                "slot": s.name,
+                "node": s.node.base_url,
+                "node_running": s.node.running,
+                "workers": s.workers,
+                "sessions_of_current": s.worker.connections if s.worker else None,
+                "busy": s.busy,
+                "last_start_s_ago": time.time() - s.last_start if s.last_start else None,
+            }
+            for s in self.slots
+        ]
+        path = self.workdir / "unsettled.json"
+        document = {"states": states, "slots": slots, "stuck": stuck, "held_keys": keys, "connections": registry}
+        path.write_text(json.dumps({**document, "explain": explained}, indent=2, default=str))
+        return path
 
     async def history(self, db: Database, acknowledged: dict[str, str]) -> History:
         tasks = await db.run(
@@ -524,6 +597,8 @@ async def _run(chaos: Chaos, load: Load, db: Database) -> tuple[bool, float]:
             stop.set()
         calm = trio.current_time()
         settled = await chaos.settle(db, load)
+        if not settled:
+            await chaos.post_mortem(db, http)
         nursery.cancel_scope.cancel()
     return settled, trio.current_time() - calm
 

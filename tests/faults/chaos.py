@@ -81,7 +81,8 @@ WATCH_MARGIN_S = 40.0
 
 @attrs.frozen
 class ChaosPlan:
-    # Length of the faulted phase (load and faults).
+    # Length of the faulted phase (load and faults); longer when the fault in progress
+    # ends later, or, rotating, until every kind of fault happened once.
     seconds: float = 40.0
     submits_per_s: float = 8.0
     nodes: int = 3
@@ -384,14 +385,17 @@ class Chaos:
             slot.scope.cancel()
         return f"{slot.name} with {slot.busy} handlers running"
 
-    async def schedule(self, stop: trio.Event) -> None:
+    async def schedule(self, until: float) -> None:
+        """Faults one at a time until ``until`` (trio time); rotating, at least one of each kind."""
         order = list(FAULTS)
         self.rng.shuffle(order)
         for n in itertools.count():
-            with trio.move_on_after(self.rng.uniform(*self.plan.gap_s)):
-                await stop.wait()
-            if stop.is_set():
+            gap = self.rng.uniform(*self.plan.gap_s)
+            rotated = not self.plan.rotate or n >= len(order)
+            if rotated and trio.current_time() + gap >= until:
+                await trio.sleep_until(until)
                 return
+            await trio.sleep(gap)
             kind = order[n % len(order)] if self.plan.rotate else self.rng.choice(FAULTS)
             began = time.time()
             what = await getattr(self, kind)()
@@ -591,9 +595,8 @@ async def _run(chaos: Chaos, load: Load, db: Database) -> tuple[bool, float]:
                 nursery.start_soon(chaos.serve, slot)
         async with trio.open_nursery() as faulted:
             faulted.start_soon(load.run, http, nursery, plan.submits_per_s, stop)
-            faulted.start_soon(chaos.schedule, stop)
-            await trio.sleep(plan.seconds)
-            # The fault in progress ends (and heals) before this nursery does.
+            # The last fault ends (and heals) before the schedule returns.
+            await chaos.schedule(trio.current_time() + plan.seconds)
             stop.set()
         calm = trio.current_time()
         settled = await chaos.settle(db, load)

@@ -12,8 +12,9 @@ handler catching ``trio.Cancelled`` (the harness's clock). Last, the idle cost: 
 CPU with 16 idle Worker connections and no traffic.
 
 With ``--s2-before DIR`` (another checkout, e.g. a scratch worktree of an earlier commit)
-everything runs twice in the same run, the earlier code first, so that the two columns
-are paired: same machine, same minutes, same database server.
+everything runs twice in the same run, the two codes taking turns part by part (the
+earlier first), so that the two columns are paired: same machine, same minutes, same
+database server.
 """
 
 from __future__ import annotations
@@ -154,22 +155,23 @@ async def idle_cost(bdb: BenchDb, node_url: str, node_pid: int, *, label: str) -
 
 
 async def measure(bdb: BenchDb, args: argparse.Namespace) -> dict[str, Any]:
-    """Every part for each code (the earlier one first when ``--s2-before`` names it)."""
+    """Every part for each code. With ``--s2-before``, the two codes take turns part by part
+    (the earlier code first), each on a fresh pair of node processes: what the machine
+    does meanwhile falls on both alike."""
     codes: list[tuple[str, Path | None]] = [("after", None)]
     if args.s2_before is not None:
         codes.insert(0, ("before", args.s2_before.resolve()))
-    out: dict[str, Any] = {}
-    for code, source in codes:
-        async with node_process(bdb.dsn, tree=source) as a, node_process(bdb.dsn, tree=source) as b:
-            parts: dict[str, Any] = {}
-            for index, (placement, _) in enumerate(PLACEMENTS):
-                workers_url = a.url if placement == "same" else b.url
-                parts[placement] = await arrivals(
-                    bdb, a.url, workers_url, label=f"s2p-{code}-{placement}", args=args, seed=index + 1
-                )
-            parts["cancel"] = await cross_node_cancel(
-                bdb, a.url, b.url, label=f"s2p-{code}-cancel", tasks=args.s2_cancels
-            )
-            parts["idle"] = await idle_cost(bdb, b.url, b.pid, label=f"s2p-{code}-idle")
-        out[code] = parts
+    out: dict[str, dict[str, Any]] = {code: {} for code, _ in codes}
+    for part in (*(placement for placement, _ in PLACEMENTS), "cancel", "idle"):
+        for code, source in codes:
+            label = f"s2p-{code}-{part}"
+            async with node_process(bdb.dsn, tree=source) as a, node_process(bdb.dsn, tree=source) as b:
+                if part == "cancel":
+                    out[code][part] = await cross_node_cancel(bdb, a.url, b.url, label=label, tasks=args.s2_cancels)
+                elif part == "idle":
+                    out[code][part] = await idle_cost(bdb, b.url, b.pid, label=label)
+                else:
+                    workers_url = a.url if part == "same" else b.url
+                    seed = 1 + [p for p, _ in PLACEMENTS].index(part)
+                    out[code][part] = await arrivals(bdb, a.url, workers_url, label=label, args=args, seed=seed)
     return out

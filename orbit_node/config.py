@@ -274,11 +274,12 @@ class SchedulerLimits:
 class SignalTiming:
     """Signals between nodes (docs/scheduling.md, "Signals between nodes")."""
 
-    # Between two reads of the signal table while signals come (or this node writes them).
+    # Between two reads of the signal table while other nodes' signals come (or this node
+    # wrote a due time, which it hears back through the table).
     fast_interval_s: float = attrs.field(default=0.02, validator=_positive)
     # The longest pause between two reads: a quiet node reads this often (a few a second).
     slow_interval_s: float = attrs.field(default=0.25, validator=_positive)
-    # Reads stay at the fast interval this long after the last signal read or written.
+    # Reads stay at the fast interval this long after the last such signal.
     busy_s: float = attrs.field(default=10.0, validator=_non_negative)
     # Signals read at most per statement (a fuller page is followed by another read at once).
     read_limit: int = attrs.field(default=500, validator=_positive)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 
 import attrs
@@ -27,9 +27,9 @@ import trio
 
 from ..config import SignalTiming
 from ..errors import OrbitError
-from ..store.signals import ReadSignal, Signal, SignalStore
+from ..store.signals import Signal, SignalStore
 from .pool import ClaimPool
-from .signal_core import Outbox, ReadCursor, ReadPace, sort_out
+from .signal_core import Heard, Outbox, ReadCursor, ReadPace, sort_out
 
 log = logging.getLogger("orbit.signals")
 
@@ -109,8 +109,11 @@ class SignalRelay:
     def _publish(self, signal: Signal) -> None:
         self._outbox.add(signal)
         self._to_write.set()
-        self._pace.busy(trio.current_time())
-        self._hurry.set()
+        if signal.due_at is not None:
+            # Its own due time comes back through the table: read soon. (What it acted on
+            # already does not make this node read faster: only what others write does.)
+            self._pace.busy(trio.current_time())
+            self._hurry.set()
 
     # -- the service ---------------------------------------------------------------------
 
@@ -183,15 +186,14 @@ class SignalRelay:
         page = await self.store.read(self._cursor.read_from, self.timing.read_limit, self._cursor.missing)
         now = trio.current_time()
         self._count("reads")
-        fresh = self._cursor.accept(page, now)
-        if fresh:
+        heard = sort_out(self._cursor.accept(page, now), self.node_id)
+        if heard.wake or heard.due or heard.cancel:
             self._pace.busy(now)
-            self._act(fresh, now)
+            self._act(heard, now)
         return len(page) >= self.timing.read_limit
 
-    def _act(self, signals: Sequence[ReadSignal], now: float) -> None:
-        self._count("heard", len(signals))
-        heard = sort_out(signals, self.node_id)
+    def _act(self, heard: Heard, now: float) -> None:
+        self._count("heard", len(heard.wake) + len(heard.due) + len(heard.cancel))
         if self.pool is not None:
             for queue_id in heard.wake:
                 self.pool.task_arrived(queue_id)

@@ -274,8 +274,7 @@ class SchedulerLimits:
 class SignalTiming:
     """Signals between nodes (docs/scheduling.md, "Signals between nodes")."""
 
-    # Between two reads of the signal table while other nodes' signals come (or this node
-    # wrote a due time, which it hears back through the table).
+    # Between two reads of the signal table while other nodes' signals come.
     fast_interval_s: float = attrs.field(default=0.02, validator=_positive)
     # The longest pause between two reads: a quiet node reads this often (a few a second).
     slow_interval_s: float = attrs.field(default=0.25, validator=_positive)

@@ -300,7 +300,7 @@ class NodeCollector:
             signals = CounterMetricFamily(
                 "orbit_signals",
                 "Signals between nodes: written, write_failed and dropped (not written), heard "
-                "(written by other nodes, or due times of this one), and what they did here: "
+                "(what other nodes' signals asked of this one), and what they did here: "
                 "queue_woken, due_set, cancel_pushed.",
                 labels=["event"],
             )

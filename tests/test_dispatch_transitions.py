@@ -199,7 +199,11 @@ async def test_retryable_failure_goes_back_to_the_queue_until_attempts_run_out(d
     owner, r = await running(db, store, max_attempts=2, backoff_initial_ms=10, backoff_max_ms=10)
     first = await store.finish(r.task_id, r.fencing_token, error={"code": "E1", "message": "m"}, retryable=True)
     assert (first.outcome, first.ok, first.state) == (Outcome.RETRY, True, "queued")
+    # When it is due again, and how long after the transaction's clock (the 10 ms backoff,
+    # jittered at most down to half): a node sets its own timer by it.
+    assert first.available_at is not None and first.backoff_s is not None and 0.005 <= first.backoff_s <= 0.01
     row = await task_row(db, r.task_id)
+    assert row["available_at"] == first.available_at
     assert (row["state"], row["attempts"], row["fencing_token"], row["owner_node_id"]) == ("queued", 1, None, None)
     assert json.loads(row["error"]) == {"code": "E1", "message": "m"}
     await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET available_at = NOW(6) - INTERVAL 1 SECOND"))

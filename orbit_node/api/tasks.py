@@ -91,19 +91,21 @@ async def submit_task():
     return envelope.ok(task_json(accepted.task), 201 if accepted.created else 200)
 
 
-def arrival(new: rules.NewTask, task: Task) -> tuple[str, datetime | None]:
-    """The queue a created task wakes, and when: at once, or at its due time when the
-    submission held it back."""
-    return task.queue_id, task.available_at if new.held_back else None
+def arrival(new: rules.NewTask, task: Task) -> tuple[str, datetime | None, float | None]:
+    """The queue a created task wakes, and when: at once, or, when the submission held it
+    back, at its due time (database clock) and that many seconds after it was written."""
+    if not new.held_back:
+        return task.queue_id, None, None
+    return task.queue_id, task.available_at, (task.available_at - task.created_at).total_seconds()
 
 
-def announce(where: Shard, arrivals: Iterable[tuple[str, datetime | None]]) -> None:
+def announce(where: Shard, arrivals: Iterable[tuple[str, datetime | None, float | None]]) -> None:
     """Waiting Workers of these queues, on this node and the others, may claim at once (or
     at the due time) instead of after their empty-result cache entry expires (a latency
     shortcut; it decides nothing)."""
     if where.signals is not None:
-        for queue_id, due_at in dict.fromkeys(arrivals):
-            where.signals.tasks_arrived(queue_id, due_at)
+        for queue_id, due_at, due_in_s in dict.fromkeys(arrivals):
+            where.signals.tasks_arrived(queue_id, due_at, due_in_s)
 
 
 def item_error(exc: OrbitError) -> dict[str, Any]:
@@ -148,7 +150,7 @@ async def submit_batch():
     outcomes = iter(await where.tasks.submit_many(who.namespace_id, submissions))
     accepted = iter(submissions)
     results: list[dict[str, Any]] = []
-    arrived: list[tuple[str, datetime | None]] = []
+    arrived: list[tuple[str, datetime | None, float | None]] = []
     counts = {"created": 0, "existing": 0, "refused": 0}
     for index in range(len(items)):
         if index in refused:

@@ -148,18 +148,19 @@ class Heard:
 
 
 def sort_out(signals: Iterable[ReadSignal], node_id: str) -> Heard:
-    """What ``signals`` ask of node ``node_id``. Its own signals of tasks due now and of
-    cancels were acted on when it wrote them; its due times it hears like any other
-    node (only the database says how far away they are)."""
+    """What ``signals`` ask of node ``node_id``: nothing of its own signals (it acted on
+    them when it wrote them)."""
     wake: dict[str, None] = {}
     due: dict[tuple[str, float], None] = {}
     cancel: dict[str, None] = {}
     for signal in signals:
+        if signal.origin_node_id == node_id:
+            continue
         if signal.kind == TASKS and signal.queue_id is not None:
             if signal.due_in_s is not None and signal.due_in_s > 0:
                 due[(signal.queue_id, signal.due_in_s)] = None
-            elif signal.due_in_s is not None or signal.origin_node_id != node_id:
+            else:
                 wake[signal.queue_id] = None
-        elif signal.kind == CANCEL and signal.task_id is not None and signal.origin_node_id != node_id:
+        elif signal.kind == CANCEL and signal.task_id is not None:
             cancel[signal.task_id] = None
     return Heard(tuple(wake), tuple(due), tuple(cancel))

@@ -76,8 +76,6 @@ class SignalRelay:
     _cursor: ReadCursor = attrs.field(init=False)
     _pace: ReadPace = attrs.field(init=False)
     _to_write: trio.Event = attrs.field(factory=trio.Event, init=False)
-    # Set to cut a slow pause short (this node wrote a signal).
-    _hurry: trio.Event = attrs.field(factory=trio.Event, init=False)
     _read_done: trio.Event = attrs.field(factory=trio.Event, init=False)
     _counts: dict[str, int] = attrs.field(factory=dict, init=False)
     _failing: dict[str, bool] = attrs.field(factory=dict, init=False)
@@ -89,13 +87,18 @@ class SignalRelay:
 
     # -- what happens on this node (synchronous, never blocks) ------------------------------
 
-    def tasks_arrived(self, queue_id: str, due_at: datetime | None = None) -> None:
+    def tasks_arrived(self, queue_id: str, due_at: datetime | None = None, due_in_s: float | None = None) -> None:
         """Tasks of ``queue_id`` were accepted or requeued through this node, due now
-        (``due_at`` None) or at ``due_at`` (database clock). This node's waiting claims are
-        woken now; a due time is heard back through the table like any node's (only the
-        database says how far away it is)."""
-        if due_at is None and self.pool is not None:
-            self.pool.task_arrived(queue_id)
+        (``due_at`` None) or at ``due_at`` (database clock), which is ``due_in_s`` after
+        the transaction that wrote them (its own clock: no clocks are compared). This
+        node's waiting claims are woken now, or then; the other nodes hear of it."""
+        if self.pool is not None:
+            if due_at is None or due_in_s is None or due_in_s <= 0:
+                self.pool.task_arrived(queue_id)
+            else:
+                # The transaction has committed by now: the timer starts after the due
+                # time's origin, so it never fires early.
+                self.pool.task_due(queue_id, trio.current_time() + due_in_s)
         self._publish(Signal.tasks(queue_id, due_at))
 
     def cancel(self, task_id: str) -> bool:
@@ -107,13 +110,9 @@ class SignalRelay:
         return False
 
     def _publish(self, signal: Signal) -> None:
+        # Acted on here already: only what other nodes write makes this node read faster.
         self._outbox.add(signal)
         self._to_write.set()
-        if signal.due_at is not None:
-            # Its own due time comes back through the table: read soon. (What it acted on
-            # already does not make this node read faster: only what others write does.)
-            self._pace.busy(trio.current_time())
-            self._hurry.set()
 
     # -- the service ---------------------------------------------------------------------
 
@@ -165,19 +164,7 @@ class SignalRelay:
             done, self._read_done = self._read_done, trio.Event()
             done.set()
             if not full:
-                await self._pause(trio.current_time(), delay)
-
-    async def _pause(self, since: float, delay: float) -> None:
-        """Sleep until ``since + delay``; a signal written here meanwhile shortens a slow
-        pause to the fast interval (an own due time is heard back soon)."""
-        until = since + delay
-        while True:
-            self._hurry = trio.Event()
-            with trio.move_on_at(until):
-                await self._hurry.wait()
-                until = min(until, since + self.timing.fast_interval_s)
-                continue
-            return
+                await trio.sleep(delay)
 
     async def read_once(self) -> bool:
         """Read the signals after the cursor and act on them; True when the page was full."""

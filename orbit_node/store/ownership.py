@@ -111,8 +111,10 @@ class TransitionResult:
     state: str | None = None
     # RENEWED / STARTED: the new lease expiry (database clock).
     lease_expires_at: datetime | None = None
-    # RETRY: when the task becomes due again.
+    # RETRY: when the task becomes due again, and how long after this transaction's
+    # database clock that is (its backoff: a node sets its own timer by it).
     available_at: datetime | None = None
+    backoff_s: float | None = None
     # STARTED / RENEWED: the Worker should stop the handler (cancel requested, deadline passed).
     cancel_requested: bool = False
     deadline_passed: bool = False

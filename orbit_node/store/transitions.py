@@ -392,7 +392,8 @@ class TransitionRules:
             writes.back_to_queue(row, available_at=available_at, error=error)
         else:
             writes.settle(row, outcome.value, error=error)
-        return TransitionResult(task_id=task_id, outcome=outcome, available_at=available_at)
+        backoff_s = None if available_at is None else (available_at - row.now).total_seconds()
+        return TransitionResult(task_id=task_id, outcome=outcome, available_at=available_at, backoff_s=backoff_s)
 
     def _after_failure(self, row: TaskRow, *, retryable: bool) -> tuple[Outcome, datetime | None]:
         """Where a failed started attempt leaves the task: retry, failed, cancelled or expired."""

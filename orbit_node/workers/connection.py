@@ -119,7 +119,9 @@ class Hub(Protocol):
     def observe_dispatch(self, reservations: Sequence[Reservation]) -> None: ...
     def observe_started(self, seconds: float) -> None: ...
     def observe_finish(self, results: Sequence[TransitionResult]) -> None: ...
-    def tasks_requeued(self, application_id: str, queue_id: str, due_at: datetime | None) -> None: ...
+    def tasks_requeued(
+        self, application_id: str, queue_id: str, due_at: datetime | None, due_in_s: float | None
+    ) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -437,8 +439,8 @@ class WorkerConnection:
         results += [self.hub.result_json(outcome) for _, outcome in zip(mine, outcomes, strict=False)]
         for seconds in settled.started_after_s:
             self.hub.observe_started(seconds)
-        for requeued in settled.requeued:
-            self.hub.tasks_requeued(self.principal.application_id, requeued.queue_id, requeued.due_at)
+        for back in settled.requeued:
+            self.hub.tasks_requeued(self.principal.application_id, back.queue_id, back.due_at, back.due_in_s)
         if kind is TransitionKind.FINISH:
             self.hub.observe_finish(outcomes)
         self.send(p.ack(kind.value, results, message.id))

@@ -168,10 +168,12 @@ class CancelNotice:
 
 @attrs.frozen
 class Requeued:
-    """Tasks went back to ``queue_id``, due at ``due_at`` (database clock; None: now)."""
+    """Tasks went back to ``queue_id``, due at ``due_at`` (database clock; None: now),
+    ``due_in_s`` after the transaction that put them back."""
 
     queue_id: str
     due_at: datetime | None = None
+    due_in_s: float | None = None
 
 
 @attrs.frozen
@@ -350,7 +352,7 @@ class ConnectionCore:
                 if gone is not None:
                     dropped.append(ref.task_id)
                     if result.ok and result.outcome in _REQUEUED:
-                        requeued[Requeued(gone.queue_id, result.available_at)] = None
+                        requeued[Requeued(gone.queue_id, result.available_at, result.backoff_s)] = None
             elif effect is Effect.RUN:
                 held = self._held.get(ref.task_id)
                 if held is not None:

@@ -126,12 +126,15 @@ class WorkerHub:
             except Exception as exc:
                 log.warning("could not remove connection %s from the registry: %s", conn.connection_id, exc)
 
-    def tasks_requeued(self, application_id: str, queue_id: str, due_at: datetime | None) -> None:
+    def tasks_requeued(
+        self, application_id: str, queue_id: str, due_at: datetime | None, due_in_s: float | None
+    ) -> None:
         """A Worker's release or failed attempt put tasks of ``queue_id`` back, due at
-        ``due_at`` (None: now): the waiting claims of every node hear of it."""
+        ``due_at`` (None: now), ``due_in_s`` from now: the waiting claims of every node
+        hear of it."""
         signals = self.shards.signals_for(application_id)
         if signals is not None:
-            signals.tasks_arrived(queue_id, due_at)
+            signals.tasks_arrived(queue_id, due_at, due_in_s)
         elif due_at is None:
             self.pool.task_arrived(queue_id)
 

@@ -321,8 +321,9 @@ class NodeConfig:
     metrics_host: str = "127.0.0.1"
     # 9464: the port Prometheus exporters of this kind conventionally take.
     metrics_port: int = 9464
-    # Database connections per node: claim slots plus room for API and control traffic.
-    db_pool_size: int = attrs.field(default=12, validator=_positive)
+    # Database connections per node: the claim slots (4), twice as many group commits of
+    # Worker transitions (8) and room for API and control traffic (4).
+    db_pool_size: int = attrs.field(default=16, validator=_positive)
     # Longest use of one database connection (a transaction, lock waits included) before
     # the node gives up on it: no lease is worth a longer wait, and an answer lost in the
     # network must not hold the sweeper, a claim slot or a Worker's transitions forever.

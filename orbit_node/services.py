@@ -20,7 +20,7 @@ import trio
 from .claims import ClaimRequest
 from .config import NodeConfig
 from .db import Database
-from .dispatch.commit import GroupCommitter
+from .dispatch.commit import GroupCommitter, concurrent_groups
 from .dispatch.plan_trigger import PlanTrigger
 from .dispatch.pool import ClaimPool
 from .dispatch.recovery import Sweeper
@@ -331,7 +331,7 @@ class DispatchServices:
             tenancy = TenancyStore(shard_db)
             commits = turns = weights = signals = sweeper = trigger = None
             if pool is not None:
-                commits = GroupCommitter(store)
+                commits = GroupCommitter(store, max_concurrent_groups=concurrent_groups(config.scheduler.sql_slots))
                 # Claim turns go to the database too: operators see every node's rotation in one place.
                 # And the other nodes' turns come back from it: the share across nodes.
                 turns = TurnRecorder(

@@ -28,21 +28,16 @@ CAPACITY = 4
 SMALL = "BCDEF"
 WARM_UP_S = 6.0
 WINDOW_S = 20.0
-# What the two rotations measure here on a quiet machine (20 s window): by virtual time
-# 1.18-1.34 (A over the small ones' mean), Jain 0.985-0.996; the rotation of 2f1cfde, which
-# sends an application that comes back behind everyone, 1.65-1.69, Jain 0.950-0.955. Not 1:
-# a small application's two Workers, each waiting for its Start and Finish acks before it
-# asks again, can take only about 6 % more than their fair share even when they never wait
-# for a slot (bench s4, "slow-sql, B-F alone"), so A takes what they leave (the pool never
-# idles for fairness's sake). On a busy machine the small applications' Workers ask still
-# less often and A legitimately takes more: 2.0 was seen with three test processes, a
-# process spinning on one core and benchmarks beside them. So the bounds here are the
-# gross ones that hold however busy the machine (A's 10 queues and 20 connections must not
-# buy it anything like 10x); the tight targets (<= 1.1 once the small applications can ask
-# for their share, Jain >= 0.99) are bench s4's, run alone, and the rotation's exact
-# fairness is the pure simulation's (tests/test_fair_simulation.py).
-MAX_A_OVER_SMALL = 2.5
-MIN_JAIN = 0.85
+# What this test measures (20 s window): 0.99-1.01 (A over the small ones' mean), Jain
+# 0.9999, on a quiet machine and beside two processes spinning on both cores. With the
+# group commit limited to 4 transactions at once (as before it followed the claim
+# slots), 1.99-2.02 and Jain 0.905: settling, not claiming, was the bottleneck, and a
+# small application's two Workers, each waiting for its Start and Finish acks before it
+# asks again, asked less and less often while A always had a request waiting. With the
+# rotation of 2f1cfde (an application that comes back goes behind everyone) 1.65-1.69.
+# The bounds leave room for a busy machine and still fail both.
+MAX_A_OVER_SMALL = 1.25
+MIN_JAIN = 0.98
 
 
 def jain(values: list[int]) -> float:

@@ -353,7 +353,9 @@ class DispatchServices:
                     tenancy.application_weights, pool.scheduler.set_weight, _holds(routed, len(built))
                 )
             if run.recovery:
-                sweeper = Sweeper(store, config.sweep_interval_s)
+                sweeper = Sweeper(
+                    store, config.sweep_interval_s, tasks_arrived=None if signals is None else signals.tasks_arrived
+                )
             if run.plans:
                 trigger = PlanTrigger(
                     PlanStore(shard_db),

@@ -303,3 +303,29 @@ async def test_each_application_is_recovered_in_its_own_transaction(db):
     store.hook = hook
     assert await store.recover() == RecoveryStats(requeued=4)
     assert sorted(locked, key=sorted) == sorted(claimed_ids.values(), key=sorted)
+
+
+async def test_the_sweeper_announces_each_queue_it_put_tasks_back_in_after_the_commit(db, node_config):
+    """What a pass requeues wakes waiting claims on every node (through the signals):
+    an expired reservation is due now, a retried run lease when its backoff ends; a task
+    that failed for good announces nothing."""
+    store = dispatch_store(db)
+    heard = []
+
+    def tasks_arrived(queue_id, due_at, due_in_s):
+        # Called after the commit: the row is queued already.
+        heard.append((queue_id, due_at, due_in_s))
+
+    owner, reserved = await claimed(db, store)
+    _, running = await claimed(db, store, start=True, backoff_initial_ms=60_000)
+    _, last = await claimed(db, store, start=True, max_attempts=1)
+    for r in (reserved, running, last):
+        await expire_lease(db, r.task_id)
+    sweeper = Sweeper(store, node_config.sweep_interval_s, tasks_arrived=tasks_arrived)
+    assert await sweeper.sweep() == RecoveryStats(requeued=1, retried=1, failed=1)
+    queue_of = {r.task_id: (await task_row(db, r.task_id))["queue_id"] for r in (reserved, running)}
+    retried = await task_row(db, running.task_id)
+    now_due, later = sorted(heard, key=lambda h: h[1] is not None)
+    assert now_due == (queue_of[reserved.task_id], None, None)
+    # The backoff (60 s, jittered) as the transaction's own clock measured it.
+    assert later[:2] == (queue_of[running.task_id], retried["available_at"]) and 0 < later[2] <= 60.0

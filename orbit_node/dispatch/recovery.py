@@ -4,6 +4,10 @@ Every node runs one; they may all sweep at once (the database transactions skip 
 another sweeper holds). A pass puts expired reservations back in the queue, counts
 expired run leases as failed attempts, and expires queued tasks past their deadline.
 Decisions use the database clock only; the trio clock here just paces the passes.
+What a pass puts back in a queue is announced (``tasks_arrived``, the signals between
+nodes) once it has committed, so the Workers waiting on that queue, on any node, are
+woken at once, or when a retry's backoff ends, instead of when their empty-result
+memory expires.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import attrs
 from ..periodic import PeriodicService
 from ..store.dispatch import DispatchStore
 from ..store.ownership import RecoveryStats
+from ..store.transitions import Requeued
 
 log = logging.getLogger("orbit.recovery")
 
@@ -24,12 +29,14 @@ class Sweeper(PeriodicService):
     store: DispatchStore
     interval_s: float
     totals: RecoveryStats = attrs.field(factory=RecoveryStats)
+    # Hears of each queue a pass put tasks back in (queue_id, due_at, due_in_s).
+    tasks_arrived: Requeued | None = None
 
     log = log
     failure = "recovery pass failed"
 
     async def one_pass(self) -> RecoveryStats:
-        return await self.store.recover()
+        return await self.store.recover(requeued=self.tasks_arrived)
 
     def empty_stats(self) -> RecoveryStats:
         return RecoveryStats()

@@ -32,6 +32,7 @@ from .explain import read_explanation
 from .ownership import FinishItem, Hook, Outcome, OwnershipLost, RecoveryStats, Reservation, TransitionResult
 from .transitions import (
     RECOVERY_BATCH,
+    Requeued,
     TransitionPart,
     TransitionRules,
     finish_key,
@@ -145,10 +146,11 @@ class DispatchStore:
 
     # -- recovery and explanation ------------------------------------------------------
 
-    async def recover(self, *, limit: int = RECOVERY_BATCH) -> RecoveryStats:
+    async def recover(self, *, limit: int = RECOVERY_BATCH, requeued: Requeued | None = None) -> RecoveryStats:
         """One sweep pass over expired leases and queued tasks past their deadline (see
-        ``transitions.run_recovery``); safe to run on every node at once."""
-        return await run_recovery(self.db, self._rules, self._at, limit=limit)
+        ``transitions.run_recovery``); safe to run on every node at once. ``requeued``
+        hears of the queues it put tasks back in, after their commit."""
+        return await run_recovery(self.db, self._rules, self._at, limit=limit, requeued=requeued)
 
     async def explain(self, namespace_id: str, task_id: str) -> dict[str, Any]:
         """Why a task is (not) being dispatched right now, as a JSON-ready dict.

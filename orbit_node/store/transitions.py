@@ -69,6 +69,7 @@ class TaskRow:
 
     task_id: str
     namespace_id: str
+    queue_id: str
     state: str
     fencing_token: str | None
     cancel_requested: bool
@@ -89,6 +90,7 @@ class TaskRow:
         return cls(
             task_id=row["task_id"],
             namespace_id=row["namespace_id"],
+            queue_id=row["queue_id"],
             state=row["state"],
             fencing_token=row["fencing_token"],
             cancel_requested=bool(row["cancel_requested"]),
@@ -434,7 +436,14 @@ class TransitionRules:
         return outcome
 
 
-async def run_recovery(db: Database, rules: TransitionRules, at: At, *, limit: int) -> RecoveryStats:
+# requeued(queue_id, due_at, due_in_s): tasks of a queue went back, due at ``due_at``
+# (database clock; None: now), ``due_in_s`` after the transaction that put them back.
+Requeued = Callable[[str, "datetime | None", "float | None"], None]
+
+
+async def run_recovery(
+    db: Database, rules: TransitionRules, at: At, *, limit: int, requeued: Requeued | None = None
+) -> RecoveryStats:
     """One sweep pass over expired leases and queued tasks past their deadline.
 
     Safe to run on every node at once: candidates are read without locks and then
@@ -444,7 +453,9 @@ async def run_recovery(db: Database, rules: TransitionRules, at: At, *, limit: i
 
     The candidates of several applications are settled in one transaction per
     application: no transaction touches two applications' rows (the shard key of
-    ``docs/scaling.md``).
+    ``docs/scaling.md``). Once a transaction has committed, ``requeued`` hears of every
+    queue it put tasks back in (once per queue and due time), so waiting claims on every
+    node can be woken.
     """
 
     async def candidates(tx: Tx) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -457,7 +468,7 @@ async def run_recovery(db: Database, rules: TransitionRules, at: At, *, limit: i
         by_application.setdefault(found["application_id"], set()).add(found["task_id"])
 
     def settle(application_id: str, ids: tuple[str, ...]):
-        async def body(tx: Tx) -> RecoveryStats:
+        async def body(tx: Tx) -> tuple[RecoveryStats, dict[tuple[str, datetime | None, float | None], None]]:
             locked = await tx.fetchall("recover_lock", {"application_id": application_id, "task_ids": ids})
             rows = [TaskRow.from_row(r) for r in locked]
             await at("recover.locked", [r.task_id for r in rows])
@@ -466,19 +477,30 @@ async def run_recovery(db: Database, rules: TransitionRules, at: At, *, limit: i
             for row in rows:
                 counts[rules.recover_row(row, writes)] += 1
             await writes.apply(tx)
-            return RecoveryStats(
+            back: dict[tuple[str, datetime | None, float | None], None] = {}
+            for row in rows:
+                if (requeue := writes.requeue.get(row.task_id)) is not None:
+                    due_at = requeue["available_at"]
+                    due_in_s = None if due_at is None else (due_at - row.now).total_seconds()
+                    back[(row.queue_id, due_at, due_in_s)] = None
+            stats = RecoveryStats(
                 requeued=counts[Outcome.RELEASED],
                 retried=counts[Outcome.RETRY],
                 failed=counts[Outcome.FAILED],
                 cancelled=counts[Outcome.CANCELLED],
                 expired=counts[Outcome.EXPIRED],
             )
+            return stats, back
 
         return body
 
     total = RecoveryStats(saturated=len(leases) >= limit or len(deadlines) >= limit)
     for application_id, ids in sorted(by_application.items()):
-        total = total + await db.transaction(settle(application_id, tuple(sorted(ids))))
+        stats, back = await db.transaction(settle(application_id, tuple(sorted(ids))))
+        total = total + stats
+        if requeued is not None:
+            for queue_id, due_at, due_in_s in back:
+                requeued(queue_id, due_at, due_in_s)
     return total
 
 

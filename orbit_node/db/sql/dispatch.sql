@@ -166,7 +166,7 @@ UPDATE queues
 -- The compare-and-set read of every transition: the rows are locked (waiting if a claim
 -- or the sweeper holds them, briefly) and judged with this statement's NOW(6).
 -- name: transition_lock
-SELECT task_id, namespace_id, state, fencing_token, cancel_requested, resource_key,
+SELECT task_id, namespace_id, queue_id, state, fencing_token, cancel_requested, resource_key,
        attempts, max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, deadline,
        lease_expires_at,
        (lease_expires_at IS NOT NULL AND lease_expires_at > NOW(6)) AS lease_valid,
@@ -280,7 +280,7 @@ SELECT task_id, application_id
  LIMIT %(limit)s
 
 -- name: recover_lock
-SELECT task_id, namespace_id, state, fencing_token, cancel_requested, resource_key,
+SELECT task_id, namespace_id, queue_id, state, fencing_token, cancel_requested, resource_key,
        attempts, max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier, deadline,
        lease_expires_at, FALSE AS lease_valid,
        (deadline IS NOT NULL AND deadline <= NOW(6)) AS past_deadline,

@@ -153,11 +153,23 @@ async def test_a_revoked_credential_loses_its_session_at_the_next_request(runnin
         assert (await client.post("/console/sign-in", data={"token": token})).status_code == 401
 
 
+def form_token(html: str) -> str:
+    """The session's form token, as a page's forms carry it."""
+    found = set(re.findall(r'name="csrf_token" value="([^"]*)"', html))
+    assert len(found) == 1, found
+    return found.pop()
+
+
 async def test_sign_out_clears_the_cookie(running_node, db):
     tenant = await make_tenant(db)
     async with console(running_node) as client:
         await sign_in(client, tenant.token)
-        out = await client.post("/console/sign-out")
+        # Without the session's form token (a post from another site) the session stays.
+        refused = await client.post("/console/sign-out")
+        assert refused.status_code == 403 and "csrf_token" in refused.text
+        assert (await client.get("/console")).status_code == 200
+        token = form_token((await client.get("/console")).text)
+        out = await client.post("/console/sign-out", data={"csrf_token": token})
         assert (out.status_code, out.headers["location"]) == (303, "/console/sign-in?ended=signed-out")
         assert "Max-Age=0" in out.headers["set-cookie"]
         assert (await client.get("/console")).status_code == 303

@@ -27,6 +27,7 @@ from ..rules import QUEUE_NAME as NAME
 from ..store.dispatch import DispatchStore
 from ..store.operations import OperationsStore
 from ..store.tenancy import ALL_QUEUES, NODE_SCOPES, SCOPES, TenancyStore
+from . import admin_audit
 from .common import Parser, database_from_env, fail, print_json, run_command
 from .ready import wait_until_served
 
@@ -393,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--iterations", type=int, default=None, metavar="N", help="stop after N frames")
     top.add_argument("--once", action="store_true", help="one frame, then exit (same as --iterations 1)")
     top.add_argument("--json", action="store_true", help="one JSON object per frame, one per line")
+    admin_audit.add_parser(sub)
     return parser
 
 
@@ -763,6 +765,7 @@ COMMANDS = {
     "explain": _explain,
     "database": _database,
     "top": _top,
+    "audit": admin_audit.run,
 }
 
 

@@ -8,7 +8,7 @@ it; ``metrics:read`` (node-wide) shows every application's claim turns, as ``/me
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import attrs
 
@@ -270,3 +270,19 @@ def visible_workers(
             }
         )
     return list(nodes.values())
+
+
+class OfQueue(Protocol):
+    @property
+    def queue_id(self) -> str: ...
+
+
+Q = TypeVar("Q", bound=OfQueue)
+
+
+def by_queue(items: Iterable[Q]) -> dict[str, list[Q]]:
+    """Items grouped by their queue id, in their order."""
+    grouped: dict[str, list[Q]] = {}
+    for item in items:
+        grouped.setdefault(item.queue_id, []).append(item)
+    return grouped

@@ -8,11 +8,18 @@ again on every request, so a revoked credential ends its sessions at once.
 
 Signing and expiry are itsdangerous's (the Pallets library Flask and Quart sign their own
 sessions with): ``TimestampSigner`` over the id, with a salt of its own for this use.
+
+Every form that writes carries the session's form token (``form_token``): an HMAC-SHA256
+of the cookie value under a key derived from the console key for this use only. Each
+sign-in has its own token, every node sharing the key computes the same one, and a page
+of another site cannot read it (the cookie is HttpOnly, the page is same-origin only), so
+a write posted from elsewhere is refused even by a browser that sends the cookie along.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 
 import attrs
 from itsdangerous import BadSignature, SignatureExpired, TimestampSigner
@@ -22,6 +29,8 @@ from ...ids import is_hex32
 COOKIE_NAME = "orbit_console"
 # Separates these signatures from any other use of the same key.
 SALT = "orbit-console-session-v1"
+# Derives the key of form tokens from the console key (never the session signatures' key).
+FORM_TOKEN_LABEL = b"orbit-console-form-token-v1"
 
 
 @attrs.frozen
@@ -47,3 +56,14 @@ class SessionSigner:
         except (SignatureExpired, BadSignature, UnicodeDecodeError):
             return None
         return credential_id if is_hex32(credential_id) else None
+
+    def form_token(self, cookie: str) -> str:
+        """The form token of the session whose cookie value is ``cookie``."""
+        key = hmac.new(self.key, FORM_TOKEN_LABEL, hashlib.sha256).digest()
+        return hmac.new(key, cookie.encode(), hashlib.sha256).hexdigest()
+
+    def form_token_valid(self, cookie: str, token: str | None) -> bool:
+        """``token`` is the form token of this session (compared in constant time)."""
+        if not token or not token.isascii():
+            return False
+        return hmac.compare_digest(self.form_token(cookie), token)

@@ -1,4 +1,6 @@
-"""Routes of the read-only console at /console (docs/operations.md, "The console").
+"""The console's blueprint at /console (docs/operations.md, "The console"): access,
+rendering, errors and the read-only panels. A task's pages are ``tasks_view.py``'s, the
+writes and the audit page ``actions.py``'s.
 
 Every page is one template (``console/page.html``) around a panel; the panel alone is
 served to the page's own script for live refresh (``?fragment=live``), with an ETag, so
@@ -8,7 +10,8 @@ Access: a session cookie (``session.py``) names a credential verified at sign-in
 request reads that credential again, so revoking it signs its sessions out at once. The
 credential needs ``tasks:read``; what a panel shows follows its grants like the API's
 (``model.py``). Queues, tasks and plans of another namespace render the very page a
-missing id renders.
+missing id renders. Every post of a signed-in session must come from this console's own
+pages (``Origin``) and carry the session's form token (``session.py``).
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ from quart import Blueprint, Response, g, render_template, request
 
 from ... import logs
 from ...errors import NotFound, OrbitError, PermissionDenied, Unauthenticated
-from ...ids import is_hex32
 from ...services import Shard
-from ...store.operations import OperationsStore
+from ...store.console import ConsoleStore, Stranded
+from ...store.operations import OperationsStore, QueueBacklog
 from ...store.tenancy import Principal
 from ...wire import rfc3339
 from ..auth import node_state
 from . import model
 from .session import COOKIE_NAME, SessionSigner
+from .values import size_text
 
 log = logging.getLogger("orbit.console")
 
@@ -72,6 +76,7 @@ NAVIGATION = (
     ("console.workers", "Workers"),
     ("console.plans", "Plans"),
     ("console.tasks", "Tasks"),
+    ("console.audit", "Audit"),
 )
 # What a not-found page says, by the field of the NotFound error (never its id: the page
 # of another tenant's id must be the page of a missing one).
@@ -79,7 +84,26 @@ NOT_FOUND_TEXT = {
     "queue_id": "There is no queue with this id in your namespace.",
     "task_id": "There is no task with this id in your namespace.",
     "plan_id": "There is no plan with this id in your namespace.",
+    "value": "This task has no such value (yet).",
 }
+# The form field of a post's form token.
+FORM_TOKEN = "csrf_token"
+# What a page reached after a write says it did (?done=WORD: a fixed word, never echoed text).
+DONE_PARAM = "done"
+DONE = {
+    "cancelled": "Task cancelled: it will not run.",
+    "cancel-requested": "Cancellation requested: the Worker holding the task is told now, and the task ends as "
+    "cancelled when its handler stops (unless it finishes first).",
+    "already-cancel-requested": "Cancellation was already requested: nothing changed.",
+    "already-cancelled": "The task was already cancelled: nothing changed.",
+    "paused": "Queue paused: none of its tasks is dispatched until it is resumed; tasks already running go on.",
+    "already-paused": "The queue was already paused: nothing changed.",
+    "resumed": "Queue resumed: its due tasks are dispatched again.",
+    "already-open": "The queue was not paused: nothing changed.",
+}
+# Set (?unrecorded=1) when the write was done but its audit record could not be written.
+UNRECORDED_PARAM = "unrecorded"
+UNRECORDED = "Its audit record could not be written (the node's log says why)."
 
 
 def signer() -> SessionSigner:
@@ -114,7 +138,21 @@ async def authenticate() -> Response | None:
         return signed_out("revoked")
     g.console_principal = who
     logs.bind(application=who.application, namespace_id=who.namespace_id)
+    if request.method == "POST":
+        await check_post(cookie)
     return None
+
+
+async def check_post(cookie: str | None) -> None:
+    """A post of a signed-in session: from this console's pages, with the session's form token."""
+    if not same_origin():
+        raise PermissionDenied("origin: writes are accepted from this console's own pages only", field="origin")
+    token = (await request.form).get(FORM_TOKEN)
+    if cookie is None or not signer().form_token_valid(cookie, token):
+        raise PermissionDenied(
+            f"{FORM_TOKEN}: the form's token is missing or not this session's; reload the page and try again",
+            field=FORM_TOKEN,
+        )
 
 
 def see_other(target: str, status: int = 303) -> Response:
@@ -212,6 +250,10 @@ async def sign_in():
 async def sign_out():
     if not same_origin():
         raise PermissionDenied("origin: sign-out is accepted from this console's own pages only", field="origin")
+    cookie = request.cookies.get(COOKIE_NAME)
+    if signer().credential_id(cookie) is not None:
+        # A live session ends only by its own pages' form (an expired one has nothing to protect).
+        await check_post(cookie)
     response = see_other(sign_in_url("signed-out"))
     clear_cookie(response)
     return response
@@ -220,14 +262,23 @@ async def sign_out():
 # -- rendering ----------------------------------------------------------------------------
 
 
+def form_token() -> str | None:
+    """The form token of the request's session (None without one)."""
+    cookie = request.cookies.get(COOKIE_NAME)
+    return signer().form_token(cookie) if cookie and g.get("console_principal") else None
+
+
 @blueprint.context_processor
 def helpers() -> dict[str, Any]:
     return {
         "principal": g.get("console_principal"),
+        "form_token": form_token(),
+        "form_token_field": FORM_TOKEN,
         "navigation": NAVIGATION,
         "ts": lambda value: rfc3339(value) if value is not None and not isinstance(value, str) else (value or "-"),
         "duration": model.duration,
         "limit": model.limit,
+        "size_text": size_text,
         "pretty": lambda value: json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False),
         "levels": model.PRIORITY_LEVELS,
         "bar_height": model.BAR_HEIGHT,
@@ -237,7 +288,10 @@ def helpers() -> dict[str, Any]:
 async def page(title: str, panel: str, *, status: int = 200, **context: Any) -> Response:
     """The page ``title`` around ``panel``; with ?fragment=live the panel alone, ETag'd.
 
-    Only a 200 page refreshes itself (its script polls the panel)."""
+    Only a 200 page refreshes itself (its script polls the panel, with the page's own
+    query). ``static_panel`` (optional) is rendered below the live one, on the page only:
+    what never changes is not sent again by each refresh. A page reached after a write
+    says what the write did (``?done=``, a word of ``DONE``)."""
     if is_fragment():
         html = await render_template(panel, **context)
         tag = hashlib.sha256(html.encode()).hexdigest()[:32]
@@ -247,9 +301,14 @@ async def page(title: str, panel: str, *, status: int = 200, **context: Any) -> 
             response = Response(html, status, mimetype="text/html")
         response.set_etag(tag)
         return response
-    live = request.path + "?" + urllib.parse.urlencode({FRAGMENT: "live"}) if status == 200 else None
+    query = {k: v for k, v in request.args.items() if k not in (FRAGMENT, DONE_PARAM, UNRECORDED_PARAM)}
+    live = request.path + "?" + urllib.parse.urlencode({**query, FRAGMENT: "live"}) if status == 200 else None
     context.setdefault("endpoint", request.endpoint)
-    html = await render_template("console/page.html", title=title, panel=panel, live_url=live, **context)
+    context.setdefault("static_panel", None)
+    done = DONE.get(request.args.get(DONE_PARAM, ""))
+    if done and request.args.get(UNRECORDED_PARAM):
+        done += " " + UNRECORDED
+    html = await render_template("console/page.html", title=title, panel=panel, live_url=live, done=done, **context)
     return Response(html, status, mimetype="text/html")
 
 
@@ -269,29 +328,34 @@ async def security_headers(response: Response) -> Response:
     return response
 
 
-async def error_page(status: int, title: str, text: str) -> Response:
+async def error_page(status: int, title: str, text: str, code: str) -> Response:
     if is_fragment():
         return Response(text, status, mimetype="text/plain")
-    html = await render_template("console/error.html", title=title, text=text)
+    back = g.get("console_back")
+    html = await render_template("console/error.html", title=title, text=text, code=code, back=back)
     return Response(html, status, mimetype="text/html")
 
 
 @blueprint.errorhandler(NotFound)
 async def not_found(exc: NotFound):
-    return await error_page(404, "Not found", NOT_FOUND_TEXT.get(exc.field or "", "There is no such page."))
+    return await error_page(404, "Not found", NOT_FOUND_TEXT.get(exc.field or "", "There is no such page."), exc.code)
 
 
 @blueprint.errorhandler(PermissionDenied)
 async def forbidden(exc: PermissionDenied):
-    return await error_page(403, "Not allowed", exc.message)
+    return await error_page(403, "Not allowed", exc.message, exc.code)
 
 
 @blueprint.errorhandler(OrbitError)
 async def other_error(exc: OrbitError):
     if exc.http_status >= 500:
         log.warning("console page failed: %s", exc.code)
-        return await error_page(exc.http_status, "Unavailable", "The node cannot read the database now; retry later.")
-    return await error_page(exc.http_status, "Cannot show this", exc.message)
+        text = "The node cannot reach the database now; retry later."
+        if request.method == "POST":
+            text += " What you asked may or may not have been done: look before asking again."
+        return await error_page(exc.http_status, "Unavailable", text, exc.code)
+    title = "Not done" if request.method == "POST" else "Cannot show this"
+    return await error_page(exc.http_status, title, exc.message, exc.code)
 
 
 # -- panels -------------------------------------------------------------------------------
@@ -304,6 +368,10 @@ def shard() -> Shard:
 
 def operations() -> OperationsStore:
     return shard().operations
+
+
+def console_store() -> ConsoleStore:
+    return ConsoleStore(shard().db)
 
 
 def readable() -> list[str] | None:
@@ -327,7 +395,14 @@ async def overview():
         "console/panels/overview.html",
         application=application,
         queues=[(q, model.priority_bars(q.queued_by_priority)) for q in backlogs],
+        stranded=await stranded(backlogs),
     )
+
+
+async def stranded(backlogs: list[QueueBacklog]) -> dict[str, list[Stranded]]:
+    """Queue id -> its due tasks no connected Worker can run, by capability (queues with due tasks only)."""
+    due = [q.queue_id for q in backlogs if q.due]
+    return model.by_queue(await console_store().stranded(principal().namespace_id, due))
 
 
 @blueprint.get("/queues/<queue_id>")
@@ -350,6 +425,7 @@ async def queue(queue_id: str):
         bars=model.priority_bars(backlog.queued_by_priority),
         tasks=recent.tasks,
         plans=plans,
+        stranded=(await stranded(backlogs)).get(backlog.queue_id, []),
     )
 
 
@@ -376,38 +452,6 @@ async def workers():
     registered = await operations().namespace_workers(who.namespace_id)
     nodes = model.visible_workers(registered, readable=readable(), queue_names=await queue_names())
     return await page("Workers", "console/panels/workers.html", nodes=nodes, this_node=node_state().node_id)
-
-
-@blueprint.get("/tasks")
-async def tasks():
-    who = principal()
-    wanted = request.args.get("task_id")
-    error = None
-    if wanted is not None:
-        wanted = wanted.strip().lower()
-        if is_hex32(wanted):
-            return see_other(f"/console/tasks/{wanted}")
-        error = "task_id: a task id is 32 hexadecimal digits"
-    recent = await shard().tasks.list(who.namespace_id, queue_ids=readable(), limit=RECENT_TASKS)
-    return await page(
-        "Tasks",
-        "console/panels/tasks.html",
-        status=200 if error is None else 400,
-        tasks=recent.tasks,
-        queue_names=await queue_names(),
-        error=error,
-    )
-
-
-@blueprint.get("/tasks/<task_id>")
-async def task(task_id: str):
-    who = principal()
-    story = await operations().task(task_id, namespace_id=who.namespace_id)
-    who.require(SCOPE, story["queue_id"])
-    explanation = await shard().store.explain(who.namespace_id, task_id)
-    return await page(
-        f"Task {task_id}", "console/panels/task.html", task=story, explanation=explanation, endpoint="console.tasks"
-    )
 
 
 @blueprint.get("/plans")

@@ -1,0 +1,58 @@
+-- Reads only the web console makes (orbit_node/store/console.py). None locks anything.
+
+-- One task as its page shows it: every field but the stored values, of which only the
+-- beginning (%(head_chars)s characters) and the whole size in bytes are read, so a task
+-- with a 1 MB payload costs a few KiB per refresh. The payload's beginning only when
+-- asked (it never changes: the page shows it once, outside the live panel).
+-- name: console_task
+SELECT t.task_id, t.application_id, t.namespace_id, t.queue_id, t.handler, t.handler_version, t.payload_version,
+       t.state, t.priority, t.available_at, t.dispatch_at, t.deadline, t.attempts, t.max_attempts,
+       t.resource_key, t.cancel_requested, t.reserved_at, t.started_at, t.finished_at, t.plan_id, t.plan_version,
+       t.created_at, t.updated_at, q.name AS queue,
+       IF(%(with_payload)s, LEFT(t.payload, %(head_chars)s), NULL) AS payload_head,
+       IF(%(with_payload)s, LENGTH(t.payload), NULL) AS payload_bytes,
+       LEFT(t.result, %(head_chars)s) AS result_head, LENGTH(t.result) AS result_bytes,
+       LEFT(t.error, %(head_chars)s) AS error_head, LENGTH(t.error) AS error_bytes
+  FROM tasks t
+  LEFT JOIN queues q ON q.queue_id = t.queue_id
+ WHERE t.task_id = %(task_id)s
+   AND t.namespace_id = %(namespace_id)s
+
+-- Its attempts (no fencing token), each error's beginning and size.
+-- name: console_task_attempts
+SELECT attempt_id, attempt, owner_node_id, connection_id, reserved_at, started_at, finished_at, outcome,
+       LEFT(error, %(head_chars)s) AS error_head, LENGTH(error) AS error_bytes
+  FROM task_attempts
+ WHERE task_id = %(task_id)s
+ ORDER BY attempt_id
+
+-- One stored value of a task whole (payload, result or error), with the task's queue.
+-- name: console_task_value
+SELECT queue_id,
+       CASE %(name)s WHEN 'payload' THEN payload WHEN 'result' THEN result ELSE error END AS value
+  FROM tasks
+ WHERE task_id = %(task_id)s
+   AND namespace_id = %(namespace_id)s
+
+-- One attempt's error whole, with the task's queue.
+-- name: console_attempt_error
+SELECT t.queue_id, a.error AS value
+  FROM task_attempts a
+  JOIN tasks t ON t.task_id = a.task_id
+ WHERE a.attempt_id = %(attempt_id)s
+   AND a.task_id = %(task_id)s
+   AND t.namespace_id = %(namespace_id)s
+
+-- Due queued tasks of the queues per capability (handler, versions, resource-keyed or
+-- not): what a Worker must announce to take them. The claim index holds every column
+-- read (a task is due when dispatch_at + 30 s x priority, its available_at, has passed),
+-- so a large backlog costs an index range scan per queue, not row reads.
+-- name: console_due_capabilities
+SELECT queue_id, handler, handler_version, payload_version, keyed, COUNT(*) AS due
+  FROM tasks FORCE INDEX (ix_tasks_claim)
+ WHERE queue_id IN %(queue_ids)s
+   AND state = 'queued'
+   AND dispatch_at <= NOW(6) - INTERVAL (priority * %(priority_step_s)s) SECOND
+ GROUP BY queue_id, handler, handler_version, payload_version, keyed
+ ORDER BY queue_id, due DESC
+ LIMIT %(limit)s

@@ -101,6 +101,7 @@ async def tasks():
     return await page(
         "Tasks",
         "console/panels/tasks.html",
+        live_query=query,
         tasks=shown,
         queue_names=names,
         query=query,

@@ -285,11 +285,13 @@ def helpers() -> dict[str, Any]:
     }
 
 
-async def page(title: str, panel: str, *, status: int = 200, **context: Any) -> Response:
+async def page(
+    title: str, panel: str, *, status: int = 200, live_query: dict[str, str] | None = None, **context: Any
+) -> Response:
     """The page ``title`` around ``panel``; with ?fragment=live the panel alone, ETag'd.
 
     Only a 200 page refreshes itself (its script polls the panel, with the page's own
-    query). ``static_panel`` (optional) is rendered below the live one, on the page only:
+    query, or ``live_query``). ``static_panel`` (optional) is rendered below the live one, on the page only:
     what never changes is not sent again by each refresh. A page reached after a write
     says what the write did (``?done=``, a word of ``DONE``)."""
     if is_fragment():
@@ -301,7 +303,9 @@ async def page(title: str, panel: str, *, status: int = 200, **context: Any) -> 
             response = Response(html, status, mimetype="text/html")
         response.set_etag(tag)
         return response
-    query = {k: v for k, v in request.args.items() if k not in (FRAGMENT, DONE_PARAM, UNRECORDED_PARAM)}
+    query = live_query
+    if query is None:
+        query = {k: v for k, v in request.args.items() if k not in (FRAGMENT, DONE_PARAM, UNRECORDED_PARAM)}
     live = request.path + "?" + urllib.parse.urlencode({**query, FRAGMENT: "live"}) if status == 200 else None
     context.setdefault("endpoint", request.endpoint)
     context.setdefault("static_panel", None)

@@ -1,0 +1,461 @@
+"""The console's writes over HTTP, on a real node: form tokens (CSRF), scopes, the answers
+and the audit record; then what the console reads for them: large values shown by their
+beginning, attempts' errors, queues whose due tasks no connected Worker can run, task
+search by id prefix and paging.
+
+The browser tests (tests/test_console_browser.py) click the same buttons in Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from orbit_node.api.console.session import SessionSigner
+from orbit_node.api.console.values import layout
+from orbit_node.store.audit import AuditStore
+
+from . import seed
+from .nodeutil import Tenant, make_tenant, make_token
+from .test_admin import admin_json
+from .test_console import console, form_token, main_of, sign_in, submit
+
+FORM = "csrf_token"
+
+
+async def token_of(client: httpx.AsyncClient, path: str = "/console") -> str:
+    return form_token((await client.get(path)).text)
+
+
+async def new_task(api: httpx.AsyncClient, queue_id: str, key: str, **more: object) -> str:
+    created = await api.post("/v1/tasks", json=submit(queue_id, **more), headers={"Idempotency-Key": key})
+    assert created.status_code == 201, created.text
+    return created.json()["data"]["task_id"]
+
+
+async def state_of(db, task_id: str) -> str:
+    return (await seed.task_row(db, task_id))["state"]
+
+
+async def audit_rows(db) -> list[dict]:
+    return await db.run(lambda tx: tx.fetchall_raw("SELECT * FROM audit_records ORDER BY audit_id"))
+
+
+def seed_tenant(tenant: Tenant, queue: str | None = None) -> seed.Tenant:
+    return seed.Tenant(tenant.application_id, tenant.namespace_id, tenant.queues[queue] if queue else tenant.queue_id)
+
+
+# -- form tokens ---------------------------------------------------------------------------
+
+
+def test_a_form_token_belongs_to_one_session_and_one_key():
+    signer = SessionSigner(b"k" * 32, 3600)
+    one, two = signer.issue("a" * 32), signer.issue("b" * 32)
+    token = signer.form_token(one)
+    assert re.fullmatch(r"[0-9a-f]{64}", token) and signer.form_token_valid(one, token)
+    assert not signer.form_token_valid(two, token)
+    assert not SessionSigner(b"j" * 32, 3600).form_token_valid(one, token)
+    for wrong in (None, "", token[:-1], token.upper(), "é" * 64):
+        assert not signer.form_token_valid(one, wrong)
+
+
+async def test_a_write_without_this_sessions_form_token_is_refused_and_changes_nothing(running_node, db):
+    tenant = await make_tenant(db)
+    other_credential = await make_token(db, tenant, {"tasks:read": "*", "tasks:cancel": "*"})
+    async with running_node.client(tenant.token) as api:
+        task_id = await new_task(api, tenant.queue_id, "a")
+    cancel = f"/console/tasks/{task_id}/cancel"
+    async with console(running_node) as client, console(running_node) as elsewhere:
+        await sign_in(client, tenant.token)
+        await sign_in(elsewhere, other_credential)
+        mine = await token_of(client, f"/console/tasks/{task_id}")
+        theirs = await token_of(elsewhere)
+        assert mine != theirs
+        for data, headers in (
+            ({}, {}),  # no token: what a form on another site posts
+            ({FORM: ""}, {}),
+            ({FORM: theirs}, {}),  # the token of another session
+            ({FORM: mine}, {"Origin": "https://evil.example"}),
+        ):
+            refused = await client.post(cancel, data=data, headers=headers)
+            assert refused.status_code == 403, (data, headers, refused.text)
+            assert 'data-code="PERMISSION_DENIED"' in refused.text
+            field = "origin" if headers else FORM
+            assert f"{field}: " in refused.text
+        # Without a session a post is sent to sign in, whatever it carries.
+        async with console(running_node) as stranger:
+            anonymous = await stranger.post(cancel, data={FORM: mine})
+        assert anonymous.status_code == 303 and anonymous.headers["location"].startswith("/console/sign-in")
+        assert await state_of(db, task_id) == "queued" and await audit_rows(db) == []
+
+        done = await client.post(cancel, data={FORM: mine})
+        assert (done.status_code, done.headers["location"]) == (303, f"/console/tasks/{task_id}?done=cancelled")
+        assert await state_of(db, task_id) == "cancelled"
+        shown = await client.get(done.headers["location"])
+        assert 'id="action-message"' in shown.text and "Task cancelled" in shown.text
+        # The live panel's url keeps no message (the page says it once).
+        assert f'data-live="/console/tasks/{task_id}?fragment=live"' in shown.text
+
+
+async def test_buttons_follow_the_scopes_and_the_node_refuses_what_they_do_not_allow(running_node, db):
+    tenant = await make_tenant(db, queues=("q1", "q2"))
+    q1, q2 = tenant.queues["q1"], tenant.queues["q2"]
+    reader = await make_token(db, tenant, {"tasks:read": "*"})
+    limited = await make_token(db, tenant, {"tasks:read": "*", "tasks:cancel": [q1], "queues:manage": [q1]})
+    async with running_node.client(tenant.token) as api:
+        one = await new_task(api, q1, "1")
+        two = await new_task(api, q2, "2")
+    async with console(running_node) as client:
+        await sign_in(client, reader)
+        overview = await client.get("/console")
+        page = await client.get(f"/console/tasks/{one}")
+        assert 'class="action"' not in main_of(overview.text) and 'class="action"' not in main_of(page.text)
+        token = form_token(page.text)
+        for path, scope in (
+            (f"/console/tasks/{one}/cancel", "tasks:cancel"),
+            (f"/console/queues/{q1}/pause", "queues:manage"),
+            (f"/console/queues/{q1}/resume", "queues:manage"),
+        ):
+            refused = await client.post(path, data={FORM: token})
+            assert refused.status_code == 403 and f"credential lacks scope {scope} for queue" in refused.text, path
+
+        await sign_in(client, limited)
+        overview = (await client.get("/console")).text
+        rows = {q: overview[overview.index(f'<tr data-queue-id="{q}"') :].split("</tr>")[0] for q in (q1, q2)}
+        assert 'data-action="pause"' in rows[q1] and 'class="action"' not in rows[q2]
+        assert 'data-action="cancel"' in (await client.get(f"/console/tasks/{one}")).text
+        assert 'data-action="cancel"' not in (await client.get(f"/console/tasks/{two}")).text
+        token = await token_of(client)
+        assert (await client.post(f"/console/tasks/{two}/cancel", data={FORM: token})).status_code == 403
+        assert (await client.post(f"/console/queues/{q2}/pause", data={FORM: token})).status_code == 403
+        # Bad input: a field the form does not have, a page to return to outside the console.
+        odd = await client.post(f"/console/queues/{q1}/pause", data={FORM: token, "paused": "1"})
+        assert odd.status_code == 400 and "paused: not a field of this form" in odd.text
+        away = await client.post(f"/console/queues/{q1}/pause", data={FORM: token, "back": "https://evil.example/"})
+        assert away.headers["location"] == "/console?done=paused"
+    assert [await state_of(db, t) for t in (one, two)] == ["queued", "queued"]
+    assert [(r["action"], r["queue_id"]) for r in await audit_rows(db)] == [("queue.pause", q1)]
+
+
+async def test_cancel_pause_and_resume_answer_what_they_did_and_are_audited(running_node, db, dsn):
+    tenant = await make_tenant(db, queues=("q1", "q2"))
+    q1 = tenant.queue_id
+    other = await make_tenant(db, "other")
+    only_q2 = await make_token(db, tenant, {"tasks:read": [tenant.queues["q2"]]})
+    # One task is reserved and started by a Worker (through the store, as the node would).
+    async with running_node.client(tenant.token) as api:
+        running = await new_task(api, q1, "r")
+        store = seed.dispatch_store(db)
+        (attempt,) = await store.claim(seed.claim_request(seed_tenant(tenant), limit=1))
+        await store.start(running, attempt.fencing_token)
+        queued = await new_task(api, q1, "q")
+
+    answers = []
+    async with console(running_node) as client:
+        await sign_in(client, tenant.token)
+        token = await token_of(client)
+        for path, back in (
+            (f"/console/tasks/{queued}/cancel", None),
+            (f"/console/tasks/{queued}/cancel", None),
+            (f"/console/tasks/{running}/cancel", None),
+            (f"/console/tasks/{running}/cancel", None),
+            (f"/console/queues/{q1}/pause", "/console"),
+            (f"/console/queues/{q1}/pause", None),
+            (f"/console/queues/{q1}/resume", None),
+            (f"/console/queues/{q1}/resume", None),
+        ):
+            data = {FORM: token} if back is None else {FORM: token, "back": back}
+            response = await client.post(path, data=data)
+            assert response.status_code == 303, response.text
+            answers.append(response.headers["location"])
+        # A task that finished otherwise cannot be cancelled: said, not recorded.
+        await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET state = 'succeeded' WHERE task_id = %s", (running,)))
+        finished = await client.post(f"/console/tasks/{running}/cancel", data={FORM: token})
+        assert finished.status_code == 409 and "Not done" in finished.text and "already finished" in finished.text
+        assert f'href="/console/tasks/{running}"' in finished.text  # back to where it came from
+        audit_page = await client.get("/console/audit")
+
+    assert answers == [
+        f"/console/tasks/{queued}?done=cancelled",
+        f"/console/tasks/{queued}?done=already-cancelled",
+        f"/console/tasks/{running}?done=cancel-requested",
+        f"/console/tasks/{running}?done=already-cancel-requested",
+        "/console?done=paused",
+        f"/console/queues/{q1}?done=already-paused",
+        f"/console/queues/{q1}?done=resumed",
+        f"/console/queues/{q1}?done=already-open",
+    ]
+    credential_id = tenant.token[4:36]
+    rows = await audit_rows(db)
+    assert [(r["action"], r["task_id"], r["queue_id"], r["changed"], r["outcome"]) for r in rows] == [
+        ("task.cancel", queued, q1, 1, "cancelled"),
+        ("task.cancel", queued, q1, 0, "already cancelled"),
+        ("task.cancel", running, q1, 1, "cancel requested"),
+        ("task.cancel", running, q1, 0, "already cancel requested"),
+        ("queue.pause", None, q1, 1, "paused"),
+        ("queue.pause", None, q1, 0, "already paused"),
+        ("queue.resume", None, q1, 1, "resumed"),
+        ("queue.resume", None, q1, 0, "already open"),
+    ]
+    assert {(r["credential_id"], r["namespace_id"], r["via"]) for r in rows} == {
+        (credential_id, tenant.namespace_id, "console")
+    }
+
+    # The audit page: newest first, who, what, how many.
+    listed = re.findall(r'<tr data-audit-id="(\d+)" data-action="([\w.]+)" data-changed="(\d)">', audit_page.text)
+    assert [(a, n) for _, a, n in listed] == [(r["action"], str(r["changed"])) for r in reversed(rows)]
+    assert credential_id in audit_page.text and "(you)" in audit_page.text
+    # Another namespace sees none of it; a credential that reads only q2 none of q1's.
+    for token in (other.token, only_q2):
+        async with console(running_node) as client:
+            await sign_in(client, token)
+            assert "data-audit-id" not in (await client.get("/console/audit")).text
+    page = await AuditStore(db).list(namespace_id=tenant.namespace_id, limit=3)
+    assert [r.audit_id for r in page.records] == [r["audit_id"] for r in rows[-1:-4:-1]]
+    assert page.last == rows[-3]["audit_id"]
+
+    # orbit-admin audit list: the same records, paged.
+    listing = await admin_json("audit", "list", "--application", "app", "--limit", "5", dsn=dsn)
+    assert [r["action"] for r in listing["records"]] == [r["action"] for r in rows[::-1][:5]]
+    assert listing["next_before"] == rows[-5]["audit_id"]
+    first = listing["records"][0]
+    assert (first["credential_id"], first["queue_id"], first["changed"], first["application"]) == (
+        credential_id,
+        q1,
+        0,
+        "app",
+    )
+    rest = await admin_json("audit", "list", "--before", str(listing["next_before"]), dsn=dsn)
+    assert [r["audit_id"] for r in rest["records"]] == [r["audit_id"] for r in rows[2::-1]]
+    assert rest["next_before"] is None
+    assert (await admin_json("audit", "list", "--application", "other", dsn=dsn))["records"] == []
+
+
+# -- values, attempts ------------------------------------------------------------------------
+
+
+def test_the_layout_of_a_value_is_json_dumps_indent_2_of_any_beginning():
+    value = {"z": [1, {"a": "x, y: {z}", "e": []}, {}], "s": 'q"uo\\te', "n": None, "big": 10**40, "é": True}
+    for separators in ((", ", ": "), (",", ":")):
+        stored = json.dumps(value, ensure_ascii=False, separators=separators)
+        expected = json.dumps(value, ensure_ascii=False, indent=2)
+        assert layout(stored, 10_000) == (expected, False)
+        for limit in range(1, len(expected) + 1, 7):
+            assert layout(stored, limit) == (expected[:limit], limit < len(expected))
+        # The beginning of a longer value lays out like the value's own beginning.
+        assert layout(stored[:20], 10_000)[0] == expected[: len(layout(stored[:20], 10_000)[0])]
+    assert layout("plain text, [not json]", 5) == ("plain", True)
+
+
+async def test_large_values_are_shown_by_their_beginning_and_whole_on_their_own_route(running_node, db):
+    tenant = await make_tenant(db)
+    owner = seed_tenant(tenant)
+    payload = {"rows": [{"n": n, "text": "<b>row</b>" * 10} for n in range(10_000)]}
+    stored = json.dumps(payload, ensure_ascii=False)
+    assert len(stored) > 1_000_000
+    task_id = await seed.insert_task(db, owner, payload=stored)
+    result = json.dumps({"total": 10**30, "lines": ["line"] * 200_000})
+    await db.run(
+        lambda tx: tx.execute_raw(
+            "UPDATE tasks SET state = 'succeeded', finished_at = NOW(6), result = %s WHERE task_id = %s",
+            (result, task_id),
+        )
+    )
+    async with console(running_node) as client:
+        await sign_in(client, tenant.token)
+        page = await client.get(f"/console/tasks/{task_id}")
+        assert page.status_code == 200 and len(page.content) < 40_000
+        shown = re.search(
+            r'<pre id="payload" class="value" data-size="(\d+)" data-truncated="yes">(.*?)</pre>', page.text, re.S
+        )
+        assert shown and int(shown.group(1)) == len(stored.encode())
+        # The beginning, laid out, escaped.
+        assert shown.group(2).startswith("{\n  &#34;rows&#34;: [\n    {\n      &#34;n&#34;: 0,")
+        assert "&lt;b&gt;row&lt;/b&gt;" in shown.group(2) and "<b>row" not in page.text
+        assert f'href="/console/tasks/{task_id}/payload"' in page.text
+        assert f'href="/console/tasks/{task_id}/result"' in page.text and 'id="result-cut"' in page.text
+
+        # The live refresh sends neither the payload nor the whole result.
+        panel = await client.get(f"/console/tasks/{task_id}?fragment=live")
+        assert panel.status_code == 200 and len(panel.content) < 20_000 and 'id="payload"' not in panel.text
+
+        # Each value whole, byte for byte, for this namespace only.
+        whole = await client.get(f"/console/tasks/{task_id}/payload")
+        assert whole.status_code == 200 and whole.headers["content-type"] == "application/json; charset=utf-8"
+        assert whole.text == stored
+        assert (await client.get(f"/console/tasks/{task_id}/result")).text == result
+        missing = await client.get(f"/console/tasks/{task_id}/error")
+        assert missing.status_code == 404 and "no such value" in missing.text
+    other = await make_tenant(db, "other")
+    async with console(running_node) as client:
+        await sign_in(client, other.token)
+        theirs = await client.get(f"/console/tasks/{task_id}/payload")
+        assert theirs.status_code == 404 and stored[:50] not in theirs.text
+
+
+async def test_attempts_errors_have_a_row_of_their_own_and_a_link_to_the_whole(running_node, db):
+    tenant = await make_tenant(db)
+    owner = seed_tenant(tenant)
+    task_id = await seed.insert_task(db, owner, max_attempts=5)
+    store = seed.dispatch_store(db)
+    errors = [
+        {"code": "BOOM", "message": "short"},
+        {"code": "TRACE", "message": "Traceback (most recent call last):\n" + "  frame <x>\n" * 500},
+    ]
+    for error in errors:
+        (attempt,) = await store.claim(seed.claim_request(owner))
+        await store.start(task_id, attempt.fencing_token)
+        await store.finish(task_id, attempt.fencing_token, error=error, retryable=True)
+        await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET available_at = NOW(6) WHERE task_id = %s", (task_id,)))
+    attempts = await seed.attempt_rows(db, task_id)
+    async with console(running_node) as client:
+        await sign_in(client, tenant.token)
+        page = (await client.get(f"/console/tasks/{task_id}")).text
+        rows = re.findall(
+            r'<tr class="attempt-error" data-attempt-id="(\d+)"><td></td><td colspan="6">(.*?)</td></tr>', page, re.S
+        )
+        assert [int(a) for a, _ in rows] == [a["attempt_id"] for a in attempts]
+        short, long = rows[0][1], rows[1][1]
+        assert "&#34;message&#34;: &#34;short&#34;" in short and 'data-truncated="no"' in short
+        assert 'data-truncated="yes"' in long and "frame &lt;x&gt;" in long
+        link = f"/console/tasks/{task_id}/attempts/{attempts[1]['attempt_id']}/error"
+        assert f'href="{link}"' in long
+        assert json.loads((await client.get(link)).text) == errors[1]
+        assert (
+            await client.get(f"/console/tasks/{'0' * 32}/attempts/{attempts[1]['attempt_id']}/error")
+        ).status_code == 404
+
+
+# -- queues whose due tasks no connected Worker can run ----------------------------------------
+
+
+async def register_worker(db, node_id: str, connection_id: str, namespace_id: str, queues, capabilities, **more):
+    """A registry row as a node writes it for a connected Worker (``heartbeat_ago_s``: its age)."""
+    age = more.get("heartbeat_ago_s", 0)
+    await db.run(
+        lambda tx: tx.execute_raw(
+            "INSERT IGNORE INTO nodes (node_id, hostname, http_addr, version) VALUES (%s, 'h', 'a', 'v')", (node_id,)
+        )
+    )
+    await db.run(
+        lambda tx: tx.execute_raw(
+            "INSERT INTO worker_connections (connection_id, node_id, namespace_id, queues, capabilities,"
+            " resource_key_support, heartbeat_at) VALUES (%s, %s, %s, %s, %s, %s, NOW(6) - INTERVAL %s SECOND)",
+            (
+                connection_id,
+                node_id,
+                namespace_id,
+                json.dumps(queues),
+                json.dumps(capabilities),
+                int(more.get("resource_keys", False)),
+                age,
+            ),
+        )
+    )
+
+
+@pytest.mark.parametrize("page", ["overview", "queue"])
+async def test_queues_holding_due_tasks_no_connected_worker_can_run_are_marked(running_node, db, page):
+    tenant = await make_tenant(db, queues=("served", "orphan", "later"))
+    served, orphan, later = (seed_tenant(tenant, q) for q in ("served", "orphan", "later"))
+    await seed.insert_tasks(
+        db,
+        served,
+        [
+            seed.TaskSpec(available_in_s=-5),
+            seed.TaskSpec(available_in_s=-5, resource_key="k"),  # the Worker has no key support
+            seed.TaskSpec(available_in_s=10, priority=9),  # inside its priority window, not due
+        ],
+    )
+    await seed.insert_tasks(db, orphan, [seed.TaskSpec(available_in_s=-1, handler="report")] * 3)
+    await seed.insert_tasks(db, later, [seed.TaskSpec(available_in_s=3600, handler="report")])
+    cap = ["h", "v1", "v1"]
+    await register_worker(db, "1" * 32, "c1", tenant.namespace_id, [served.queue_id], [cap])
+    # A connection whose node stopped refreshing it serves nothing.
+    await register_worker(
+        db, "1" * 32, "c2", tenant.namespace_id, [orphan.queue_id], [["report", "v1", "v1"]], heartbeat_ago_s=120
+    )
+    async with console(running_node) as client:
+        await sign_in(client, tenant.token)
+        if page == "overview":
+            html = (await client.get("/console")).text
+            rows = {
+                name: html[html.index(f'<tr data-queue-id="{q.queue_id}"') :].split("</tr>")[0]
+                for name, q in (("served", served), ("orphan", orphan), ("later", later))
+            }
+            assert "no Worker for 1 due" in rows["served"] and "keyed" in rows["served"]
+            assert "no Worker for 3 due" in rows["orphan"] and "report v1" in rows["orphan"]
+            assert "NO_CAPABLE_WORKER" not in rows["later"] and 'id="stranded-notice"' in html
+        else:
+            html = (await client.get(f"/console/queues/{served.queue_id}")).text
+            listed = re.findall(r'<li data-handler="(\w+)" data-due="(\d+)">(.*?)</li>', html)
+            assert [(h, n) for h, n, _ in listed] == [("h", "1")] and "naming a resource key" in listed[0][2]
+            html = (await client.get(f"/console/queues/{orphan.queue_id}")).text
+            assert re.findall(r'<li data-handler="(\w+)" data-due="(\d+)">', html) == [("report", "3")]
+            assert 'id="stranded"' not in (await client.get(f"/console/queues/{later.queue_id}")).text
+    # Once a Worker serving them connects, the marks go.
+    await register_worker(
+        db,
+        "2" * 32,
+        "c3",
+        tenant.namespace_id,
+        [served.queue_id, orphan.queue_id],
+        [cap, ["report", "v1", "v1"]],
+        resource_keys=True,
+    )
+    async with console(running_node) as client:
+        await sign_in(client, tenant.token)
+        assert "NO_CAPABLE_WORKER" not in (await client.get("/console")).text
+        assert 'id="stranded"' not in (await client.get(f"/console/queues/{orphan.queue_id}")).text
+
+
+# -- task search and paging ---------------------------------------------------------------------
+
+
+async def test_tasks_are_found_by_the_beginning_of_their_id_and_paged_past_the_newest(running_node, db):
+    tenant = await make_tenant(db, queues=("q1", "q2"))
+    owner = seed_tenant(tenant)
+    await seed.bulk_insert_tasks(db, owner, 30, id_prefix="abcdef01")
+    await seed.bulk_insert_tasks(db, owner, 3, id_prefix="abcdef02")
+    await seed.bulk_insert_tasks(db, seed_tenant(tenant, "q2"), 2, id_prefix="abcdef00")
+    failed = await seed.insert_task(db, owner, task_id="abcdef01" + "f" * 24)
+    await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET state = 'failed' WHERE task_id = %s", (failed,)))
+
+    def ids(html: str) -> list[str]:
+        return re.findall(r'<tr data-task-id="(\w+)">', html)
+
+    async with console(running_node) as client:
+        await sign_in(client, tenant.token)
+        first = await client.get("/console/tasks", params={"task_id": "ABCDEF01 "})
+        assert first.status_code == 200
+        shown = ids(first.text)
+        expected = [failed] + [f"abcdef01{n:024x}" for n in range(29, -1, -1)]
+        assert shown == expected[:25]
+        # The refresh asks for the same search.
+        assert 'data-live="/console/tasks?task_id=abcdef01&amp;fragment=live"' in first.text
+        older = re.search(r'<a id="older-tasks" href="([^"]+)">', first.text)
+        assert older and 'id="newest-tasks"' not in first.text
+        second = await client.get(older.group(1).replace("&amp;", "&"))
+        assert ids(second.text) == expected[25:] and 'id="older-tasks"' not in second.text
+        assert 'id="newest-tasks"' in second.text
+
+        assert ids((await client.get("/console/tasks?task_id=abcdef0")).text)[:3] == [
+            f"abcdef02{n:024x}" for n in (2, 1, 0)
+        ]
+        assert ids((await client.get("/console/tasks?task_id=abcdef01&state=failed")).text) == [failed]
+        q2 = await client.get("/console/tasks", params={"queue_id": tenant.queues["q2"]})
+        assert ids(q2.text) == [f"abcdef00{n:024x}" for n in (1, 0)]
+        whole = await client.get(f"/console/tasks?task_id={failed}")
+        assert (whole.status_code, whole.headers["location"]) == (303, f"/console/tasks/{failed}")
+        for query, field in (
+            ("task_id=xyz", "task_id"),
+            ("task_id=" + "a" * 33, "task_id"),
+            ("before=abc", "before"),
+            ("state=done", "state"),
+            ("queue_id=" + "0" * 32, "queue_id"),
+        ):
+            bad = await client.get("/console/tasks?" + query)
+            assert bad.status_code == 400 and f'id="search-error">{field}: ' in bad.text, query

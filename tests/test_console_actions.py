@@ -319,7 +319,9 @@ async def test_attempts_errors_have_a_row_of_their_own_and_a_link_to_the_whole(r
         )
         assert [int(a) for a, _ in rows] == [a["attempt_id"] for a in attempts]
         short, long = rows[0][1], rows[1][1]
-        assert "&#34;message&#34;: &#34;short&#34;" in short and 'data-truncated="no"' in short
+        # As people read an error: its code, then its message with its line breaks.
+        assert "BOOM: short</pre>" in short and 'data-truncated="no"' in short
+        assert "TRACE: Traceback (most recent call last):\n  frame &lt;x&gt;\n  frame" in long
         assert 'data-truncated="yes"' in long and "frame &lt;x&gt;" in long
         link = f"/console/tasks/{task_id}/attempts/{attempts[1]['attempt_id']}/error"
         assert f'href="{link}"' in long

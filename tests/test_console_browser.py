@@ -14,6 +14,7 @@ of each page go to ``var/console-screenshots/`` (ignored by git).
 from __future__ import annotations
 
 import functools
+import json
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,7 +33,7 @@ from orbit_node.store.plans import PlanStore
 from orbit_node.store.tenancy import TenancyStore
 
 from . import seed
-from .nodeutil import make_tenant
+from .nodeutil import make_tenant, make_token
 from .test_console import submit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -276,3 +277,129 @@ async def test_the_console_in_chromium(running_node, db, browser):
     await step(shot, browser, "signed-out")
     await step(browser.get, f"{base}/console")
     assert "/console/sign-in" in await step(lambda: browser.current_url)
+
+
+def click(selector: str) -> Callable[[WebDriver], bool]:
+    """Click the element (found anew at each try: the live refresh may have replaced it)."""
+
+    def go(driver: WebDriver) -> bool:
+        driver.find_element(By.CSS_SELECTOR, selector).click()
+        return True
+
+    return go
+
+
+def live_bodies(driver: WebDriver) -> list[int]:
+    """The body size in bytes of each live refresh the page has fetched (0 for a 304)."""
+    return list(
+        driver.execute_script(
+            "return performance.getEntriesByType('resource')"
+            ".filter(e => e.name.includes('fragment=live')).map(e => e.encodedBodySize)"
+        )
+    )
+
+
+@pytest.mark.time_cap(300)
+async def test_the_console_writes_in_chromium(running_node, db, browser):
+    """Pause and resume a queue, cancel a task, read the audit, find tasks by the beginning
+    of their id and page through them; a 1 MB payload and a long error stay short on the
+    page; a read-only credential sees no button."""
+    base = running_node.base_url
+    shop = await make_tenant(db, "shop", queues=("orders", "reports"))
+    reader = await make_token(db, shop, {"tasks:read": "*"})
+    orders, reports = shop.queues["orders"], shop.queues["reports"]
+    async with running_node.client(shop.token) as api:
+        created = await api.post("/v1/tasks", json=submit(orders), headers={"Idempotency-Key": "c"})
+        target = created.json()["data"]["task_id"]
+    await seed.bulk_insert_tasks(
+        db, seed.Tenant(shop.application_id, shop.namespace_id, orders), 30, id_prefix="c0ffee00"
+    )
+    # A task with a payload over 1 MB whose first attempt failed with a long traceback.
+    in_reports = seed.Tenant(shop.application_id, shop.namespace_id, reports)
+    big = json.dumps({"rows": [{"n": n, "text": "lorem ipsum " * 5} for n in range(12_000)]})
+    assert len(big) > 1_000_000
+    heavy = await seed.insert_task(db, in_reports, payload=big)
+    store = seed.dispatch_store(db)
+    (attempt,) = await store.claim(seed.claim_request(in_reports, limit=1))
+    await store.start(heavy, attempt.fencing_token)
+    trace = "Traceback (most recent call last):\n" + '  File "handler.py", line 7, in run\n' * 400
+    await store.finish(heavy, attempt.fencing_token, error={"code": "CRASH", "message": trace}, retryable=True)
+    await db.run(
+        lambda tx: tx.execute_raw(
+            "UPDATE tasks SET available_at = NOW(6) + INTERVAL 1 HOUR WHERE task_id = %s", (heavy,)
+        )
+    )
+
+    await step(sign_in, browser, base, shop.token)
+    orders_row = f'tr[data-queue-id="{orders}"]'
+    # 31 due tasks of orders, and no Worker connected.
+    await step(wait, browser, shows(f'{orders_row} [data-code="NO_CAPABLE_WORKER"]', "no Worker for 31 due"), "warning")
+    await step(wait, browser, click(f'{orders_row} form[data-action="pause"] button'), "pause clicked")
+    await step(wait, browser, lambda d: d.current_url == base + "/console?done=paused", "back on the overview")
+    await step(wait, browser, shows("#action-message", "Queue paused"), "the answer")
+    await step(wait, browser, shows(orders_row, "paused"), "orders paused")
+    await step(shot, browser, "paused")
+    await step(wait, browser, click(f'{orders_row} form[data-action="resume"] button'), "resume clicked")
+    await step(wait, browser, shows("#action-message", "Queue resumed"), "the answer")
+
+    await step(browser.get, f"{base}/console/tasks/{target}")
+    await step(wait, browser, click('#task-actions form[data-action="cancel"] button'), "cancel clicked")
+    await step(wait, browser, shows("#action-message", "Task cancelled"), "the answer")
+    await step(wait, browser, lambda d: text("#task-state")(d) == "cancelled", "the task cancelled")
+    await step(wait, browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#task-actions") == [], "no button left")
+    await step(shot, browser, "cancelled")
+
+    await step(browser.get, f"{base}/console/audit")
+    await step(
+        wait,
+        browser,
+        lambda d: (
+            attributes("#audit tr[data-audit-id]", "data-action")(d) == ["task.cancel", "queue.resume", "queue.pause"]
+        ),
+        "three audit records, newest first",
+    )
+    await step(wait, browser, shows("#audit", shop.token[4:36], "(you)"), "who did it")
+    await step(shot, browser, "audit")
+
+    # Search by the beginning of an id, then the next page; the refresh keeps the search.
+    await step(browser.get, f"{base}/console/tasks")
+    await step(lambda: browser.find_element(By.ID, "task-id").send_keys("C0FFEE00"))
+    await step(lambda: browser.find_element(By.CSS_SELECTOR, "#task-search button").click())
+    found = attributes("#live tr[data-task-id]", "data-task-id")
+    await step(wait, browser, lambda d: len(found(d)) == 25, "a page of 25")
+    assert all(task_id.startswith("c0ffee00") for task_id in await step(found, browser))
+    await step(wait, browser, click("#older-tasks"), "older clicked")
+    await step(wait, browser, lambda d: len(found(d)) == 5, "the 5 older ones")
+    await step(after_next_poll, browser)
+    await step(after_next_poll, browser)
+    assert len(await step(found, browser)) == 5
+    await step(shot, browser, "search")
+
+    # The heavy task: a short page, a refresh of a few KiB, its error readable.
+    await step(browser.get, f"{base}/console/tasks/{heavy}")
+    await step(wait, browser, shows("#payload-cut", "the whole payload"), "the payload's link")
+    height = await step(browser.execute_script, "return document.documentElement.scrollHeight")
+    assert height < 6000, height
+    await step(after_next_poll, browser)
+    await step(after_next_poll, browser)
+    bodies = await step(live_bodies, browser)
+    assert len(bodies) >= 2 and max(bodies) < 20_000, bodies
+    error = "#attempts tr.attempt-error pre"
+    width = await step(lambda: browser.find_element(By.CSS_SELECTOR, error).size["width"])
+    assert width > 800, width
+    await step(wait, browser, shows(error, "CRASH", 'File "handler.py", line 7'), "the error readable")
+    await step(shot, browser, "heavy-task")
+    await step(wait, browser, click("#attempts p.cut a"), "the whole error")
+    await step(wait, browser, lambda d: d.page_source.count("handler.py") == 400, "the whole error shown")
+
+    # Sign out (a form with the session's token), then a read-only credential: no button.
+    await step(browser.get, f"{base}/console")
+    await step(wait, browser, click("header .who form button"), "sign-out clicked")
+    await step(wait, browser, shows("#sign-in-message", "signed out"), "signed out")
+    await step(sign_in, browser, base, reader)
+    await step(wait, browser, shows(orders_row, "orders"), "the overview")
+    for path in ("/console", f"/console/queues/{orders}", f"/console/tasks/{heavy}"):
+        await step(browser.get, base + path)
+        await step(wait, browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#live") != [], path)
+        assert await step(lambda: browser.find_elements(By.CSS_SELECTOR, "form.action")) == [], path
+    await step(shot, browser, "read-only")

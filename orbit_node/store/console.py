@@ -64,22 +64,27 @@ class ConsoleStore:
     db: Database
 
     async def task(
-        self, namespace_id: str, task_id: str, *, with_payload: bool, head_chars: int, attempt_head_chars: int
+        self, namespace_id: str, task_id: str, *, with_payload: bool, head_chars: int, error_chars: int
     ) -> dict[str, Any]:
         """A task of the namespace with its attempts: fields as stored, and of each value
         (payload only ``with_payload``, result, error, each attempt's error) a ``Head`` of
-        ``head_chars`` (attempts: ``attempt_head_chars``) characters, or None when unset.
-        A task of another namespace is not found, like a missing one."""
+        ``head_chars`` characters (errors: ``error_chars``), or None when unset. A task of
+        another namespace is not found, like a missing one."""
         if not is_hex32(task_id):
             raise NotFound(f"task_id: task {task_id} not found", field="task_id")
-        params = {"namespace_id": namespace_id, "task_id": task_id, "with_payload": with_payload}
+        params = {
+            "namespace_id": namespace_id,
+            "task_id": task_id,
+            "with_payload": with_payload,
+            "head_chars": head_chars,
+            "error_chars": error_chars,
+        }
 
         async def body(tx: Tx) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-            row = await tx.fetchone("console_task", {**params, "head_chars": head_chars})
+            row = await tx.fetchone("console_task", params)
             if row is None:
                 return None, []
-            attempts = await tx.fetchall("console_task_attempts", {**params, "head_chars": attempt_head_chars})
-            return row, attempts
+            return row, await tx.fetchall("console_task_attempts", params)
 
         row, attempts = await self.db.transaction(body, isolation="REPEATABLE READ")
         if row is None:

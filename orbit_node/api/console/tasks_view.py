@@ -18,7 +18,7 @@ from quart import Response, request
 from ...errors import InvalidArgument, NotFound
 from ...ids import is_hex32
 from ...store.tasks import LIST_START, STATES
-from .values import ATTEMPT_PREVIEW_CHARS, PREVIEW_CHARS, preview
+from .values import ATTEMPT_PREVIEW_CHARS, ERROR_READ_CHARS, PREVIEW_CHARS, error_preview, preview
 from .views import (
     RECENT_TASKS,
     SCOPE,
@@ -120,15 +120,17 @@ async def task(task_id: str):
         task_id,
         with_payload=not is_fragment(),
         head_chars=PREVIEW_CHARS,
-        attempt_head_chars=ATTEMPT_PREVIEW_CHARS,
+        error_chars=ERROR_READ_CHARS,
     )
     who.require(SCOPE, story["queue_id"])
-    for name in ("payload", "result", "error"):
+    for name in ("payload", "result"):
         if story[name] is not None:
             story[name] = preview(story[name], PREVIEW_CHARS)
+    if story["error"] is not None:
+        story["error"] = error_preview(story["error"], PREVIEW_CHARS)
     for attempt in story["attempt_history"]:
         if attempt["error"] is not None:
-            attempt["error"] = preview(attempt["error"], ATTEMPT_PREVIEW_CHARS)
+            attempt["error"] = error_preview(attempt["error"], ATTEMPT_PREVIEW_CHARS)
     explanation = await shard().store.explain(who.namespace_id, task_id)
     return await page(
         f"Task {task_id}",

@@ -9,14 +9,19 @@ Keys keep their stored order, and numbers and strings their stored text.
 
 from __future__ import annotations
 
+import json
+
 import attrs
 
 from ...store.console import Head
+from ...wire import stored_json
 
 # Characters of a payload, result or task error shown on a task's page ("the first 4 KiB").
 PREVIEW_CHARS = 4096
 # Characters of each attempt's error shown in the attempts table.
 ATTEMPT_PREVIEW_CHARS = 1024
+# Errors are TEXT columns (64 KiB at most): read whole, and shown as people read them.
+ERROR_READ_CHARS = 65535
 INDENT = "  "
 # How a JSON text starts (anything else, as an older row's plain text, is shown as it is).
 JSON_START = frozenset('{["-0123456789tfn')
@@ -35,6 +40,20 @@ class Preview:
 def preview(head: Head, limit: int) -> Preview:
     text, cut = layout(head.text, limit)
     return Preview(text, cut or not head.whole, head.size)
+
+
+def error_preview(head: Head, limit: int) -> Preview:
+    """An error as people read it: ``CODE: message``, the message's line breaks kept, then
+    its other fields laid out; the first ``limit`` characters. An error of another shape
+    (or not read whole) is laid out as any value."""
+    error = stored_json(head.text) if head.whole else None
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+        return preview(head, limit)
+    text = f"{error.get('code', 'ERROR')}: {error['message']}"
+    rest = {key: value for key, value in error.items() if key not in ("code", "message")}
+    if rest:
+        text += "\n" + json.dumps(rest, indent=2, ensure_ascii=False)
+    return Preview(text[:limit], len(text) > limit, head.size)
 
 
 def layout(text: str, limit: int) -> tuple[str, bool]:

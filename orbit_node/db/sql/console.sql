@@ -1,9 +1,10 @@
 -- Reads only the web console makes (orbit_node/store/console.py). None locks anything.
 
 -- One task as its page shows it: every field but the stored values, of which only the
--- beginning (%(head_chars)s characters) and the whole size in bytes are read, so a task
--- with a 1 MB payload costs a few KiB per refresh. The payload's beginning only when
--- asked (it never changes: the page shows it once, outside the live panel).
+-- beginning (%(head_chars)s characters; the error, a TEXT of 64 KiB at most, up to
+-- %(error_chars)s) and the whole size in bytes are read, so a task with a 1 MB payload
+-- costs a few KiB per refresh. The payload's beginning only when asked (it never
+-- changes: the page shows it once, outside the live panel).
 -- name: console_task
 SELECT t.task_id, t.application_id, t.namespace_id, t.queue_id, t.handler, t.handler_version, t.payload_version,
        t.state, t.priority, t.available_at, t.dispatch_at, t.deadline, t.attempts, t.max_attempts,
@@ -12,7 +13,7 @@ SELECT t.task_id, t.application_id, t.namespace_id, t.queue_id, t.handler, t.han
        IF(%(with_payload)s, LEFT(t.payload, %(head_chars)s), NULL) AS payload_head,
        IF(%(with_payload)s, LENGTH(t.payload), NULL) AS payload_bytes,
        LEFT(t.result, %(head_chars)s) AS result_head, LENGTH(t.result) AS result_bytes,
-       LEFT(t.error, %(head_chars)s) AS error_head, LENGTH(t.error) AS error_bytes
+       LEFT(t.error, %(error_chars)s) AS error_head, LENGTH(t.error) AS error_bytes
   FROM tasks t
   LEFT JOIN queues q ON q.queue_id = t.queue_id
  WHERE t.task_id = %(task_id)s
@@ -21,7 +22,7 @@ SELECT t.task_id, t.application_id, t.namespace_id, t.queue_id, t.handler, t.han
 -- Its attempts (no fencing token), each error's beginning and size.
 -- name: console_task_attempts
 SELECT attempt_id, attempt, owner_node_id, connection_id, reserved_at, started_at, finished_at, outcome,
-       LEFT(error, %(head_chars)s) AS error_head, LENGTH(error) AS error_bytes
+       LEFT(error, %(error_chars)s) AS error_head, LENGTH(error) AS error_bytes
   FROM task_attempts
  WHERE task_id = %(task_id)s
  ORDER BY attempt_id

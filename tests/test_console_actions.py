@@ -20,7 +20,7 @@ from orbit_node.store.audit import AuditStore
 
 from . import seed
 from .nodeutil import Tenant, make_tenant, make_token
-from .test_admin import admin_json
+from .test_admin import admin, admin_json, one_line_error
 from .test_console import console, form_token, main_of, sign_in, submit
 
 FORM = "csrf_token"
@@ -232,6 +232,17 @@ async def test_cancel_pause_and_resume_answer_what_they_did_and_are_audited(runn
     assert [r["audit_id"] for r in rest["records"]] == [r["audit_id"] for r in rows[2::-1]]
     assert rest["next_before"] is None
     assert (await admin_json("audit", "list", "--application", "other", dsn=dsn))["records"] == []
+    text = await admin("audit", "list", "--application", "app", "--credential", credential_id, dsn=dsn)
+    assert text.returncode == 0 and "queue.resume" in text.stdout and "older records" not in text.stdout
+    for args, message in (
+        (("--namespace", "default"), "--namespace needs --application"),
+        (("--credential", "nope"), "--credential: 'nope' is not a credential id"),
+        (("--limit", "0"), "--limit: expected 1 to 500"),
+    ):
+        assert message in one_line_error(await admin("audit", "list", *args, dsn=dsn), 2)
+    assert "application: 'ghost' not found" in one_line_error(
+        await admin("audit", "list", "--application", "ghost", dsn=dsn)
+    )
 
 
 # -- values, attempts ------------------------------------------------------------------------

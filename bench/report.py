@@ -1,6 +1,6 @@
 """Pure helpers of the benchmark harness: statistics, targets, tables, result files, profiles.
 
-Nothing here imports a benchmark-only package (matplotlib, hdrhistogram, peers): the
+Nothing here imports a benchmark-only package (matplotlib, peers): the
 smoke test (``tests/test_bench_smoke.py``) runs these helpers under ``make test``.
 """
 

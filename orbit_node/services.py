@@ -35,6 +35,7 @@ from .store.operations import OperationsStore
 from .store.ownership import Reservation
 from .store.plans import PlanStore
 from .store.signals import SignalStore
+from .store.submit_group import SubmitGroups
 from .store.tasks import TaskStore
 from .store.tenancy import Principal, TenancyStore
 from .store.workers import WorkerRegistryStore
@@ -64,16 +65,18 @@ def default_services() -> ServiceSet:
 @attrs.frozen(kw_only=True)
 class Shard:
     """One database holding applications' rows, its repositories, and the services that
-    work on it: the group commit of its Worker transitions, its claim-turn recorder, the
-    follower of its applications' fairness weights, its signals between nodes, its recovery
-    sweeper and its plan trigger. Each transaction any of them runs touches this database
-    only."""
+    work on it: the group commits of its single submits and of its Worker transitions,
+    its claim-turn recorder, the follower of its applications' fairness weights, its
+    signals between nodes, its recovery sweeper and its plan trigger. Each transaction
+    any of them runs touches this database only."""
 
     # "main" for ORBIT_MYSQL_DSN, else "shard N" (N from 2, in ORBIT_SHARDS order).
     label: str
     db: Database
     tenancy: TenancyStore
     tasks: TaskStore
+    # Single submits through the group commit of acceptances (``store.submit_group``).
+    submits: SubmitGroups
     plans: PlanStore
     operations: OperationsStore
     store: DispatchStore
@@ -329,6 +332,7 @@ class DispatchServices:
         for label, shard_db in zip(shard_labels(config), (db, *shard_dbs), strict=True):
             store = DispatchStore.from_config(shard_db, config)
             tenancy = TenancyStore(shard_db)
+            tasks = TaskStore(shard_db)
             commits = turns = weights = signals = sweeper = trigger = None
             if pool is not None:
                 commits = GroupCommitter(store, max_concurrent_groups=concurrent_groups(config.scheduler.sql_slots))
@@ -367,7 +371,8 @@ class DispatchServices:
                     label=label,
                     db=shard_db,
                     tenancy=tenancy,
-                    tasks=TaskStore(shard_db),
+                    tasks=tasks,
+                    submits=SubmitGroups(tasks),
                     plans=PlanStore(shard_db),
                     operations=OperationsStore(shard_db),
                     store=store,
@@ -411,6 +416,7 @@ class DispatchServices:
         told to drain by their own shutdown watch."""
         async with trio.open_nursery() as nursery:
             for shard in self.shards.all:
+                await nursery.start(shard.submits.run)
                 if shard.commits is not None:
                     await nursery.start(shard.commits.run)
             if self.pool is not None:

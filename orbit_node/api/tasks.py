@@ -84,7 +84,7 @@ async def submit_task():
     who.require("tasks:submit", new.queue_id)
     state = node_state()
     where = state.shard(who)
-    accepted = await where.tasks.submit(who.namespace_id, key, new)
+    accepted = await where.submits.accept(who.namespace_id, key, new)
     logs.bind(queue_id=new.queue_id, task_id=accepted.task.task_id)
     if accepted.created:
         announce(where, [arrival(new, accepted.task)])

@@ -210,7 +210,7 @@ UPDATE tasks
    SET lease_expires_at = %(lease_expires_at)s
  WHERE task_id IN %(task_ids)s
 
--- The settle statements take values per task (orbit_node.db.pool.per_row_statement):
+-- The settle statements take values per task (orbit_node.db.tx.per_row_statement):
 -- %(row_keys)s are the task ids, and {column} is the value most of them have, with a
 -- CASE task_id WHEN ... THEN ... branch for each task whose value differs. Column names
 -- are those of Writes in orbit_node/store/transitions.py.

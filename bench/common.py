@@ -26,8 +26,8 @@ from typing import Any
 import attrs
 import trio
 
-from orbit_node.config import Dsn
 from orbit_node.db import Database, migrate
+from orbit_node.dsn import Dsn
 from orbit_node.sdk.client import OrbitClient, SubmitTaskRequest
 from orbit_node.sdk.worker import Worker, WorkerTask
 from orbit_node.store.tenancy import SCOPES, TenancyStore

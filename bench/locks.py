@@ -29,8 +29,8 @@ from typing import Any
 import trio
 
 from orbit_node.claims import Capability, ClaimRequest
-from orbit_node.config import Dsn
 from orbit_node.db import Database
+from orbit_node.dsn import Dsn
 from orbit_node.store.dispatch import DispatchStore
 from orbit_node.store.ownership import FinishItem, Outcome
 from orbit_node.store.tenancy import TenancyStore

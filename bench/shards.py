@@ -20,8 +20,8 @@ from typing import Any
 
 import trio
 
-from orbit_node.config import Dsn
 from orbit_node.db import Database, migrate
+from orbit_node.dsn import Dsn
 from tests.faults.mariadb import PrivateMariaDB
 
 from .common import (

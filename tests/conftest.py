@@ -20,8 +20,9 @@ import attrs
 import pytest
 import trio
 
-from orbit_node.config import Dsn, NodeConfig
+from orbit_node.config import NodeConfig
 from orbit_node.db import Database, migrate
+from orbit_node.dsn import Dsn
 from orbit_node.errors import OrbitError
 
 from .faults.mariadb import PrivateMariaDB

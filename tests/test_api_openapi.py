@@ -14,8 +14,9 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from orbit_node.api.app import NodeState, create_app
-from orbit_node.config import Dsn, NodeConfig
+from orbit_node.config import NodeConfig
 from orbit_node.db import Database
+from orbit_node.dsn import Dsn
 
 from .helpers import REPO
 from .nodeutil import make_tenant, make_token

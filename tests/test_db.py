@@ -11,11 +11,11 @@ from datetime import datetime
 import pytest
 import trio
 
-from orbit_node.config import Dsn
 from orbit_node.db import Database
 from orbit_node.db.driver import is_dropped
 from orbit_node.db.queries import parse_blocks
 from orbit_node.db.tx import per_row_statement
+from orbit_node.dsn import Dsn
 from orbit_node.errors import DatabaseError, Unavailable
 
 from .helpers import running_statements, wait_until

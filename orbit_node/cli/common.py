@@ -9,8 +9,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ..config import Dsn, check_environment, parse_shards
+from ..config import check_environment
 from ..db import Database
+from ..dsn import Dsn, parse_shards
 from ..errors import ConfigError, OrbitError
 
 

@@ -40,7 +40,7 @@ import trio_mysql
 import trio_mysql.converters
 import trio_mysql.cursors
 
-from ..config import Dsn, DsnHost
+from ..dsn import Dsn, DsnHost
 from ..errors import InvalidArgument, OrbitError, Unavailable
 from .driver import (
     CONNECTION_ERRNOS,

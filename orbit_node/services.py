@@ -253,27 +253,6 @@ class DispatchServices:
     pool: ClaimPool | None = None
     hub: WorkerHub | None = None
 
-    # The main shard's services (a node without ORBIT_SHARDS has no other).
-    @property
-    def store(self) -> DispatchStore:
-        return self.shards.main.store
-
-    @property
-    def commits(self) -> GroupCommitter | None:
-        return self.shards.main.commits
-
-    @property
-    def turns(self) -> TurnRecorder | None:
-        return self.shards.main.turns
-
-    @property
-    def sweeper(self) -> Sweeper | None:
-        return self.shards.main.sweeper
-
-    @property
-    def plans(self) -> PlanTrigger | None:
-        return self.shards.main.trigger
-
     @classmethod
     def build(
         cls,
@@ -333,13 +312,15 @@ class DispatchServices:
             store = DispatchStore.from_config(shard_db, config)
             tenancy = TenancyStore(shard_db)
             tasks = TaskStore(shard_db)
+            operations = OperationsStore(shard_db)
+            plans = PlanStore(shard_db)
             commits = turns = weights = signals = sweeper = trigger = None
             if pool is not None:
                 commits = GroupCommitter(store, max_concurrent_groups=concurrent_groups(config.scheduler.sql_slots))
                 # Claim turns go to the database too: operators see every node's rotation in one place.
                 # And the other nodes' turns come back from it: the share across nodes.
                 turns = TurnRecorder(
-                    OperationsStore(shard_db),
+                    operations,
                     node_id,
                     _turns_of(routed, len(built), pool.scheduler),
                     applications=_known_on(routed, len(built), pool.scheduler),
@@ -362,7 +343,7 @@ class DispatchServices:
                 )
             if run.plans:
                 trigger = PlanTrigger(
-                    PlanStore(shard_db),
+                    plans,
                     config.plan_interval_s,
                     tasks_arrived=None if signals is None else signals.tasks_arrived,
                 )
@@ -373,8 +354,8 @@ class DispatchServices:
                     tenancy=tenancy,
                     tasks=tasks,
                     submits=SubmitGroups(tasks),
-                    plans=PlanStore(shard_db),
-                    operations=OperationsStore(shard_db),
+                    plans=plans,
+                    operations=operations,
                     store=store,
                     registry=WorkerRegistryStore(shard_db),
                     commits=commits,
@@ -398,15 +379,19 @@ class DispatchServices:
                 on_start=metrics.observe_start,
                 on_application=metrics.note_application,
             )
-        metrics.collect_from(
-            hub=hub,
-            pool=pool,
-            sweepers=[s.sweeper for s in built if s.sweeper is not None],
-            commits=[s.commits for s in built if s.commits is not None],
-            databases=[s.db for s in built],
-            signals=[s.signals for s in built if s.signals is not None],
-        )
         return cls(shards=shards, pool=pool, hub=hub)
+
+    def report_to(self, metrics: NodeMetrics) -> None:
+        """Let ``metrics`` read these services' figures at scrape time."""
+        shards = self.shards.all
+        metrics.collect_from(
+            hub=self.hub,
+            pool=self.pool,
+            sweepers=[s.sweeper for s in shards if s.sweeper is not None],
+            commits=[s.commits for s in shards if s.commits is not None],
+            databases=[s.db for s in shards],
+            signals=[s.signals for s in shards if s.signals is not None],
+        )
 
     async def run(self, shutdown_requested: trio.Event, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run every built service until cancelled; reports when all have started.

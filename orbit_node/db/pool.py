@@ -79,7 +79,7 @@ DEFAULT_ISOLATION = "READ COMMITTED"
 
 
 @attrs.frozen
-class PoolStatistics:
+class DatabasePoolStatistics:
     size: int
     open: int
     idle: int
@@ -119,9 +119,9 @@ class Database:
         """The server new connections go to."""
         return self.order.writer
 
-    def statistics(self) -> PoolStatistics:
+    def statistics(self) -> DatabasePoolStatistics:
         in_use = self.size - self._slots.value
-        return PoolStatistics(self.size, self._open, len(self._idle), in_use, self.replays)
+        return DatabasePoolStatistics(self.size, self._open, len(self._idle), in_use, self.replays)
 
     async def _open_to(self, host: DsnHost):
         conn = DriverConnection(

@@ -4,7 +4,8 @@ A scenario that runs at each durability (``--durability both``) returns, per run
 tables as *grids*: key columns (what a row is) and value columns (what was measured),
 with the rows under the run's durability. ``combine_reports`` puts the runs' grids side
 by side, so every value has a column per durability (``tasks/s [prod]``, ``tasks/s
-[dev]``), and prefixes each run's targets with its durability. Pure: no I/O.
+[dev]``; a wide grid a row per durability instead), and prefixes each run's targets with
+its durability. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from typing import Any
 import attrs
 
 from .report import Target, format_table
+
+# Most value columns a grid of several durabilities shows side by side (a column per
+# durability); a wider one puts the durabilities in rows, so a line stays readable.
+SIDE_BY_SIDE = 10
 
 
 def grid(
@@ -29,30 +34,38 @@ def grid(
 
 
 def grid_table(g: Mapping[str, Any]) -> str:
-    """The grid as text: with one durability, plain columns; with several, each value column
-    once per durability (``name [prod]``, ``name [dev]``), rows matched by their keys (in
-    the order they first appear; a row one run lacks shows ``-``)."""
+    """The grid as text. With one durability, plain columns. With several, rows are matched
+    by their keys (in the order they first appear; a row one run lacks shows ``-``) and
+    each value gets a column per durability (``name [prod]``, ``name [dev]``) while that
+    keeps the table within SIDE_BY_SIDE value columns; a wider grid gets a ``durability``
+    column instead, each row once per durability, one under the other."""
     keys, values, runs = g["keys"], g["values"], g["rows"]
     width = len(keys)
     if len(runs) == 1:
         (rows,) = runs.values()
         table = format_table([*keys, *values], rows, align="l" * width + "r" * len(values))
-    else:
-        order: list[tuple[Any, ...]] = []
-        found: dict[str, dict[tuple[Any, ...], Sequence[Any]]] = {}
-        for name, rows in runs.items():
-            found[name] = {}
-            for row in rows:
-                key = tuple(row[:width])
-                if key not in order:
-                    order.append(key)
-                found[name][key] = row[width:]
+        return f"{g['title']}\n{table}" if g.get("title") else table
+    order: list[tuple[Any, ...]] = []
+    found: dict[str, dict[tuple[Any, ...], Sequence[Any]]] = {}
+    for name, rows in runs.items():
+        found[name] = {}
+        for row in rows:
+            key = tuple(row[:width])
+            if key not in order:
+                order.append(key)
+            found[name][key] = row[width:]
+    missing = [None] * len(values)
+    if len(values) * len(runs) <= SIDE_BY_SIDE:
         headers = [*keys, *(f"{value} [{name}]" for value in values for name in runs)]
         cells = [
-            [*key, *(found[name].get(key, [None] * len(values))[i] for i in range(len(values)) for name in runs)]
-            for key in order
+            [*key, *(found[name].get(key, missing)[i] for i in range(len(values)) for name in runs)] for key in order
         ]
-        table = format_table(headers, cells, align="l" * width + "r" * (len(headers) - width))
+        align = "l" * width + "r" * (len(headers) - width)
+    else:
+        headers = [*keys, "durability", *values]
+        cells = [[*key, name, *found[name].get(key, missing)] for key in order for name in runs]
+        align = "l" * (width + 1) + "r" * len(values)
+    table = format_table(headers, cells, align=align)
     return f"{g['title']}\n{table}" if g.get("title") else table
 
 

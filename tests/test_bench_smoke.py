@@ -171,6 +171,18 @@ def test_grid_puts_durabilities_side_by_side():
     assert rows["huey"] == ["90.0", "-", "1.00", "-"] and rows["pgqueuer"] == ["-", "3,000", "-", "0.500"]
     with pytest.raises(ValueError, match="has 2 cells, not 3"):
         grid(["system"], ["tasks/s", "R"], [["orbit", 1.0]], "prod")
+    # Too wide for a column per durability: a row per durability under each key instead.
+    values = [f"v{i}" for i in range(6)]
+    wide = grid(["system"], values, [["orbit", *range(6)]], "prod")
+    wide["rows"]["dev"] = [["orbit", *range(10, 16)], ["huey", *range(20, 26)]]
+    lines = grid_table(wide).splitlines()
+    assert lines[0].split() == ["system", "durability", *values]
+    assert [line.split()[:3] for line in lines[2:]] == [
+        ["orbit", "prod", "0"],
+        ["orbit", "dev", "10"],
+        ["huey", "prod", "-"],
+        ["huey", "dev", "20"],
+    ]
 
 
 def test_reports_of_two_durabilities_combine_into_one():

@@ -1,13 +1,18 @@
 """``python -m bench <scenario> [options]``: run benchmark scenarios.
 
 Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http soak cancel shards settle chaos (each: a table, a JSON result
-and PNG plots under bench/results/), ``all`` (every one of them, in that order, S2 using S1's figure), and
+and PNG plots under bench/results/), ``all`` (every one of them, in that order, E2E using S1's drain), and
 ``claim`` (the dispatch core's micro-benchmark, its own options). ``soak`` (ten minutes and
 more), ``cancel`` (cancel latency, up to a renew interval per sample), ``shards`` (S1's
 burn-down on one and on two database servers; it starts a private mariadbd), ``settle`` (Start
 and Finish batches with the transition statements before and after issue 23, on a private mariadbd)
 and ``chaos`` (ten minutes of faults under three nodes, then the history checker's verdict) are not
 part of ``all``.
+
+Each scenario runs on a private mariadbd per durability setting the bench starts
+(``--durability``, bench/durability.py: production by default, the development setting
+beside it where the scenario prints a column per setting), after R and H, the units its
+costs are printed in, were measured (bench/calibrate.py).
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     table = grid(
         ["request", "clients"],
-        ["req/s", "p50 ms", "p99 ms", "node us/req", "R", "H", "cpu busy"],
+        ["req/s", "p50 ms", "p99 ms", "node us/req", "R/req", "H/req", "cpu busy"],
         [
             [
                 r["request"],

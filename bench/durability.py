@@ -16,6 +16,7 @@ its own port and socket, so no other server is ever reconfigured. While one runs
 
 from __future__ import annotations
 
+import argparse
 import contextvars
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -83,15 +84,16 @@ DEV = Durability(name="dev", flush_log_at_trx_commit=2, binlog=False, pg_synchro
 DURABILITIES = {"prod": PROD, "dev": DEV}
 
 
-class DurabilityError(ValueError):
-    """A ``--durability`` value the bench does not know."""
+class DurabilityError(argparse.ArgumentTypeError):
+    """A ``--durability`` value the bench does not know (argparse names the option)."""
 
 
 def parse_choice(text: str) -> str:
-    """``--durability``'s type: one of CHOICES (a clear error naming the option otherwise)."""
+    """``--durability``'s type: one of CHOICES (otherwise an error argparse prints as
+    ``argument --durability: 'x' is not one of ...``)."""
     value = text.strip().lower()
     if value not in CHOICES:
-        raise DurabilityError(f"--durability: {text!r} is not one of {', '.join(CHOICES)}")
+        raise DurabilityError(f"{text!r} is not one of {', '.join(CHOICES)}")
     return value
 
 

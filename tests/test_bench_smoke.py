@@ -104,12 +104,16 @@ def test_profile_summary_from_collapsed_stacks():
 # -- issue 27: durability settings, R and H, columns per durability, Worker shapes -----
 
 
-def test_durability_choices_and_plans():
-    from bench.durability import DEV, PROD, DurabilityError, parse_choice, plan
+def test_durability_choices_and_plans(capsys):
+    from bench.__main__ import build_parser
+    from bench.durability import DEV, PROD, plan
 
-    assert parse_choice(" Both ") == "both"
-    with pytest.raises(DurabilityError, match="--durability: 'fast' is not one of prod, dev, both, server"):
-        parse_choice("fast")
+    parser = build_parser()
+    assert parser.parse_args(["s0", "--durability", " Both "]).durability == "both"
+    assert parser.parse_args(["s0"]).durability is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["s0", "--durability", "fast"])
+    assert "argument --durability: 'fast' is not one of prod, dev, both, server" in capsys.readouterr().err
     # A scenario with a column per durability runs at both; one without runs at prod alone.
     assert plan(None, default="both", columns=True) == (PROD, DEV)
     assert plan("both", default="prod", columns=False) == (PROD,)

@@ -1,8 +1,9 @@
 """What every scenario shares: its own database, tenants, seeding, a node process, Workers.
 
 Everything talks to 127.0.0.1 only. A scenario creates ``orbit_bench_<random>`` on the
-server of ``ORBIT_BENCH_MYSQL_DSN`` (default ``scripts/devdb.sh dsn``), migrates it,
-and drops it at the end, whatever happened.
+private server of its durability setting (``bench/durability.py``; with ``--durability
+server``, on the server of ``ORBIT_BENCH_MYSQL_DSN``, default ``scripts/devdb.sh dsn``),
+migrates it, and drops it at the end, whatever happened.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from orbit_node.sdk.client import OrbitClient, SubmitTaskRequest
 from orbit_node.sdk.worker import Worker, WorkerTask
 from orbit_node.store.tenancy import SCOPES, TenancyStore
 
+from . import durability
 from .report import STATUS_COUNTERS, profile_summary, status_delta
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,7 +48,16 @@ SEED_CHUNK = 100_000
 
 
 def bench_dsn() -> Dsn:
-    """The MariaDB server the benchmarks create their databases on."""
+    """The MariaDB server the benchmarks create their databases on: the running scenario's
+    private server of its durability setting (bench/durability.py), else ``env_dsn()``."""
+    found = durability.active()
+    if found is not None and found.dsn is not None:
+        return found.dsn
+    return env_dsn()
+
+
+def env_dsn() -> Dsn:
+    """The server of ``ORBIT_BENCH_MYSQL_DSN`` (default ``scripts/devdb.sh dsn``)."""
     text = os.environ.get("ORBIT_BENCH_MYSQL_DSN")
     if not text:
         text = subprocess.run(
@@ -614,14 +625,20 @@ async def worker_fleet(
     *,
     capacity: int,
     record_times: bool = False,
+    handler_s: float = 0.0,
 ) -> AsyncIterator[Fleet]:
-    """One SDK Worker per ``(token, queues)`` of ``plan``, each of ``capacity``; drained on exit."""
+    """One SDK Worker per ``(token, queues)`` of ``plan``, each of ``capacity``; drained on exit.
+
+    ``handler_s``: each task's handler waits that long (``trio.sleep``: a handler waiting on
+    I/O) before it returns; 0 is the no-op handler."""
     done_times: list[float] = []
     workers = []
     for token, queues in plan:
         worker = Worker(url=url, token=token, queues=list(queues), capacity=capacity, client_name="orbit-bench")
 
         async def noop(task: WorkerTask) -> None:
+            if handler_s:
+                await trio.sleep(handler_s)
             if record_times:
                 done_times.append(time.time())
             return None

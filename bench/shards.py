@@ -120,13 +120,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ratio(result["tasks_per_s"], one["tasks_per_s"]),
             result["seconds"],
             result["node_cpu_us_per_task"],
+            args.units.r(result["node_cpu_us_per_task"]),
             f"{result['tasks']:,} tasks, {result['connections']} connections x capacity {result['capacity']}"
             + ("" if result["complete"] else " [DID NOT FINISH]"),
         ]
         for label, result in (("1 shard (one server)", one), ("2 shards (two servers)", two))
     ]
     table = format_table(
-        ["deployment", "tasks/s", "/ 1 shard", "seconds", "node us/task", "setup"], rows, align="lrrrrl"
+        ["deployment", "tasks/s", "/ 1 shard", "seconds", "node us/task", "R/task", "setup"], rows, align="lrrrrrl"
     )
     notes = [
         f"{args.tasks:,} no-op tasks per run, half per application, written with SQL before the Workers start; "

@@ -21,7 +21,7 @@ import trio
 import trio_mysql
 import trio_mysql.cursors
 
-from orbit_node.config import Dsn
+from orbit_node.dsn import Dsn
 
 from .common import REPO, bench_database, make_app, node_process
 from .http import measure_requests

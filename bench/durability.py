@@ -25,8 +25,8 @@ from typing import Any
 import attrs
 import trio
 
-from orbit_node.config import Dsn
 from orbit_node.db import Database
+from orbit_node.dsn import Dsn
 from tests.faults.mariadb import PrivateMariaDB
 
 # What ``--durability`` accepts besides the names of DURABILITIES.

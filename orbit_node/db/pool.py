@@ -39,6 +39,7 @@ import trio
 import trio_mysql
 import trio_mysql.converters
 import trio_mysql.cursors
+from trio_mysql.constants import CLIENT
 
 from ..dsn import Dsn, DsnHost
 from ..errors import InvalidArgument, OrbitError, Unavailable
@@ -134,6 +135,9 @@ class Database:
             charset="utf8mb4",
             use_unicode=True,
             autocommit=True,
+            # A transaction's opening travels with its first statement (``Tx``). Every
+            # statement's values are escaped by the driver; none is built from input text.
+            client_flag=CLIENT.MULTI_STATEMENTS,
             connect_timeout=self.connect_timeout_s,
             init_command=SESSION_SETUP,
             conv=CONVERSIONS,
@@ -391,12 +395,15 @@ class Database:
             try:
                 async with self.connection() as conn:
                     try:
+                        # Opened in front of the body's first statement (``Tx``); another
+                        # isolation level is for this transaction only, the session's stays.
+                        opening: tuple[str, ...] = ("START TRANSACTION",)
                         if isolation != DEFAULT_ISOLATION:
-                            # For the next transaction only; the session default stays.
-                            await conn.query(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
-                        await conn.begin()
-                        result = await fn(Tx(conn))
-                        await conn.commit()
+                            opening = (f"SET TRANSACTION ISOLATION LEVEL {isolation}", *opening)
+                        tx = Tx(conn, opening)
+                        result = await fn(tx)
+                        if tx.opened:
+                            await conn.commit()
                         return result
                     except (trio_mysql.MySQLError, OrbitError) as exc:
                         # A statement failed or the body gave up: roll back before the

@@ -64,14 +64,47 @@ def per_row_statement(
 
 @attrs.define(eq=False)
 class Tx:
-    """The handle a transaction body (or a single autocommit statement) works through."""
+    """The handle a transaction body (or a single autocommit statement) works through.
+
+    ``opening``: statements that open the transaction (``START TRANSACTION``, an isolation
+    level before it). They travel in front of the body's first statement, in the same
+    packet (the connection allows several statements per packet), so opening a
+    transaction costs no round trip of its own; their results are read and dropped
+    before the first statement's. A body that runs no statement opens nothing."""
 
     _conn: Any
+    _opening: tuple[str, ...] = ()
+
+    @property
+    def opened(self) -> bool:
+        """The opening statements have gone out (always, without any)."""
+        return not self._opening
+
+    async def _execute(self, cursor: Any, sql: str, params: Any) -> None:
+        """``cursor.execute(sql, params)``, with the opening statements in front when due."""
+        if not self._opening:
+            await cursor.execute(sql, params)
+            return
+        opening, self._opening = self._opening, ()
+        # Formatting with ``params`` applies to the whole text: the opening statements hold
+        # no ``%``.
+        await cursor.execute("; ".join((*opening, sql)), params)
+        for _ in opening:
+            await cursor.nextset()
+
+    async def open(self) -> None:
+        """Send the opening statements now, alone (before a statement that cannot carry them)."""
+        if self._opening:
+            opening, self._opening = self._opening, ()
+            cursor = self._conn.cursor()
+            await cursor.execute("; ".join(opening))
+            for _ in opening[1:]:
+                await cursor.nextset()
 
     async def _run(self, name: str, params: Mapping[str, Any] | Sequence[Any] | None):
         sql = QUERIES[name]
         cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
-        await cursor.execute(sql, params)
+        await self._execute(cursor, sql, params)
         return cursor
 
     async def fetchall(self, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -109,6 +142,8 @@ class Tx:
         sql = QUERIES[name]
         if not MULTI_ROW_INSERT.match(sql):
             raise ValueError(f"query {name!r} is not an INSERT whose VALUES list holds only placeholders")
+        # The driver may split the rows into several INSERTs: the opening goes out alone.
+        await self.open()
         cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
         await cursor.executemany(sql, rows)
         return cursor.rowcount
@@ -122,7 +157,7 @@ class Tx:
             return 0
         sql, values = per_row_statement(QUERIES[name], rows, params or {}, name=name)
         cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
-        await cursor.execute(sql, values)
+        await self._execute(cursor, sql, values)
         return cursor.rowcount
 
     async def fetchall_union(
@@ -137,19 +172,24 @@ class Tx:
         for i, branch_params in enumerate(branches):
             values.update({f"{key}_{i}": value for key, value in branch_params.items()})
         cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
-        await cursor.execute(f"{sql} {QUERIES[tail]}", values)
+        await self._execute(cursor, f"{sql} {QUERIES[tail]}", values)
         return list(await cursor.fetchall())
 
     async def execute_raw(self, sql: str, params: Any = None) -> int:
         """Run literal SQL. Only the migration runner and test fixtures use this."""
         cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
-        await cursor.execute(sql, params)
+        await self._execute(cursor, sql, params)
         return cursor.rowcount
 
     async def fetchall_raw(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
         cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
-        await cursor.execute(sql, params)
+        await self._execute(cursor, sql, params)
         return list(await cursor.fetchall())
+
+    @property
+    def commands(self) -> int:
+        """Commands (round trips) sent on this connection so far."""
+        return self._conn.commands
 
     @property
     def thread_id(self) -> int:

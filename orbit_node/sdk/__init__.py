@@ -6,17 +6,18 @@ plans) and the automatic Worker (``Worker``: run handlers for the tasks of queue
 The guide is ``docs/sdk.md``.
 """
 
-from ..errors import ConfigError
 from .client import (
     AlreadyExistsError,
     ApiError,
     Backoff,
     BatchItemResult,
+    ConfigError,
     Credentials,
     FailedPreconditionError,
     IdempotencyConflictError,
     InternalError,
     InvalidArgumentError,
+    InvalidRequestError,
     NotFoundError,
     OrbitClient,
     OrbitClientError,
@@ -40,6 +41,7 @@ from .client import (
     UnauthenticatedError,
     UnavailableError,
     UnsupportedMediaTypeError,
+    WaitTimeoutError,
     credentials_from_env,
 )
 from .worker import Handler, PermanentError, Worker, WorkerRejected, WorkerTask
@@ -56,6 +58,7 @@ __all__ = [
     "IdempotencyConflictError",
     "InternalError",
     "InvalidArgumentError",
+    "InvalidRequestError",
     "NotFoundError",
     "OrbitClient",
     "OrbitClientError",
@@ -80,6 +83,7 @@ __all__ = [
     "UnauthenticatedError",
     "UnavailableError",
     "UnsupportedMediaTypeError",
+    "WaitTimeoutError",
     "Worker",
     "WorkerRejected",
     "WorkerTask",

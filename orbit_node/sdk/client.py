@@ -74,7 +74,8 @@ class WaitTimeoutError(OrbitClientError):
     """``wait`` / ``as_finished`` ran out of time: ``unfinished`` maps each task id that
     had not reached a terminal state to the state last read (None if it could not be
     read); ``finished`` holds the tasks that did, in the order they were seen finished.
-    A polling failure the wait rode out (the node unreachable, 503) is the ``__cause__``."""
+    The last read failure the wait rode out (the node unreachable, 503), if any, is the
+    ``__cause__``."""
 
     code = "WAIT_TIMEOUT"
 

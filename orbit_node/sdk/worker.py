@@ -47,9 +47,8 @@ import json
 import logging
 import ssl
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-import attrs
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
@@ -68,73 +67,24 @@ from .connect import (
     resolve_queues,
     ws_url,
 )
-from .encoding import NotJson, encode
+from .handlers import (
+    ENDS,
+    TERMINAL_ENDS,
+    H,
+    Handler,
+    PermanentError,
+    WorkerTask,
+    check_result,
+    failed,
+    is_async,
+    stopped,
+    task_end,
+)
 from .session import UNDECIDED, Session, until_decided
 
 __all__ = ["Handler", "PermanentError", "Worker", "WorkerRejected", "WorkerTask"]
 
 log = logging.getLogger("orbit.sdk.worker")
-
-# The protocol's bound on a Finish error message.
-MAX_ERROR_MESSAGE = 4096
-
-
-class PermanentError(Exception):
-    """Raise from a handler to fail the task at once, without retry.
-
-    The stored error is ``{"message": "<TypeName>: <message>", "code": code}`` (the
-    type name is the raised class, so a subclass names itself; an exception chained
-    with ``raise ... from exc`` is appended as ``(caused by <TypeName>: <message>)``).
-    ``code`` is optional, at most 128 characters.
-    """
-
-    def __init__(self, message: str, *, code: str | None = None):
-        super().__init__(message)
-        self.code = code
-
-
-@attrs.frozen
-class WorkerTask:
-    """What a handler receives: one attempt of a task, as accepted, frozen."""
-
-    #: The task's 32-hex id.
-    task_id: str
-    #: The 32-hex id of the queue it was submitted to.
-    queue_id: str
-    #: The (handler, handler_version, payload_version) the handler was registered for.
-    handler: str
-    handler_version: str
-    payload_version: str
-    #: The submitted payload (any JSON value; integers of any size are exact).
-    payload: Any
-    #: This attempt's number, from 1; ``max_attempts`` is the task's limit.
-    attempt: int
-    max_attempts: int
-    #: 0 (default) to 9.
-    priority: int = 0
-    #: RFC 3339 UTC time after which the task no longer runs, or None.
-    deadline: str | None = None
-    #: The task's resource key (at most one task per key runs at a time), or None.
-    resource_key: str | None = None
-
-
-#: A handler: ``async def`` or plain ``def``, taking a ``WorkerTask``, returning the result.
-Handler = Callable[[WorkerTask], Any]
-H = TypeVar("H", bound=Handler)
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    """An ``async def`` function, a partial of one, or an object whose ``__call__`` is one."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
-
-
-def _describe(exc: BaseException) -> str:
-    """``TypeName: message`` (and its cause), cut to the protocol's bound."""
-    text = f"{type(exc).__name__}: {exc}"
-    cause = exc.__cause__
-    if cause is not None:
-        text += f" (caused by {type(cause).__name__}: {cause})"
-    return text[:MAX_ERROR_MESSAGE]
 
 
 def _leaf(group: BaseExceptionGroup) -> BaseException:
@@ -153,26 +103,6 @@ def _leaf(group: BaseExceptionGroup) -> BaseException:
         if not isinstance(leaf, trio.Cancelled):
             return leaf
     return leaves[0]
-
-
-# Where a Finish the node accepted left the task, by counter name.
-ENDS = ("completed", "failed", "cancelled", "expired", "retried")
-TERMINAL_ENDS = ("completed", "failed", "cancelled", "expired")
-# The counter of each state a Finish can leave a task in (``queued``: retried).
-END_OF_STATE = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled", "expired": "expired"}
-
-
-def task_end(report: Mapping[str, Any], result: Mapping[str, Any], attempt: int, max_attempts: int) -> str:
-    """The counter of an accepted Finish: from the task's state in the ack, else (a node
-    that does not say) from the report and the attempt."""
-    state = result.get("state")
-    if isinstance(state, str):
-        return END_OF_STATE.get(state, "retried")
-    if report["outcome"] == "succeeded":
-        return "completed"
-    if report.get("error", {}).get("code") == "CANCELLED":
-        return "cancelled"
-    return "failed" if not report.get("retryable", True) or attempt >= max_attempts else "retried"
 
 
 class Worker:
@@ -380,7 +310,7 @@ class Worker:
             raise TypeError(f"handler for {name!r}: expected a function, got {type(fn).__name__}")
         key = (name, handler_version, payload_version)
         self._handlers[key] = fn
-        if _is_async(fn):
+        if is_async(fn):
             self._sync.discard(key)
         else:
             self._sync.add(key)
@@ -606,19 +536,7 @@ class Worker:
         return result
 
     async def _run_one(self, session: Session, raw: dict[str, Any]) -> None:
-        task = WorkerTask(
-            task_id=raw["task_id"],
-            queue_id=raw["queue_id"],
-            handler=raw["handler"],
-            handler_version=raw["handler_version"],
-            payload_version=raw["payload_version"],
-            payload=raw["payload"],
-            attempt=raw["attempt"],
-            max_attempts=raw["max_attempts"],
-            priority=raw.get("priority", 0),
-            deadline=raw.get("deadline"),
-            resource_key=raw.get("resource_key"),
-        )
+        task = WorkerTask.from_dispatch(raw)
         key = (task.handler, task.handler_version, task.payload_version)
         report: dict[str, Any] = {"task_id": task.task_id, "token": raw["token"]}
         with trio.CancelScope() as scope:
@@ -627,32 +545,12 @@ class Worker:
                 scope.cancel()  # the cancel came before the handler began
             try:
                 result = await self._call(key, task)
-                try:
-                    encode(result, "result")  # must be JSON: a failure here is the handler's
-                except NotJson as exc:
-                    raise ValueError(str(exc)) from None
+                check_result(result)
                 report.update(outcome="succeeded", result=result)
-            except PermanentError as exc:
-                report.update(
-                    outcome="failed",
-                    retryable=False,
-                    error={"message": _describe(exc), **({"code": exc.code} if exc.code else {})},
-                )
             except Exception as exc:
-                report.update(outcome="failed", retryable=True, error={"message": _describe(exc)})
+                report.update(failed(exc))
         if scope.cancelled_caught:
-            if session.cancels.get(task.task_id) == "deadline":
-                # Retryable: the node settles a task past its deadline as expired.
-                report.update(
-                    outcome="failed",
-                    retryable=True,
-                    error={"message": "stopped: the task's deadline passed", "code": "DEADLINE_EXCEEDED"},
-                )
-            else:
-                # The node settles a failed attempt of a task whose cancel was requested as cancelled.
-                report.update(
-                    outcome="failed", retryable=False, error={"message": "cancelled by the node", "code": "CANCELLED"}
-                )
+            report.update(stopped(session.cancels.get(task.task_id)))
         try:
             (result,) = await until_decided(session.finishes, [report])
         finally:

@@ -124,6 +124,9 @@ def test_configuration_errors_are_client_errors_and_the_projects_config_errors(t
             call()
         assert isinstance(info.value, OrbitClientError) and isinstance(info.value, errors.ConfigError)
         assert info.value.field == "ORBIT_CREDENTIALS_FILE"
+    with pytest.raises(ConfigError) as info:  # before: httpx.InvalidURL
+        OrbitClient("http://[::1", "t")
+    assert info.value.field == "url" and "'http://[::1'" in str(info.value)
     assert issubclass(WorkerRejected, OrbitClientError)
 
 

@@ -130,6 +130,7 @@ def test_node_urls_are_checked_at_construction():
         (["http://a", "ftp://b"], r"url\[1\]"),
         ("a.example:80", "url"),
         ("http://", "url"),
+        ("http://[::1", "url: not a node URL"),
     ):
         with pytest.raises(ValueError, match=field):
             Worker(bad, "t", ["q"])

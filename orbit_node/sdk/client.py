@@ -567,14 +567,17 @@ class OrbitClient:
         event_hooks: Mapping[str, list[Callable[..., Any]]] | None = None,
     ):
         self.url = url.rstrip("/")
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
-            transport=transport,
-            event_hooks=dict(event_hooks or {}),
-            # Timeouts are cancel scopes set by the caller (trio.fail_after around a call).
-            timeout=None,
-        )
+        try:
+            self._http = httpx.AsyncClient(
+                base_url=self.url,
+                headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+                transport=transport,
+                event_hooks=dict(event_hooks or {}),
+                # Timeouts are cancel scopes set by the caller (trio.fail_after around a call).
+                timeout=None,
+            )
+        except httpx.InvalidURL as exc:
+            raise ConfigError(f"url: not a node URL ({exc}): {url!r}", field="url") from None
 
     @classmethod
     def from_credentials(cls, credentials: Credentials, *, url: str | None = None, **kwargs: Any) -> OrbitClient:
@@ -624,6 +627,10 @@ class OrbitClient:
         except httpx.HTTPError as exc:
             # Not a transport failure: the answer could not be decoded (or redirected on and on).
             raise ProtocolError(f"{method} {path}: {exc!r}") from exc
+        except httpx.InvalidURL as exc:
+            raise InvalidRequestError(
+                f"{method} {path}: not a valid URL ({exc}); nothing was sent", field="url"
+            ) from None
         try:
             document = json.loads(response.content)
         except ValueError:

@@ -128,9 +128,14 @@ def node_urls(url: str | Sequence[str]) -> tuple[str, ...]:
         raise ValueError("url: name at least one node URL")
     for index, value in enumerate(urls):
         where = "url" if isinstance(url, str) else f"url[{index}]"
-        if not isinstance(value, str) or urlsplit(value).scheme not in ("http", "https", "ws", "wss"):
+        try:
+            parts = urlsplit(value) if isinstance(value, str) else None
+            host = parts.hostname if parts is not None else None
+        except ValueError as exc:
+            raise ValueError(f"{where}: not a node URL ({exc}): {value!r}") from None
+        if parts is None or parts.scheme not in ("http", "https", "ws", "wss"):
             raise ValueError(f"{where}: expected an http:// or https:// node URL, got {value!r}")
-        if not urlsplit(value).hostname:
+        if not host:
             raise ValueError(f"{where}: no host in {value!r}")
     return urls
 

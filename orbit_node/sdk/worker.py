@@ -353,11 +353,12 @@ class Worker:
 
     async def serve(self) -> int:
         """Run as a process of its own until a signal: the first SIGINT/SIGTERM drains
-        the Worker, a second one stops it at once. Returns the exit status, one line
-        logged for each end but the first: 0 drained, 2 bad configuration
-        (``ConfigError``), 3 rejected (``WorkerRejected``), 1 any other failure (with its
-        traceback), 128 + the signal's number when a second signal stopped it.
-        ``sys.exit(trio.run(worker.serve))``; ``orbit-worker module:worker`` does that."""
+        the Worker, a second one stops it at once. Returns the exit status (each end is
+        logged in one line, a failure with its traceback): 0 drained, 1 any unexpected
+        failure, 2 bad configuration (``ConfigError``), 3 rejected (``WorkerRejected``),
+        128 + the signal's number when a second signal stopped it. Run it as
+        ``sys.exit(trio.run(worker.serve))`` in the main thread; ``orbit-worker
+        module:worker`` does that."""
         return await serving.serve(self)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -1,5 +1,7 @@
 """Python SDK: a trio-native client of the task interface (``OrbitClient``: tasks, queues,
-plans) and the automatic Worker (``Worker``: run handlers for the tasks of queues).
+plans, waiting for tasks) and the automatic Worker (``Worker``: run handlers for the
+tasks of queues; ``Worker.serve`` / ``orbit-worker`` as a process of its own). Every
+failure it raises is an ``OrbitClientError``.
 
     from orbit_node.sdk import OrbitClient, PermanentError, SubmitTaskRequest, Worker, WorkerTask
 

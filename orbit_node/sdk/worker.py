@@ -8,7 +8,9 @@
     async def prepare(task: WorkerTask):
         return {"echo": task.payload}
 
-    async with trio.open_nursery() as nursery:
+    sys.exit(trio.run(worker.serve))      # a process of its own (or: orbit-worker module:worker)
+
+    async with trio.open_nursery() as nursery:  # or inside a program of yours
         await nursery.start(worker.run)   # returns once the node welcomed the Worker
         ...
         await worker.drain()              # finish what runs, disconnect; worker.drained is True
@@ -32,7 +34,8 @@ The user's guide is ``docs/sdk.md``. In short:
   in a worker thread (``trio.to_thread.run_sync``), at most ``capacity`` at once.
 * A cancel from the node (cancellation requested, deadline passed) cancels the
   handler's scope: an async handler sees ``trio.Cancelled`` at its next checkpoint.
-* A lost connection is re-established with jittered exponential backoff; a node that
+* A lost connection is re-established with jittered exponential backoff (on the next
+  node URL, given several: ``connect.py``); a node that
   answers nothing (heartbeats included) for its announced heartbeat timeout counts as
   lost, even if the network never reset the connection, and so does one that sends no
   welcome within ``welcome_timeout_s`` of the connection. Handlers

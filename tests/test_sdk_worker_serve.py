@@ -55,6 +55,8 @@ class Process:
         self.process = process
         self.stdout: list[str] = []
         self.stderr = ""
+        # Both streams read to their end.
+        self.read = trio.Event()
 
     async def collect(self) -> None:
         async def read(stream, on_text) -> None:
@@ -70,6 +72,7 @@ class Process:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read, self.process.stdout, self.stdout.extend)
             nursery.start_soon(read, self.process.stderr, stderr_text)
+        self.read.set()
 
     async def line(self, text: str) -> None:
         await wait_until(lambda: text in self.stdout, timeout_s=PROCESS_S)
@@ -78,8 +81,11 @@ class Process:
         await wait_until(lambda: text in self.stderr, timeout_s=PROCESS_S)
 
     async def exit_status(self) -> int:
+        """The exit status, once everything the process wrote was read."""
         with trio.fail_after(PROCESS_S):
-            return await self.process.wait()
+            status = await self.process.wait()
+            await self.read.wait()
+        return status
 
 
 def credentials(path: Path, url: str, token: str, queues: dict[str, str]) -> Path:
@@ -127,10 +133,15 @@ async def test_sigterm_drains_the_running_handler_then_exits_0(full_node, db, tm
         late = (await client.submit_task("late", task_request(tenant.queue_id, "late"))).task.task_id
         await worker.process.stdin.send_all(b"finished\n")
         status = await worker.exit_status()
-        done, waiting = await client.get_task(running), await client.get_task(late)
+        done = await client.get_task(running)
+
+        async def queued_unattempted() -> bool:
+            task = await client.get_task(late)
+            return (task.state, task.attempts) == ("queued", 0)
+
+        await wait_until(queued_unattempted, timeout_s=5)
     assert status == EXIT_DRAINED, worker.stderr
     assert (done.state, done.result, done.attempts) == ("succeeded", "finished", 1)
-    assert (waiting.state, waiting.attempts) == ("queued", 0)
     assert "started late" not in worker.stdout
     assert "worker drained: 1 tasks finished" in worker.stderr
     assert "Traceback" not in worker.stderr and "KeyboardInterrupt" not in worker.stderr

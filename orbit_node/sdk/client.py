@@ -731,35 +731,6 @@ class OrbitClient:
         _, document = await self._call("POST", f"/v1/tasks/{_segment(task_id)}/cancel")
         return Task.from_json(document["data"])
 
-    # -- waiting for tasks
-
-    def as_finished(self, task_ids: Iterable[str], timeout_s: float | None = None) -> AsyncIterator[Task]:
-        """Each task of ``task_ids`` once it reached a terminal state (succeeded, failed,
-        cancelled, expired), in the order they are seen finished:
-        ``async for task in client.as_finished(ids, timeout_s=60): ...``.
-
-        Polls ``GET /v1/tasks/{id}`` for every unfinished task, 0.1 s after the first
-        round then doubling to one round every 2 s (docs/sdk.md, "Waiting for tasks", has
-        the cost). ``timeout_s`` (None: no bound) ends it with ``WaitTimeoutError``
-        naming the tasks not finished. A read the node could not answer (unreachable,
-        503, 429) is tried again next round; any other refusal (``NotFoundError`` for an
-        unknown id, ...) is raised at once. Ids that are not 32-hex are an
-        ``InvalidRequestError`` naming ``task_ids[i]``; a repeated id is waited for once."""
-        from .waiting import as_finished  # waiting builds on this module
-
-        return as_finished(self, task_ids, timeout_s)
-
-    async def wait(self, task_ids: Iterable[str], timeout_s: float | None = None) -> list[Task]:
-        """Wait until every task of ``task_ids`` reached a terminal state; the tasks, in
-        the order of ``task_ids`` (each id once). ``WaitTimeoutError`` after ``timeout_s``
-        names the unfinished ones (``.unfinished``) and holds the finished (``.finished``).
-        Polls as ``as_finished`` does."""
-        from .waiting import task_id_list
-
-        order = task_id_list(task_ids)
-        tasks = {task.task_id: task async for task in self.as_finished(order, timeout_s)}
-        return [tasks[task_id] for task_id in order]
-
     # -- plans
 
     async def create_plan(
@@ -880,3 +851,32 @@ class OrbitClient:
             )
         _, document = await self._call("PATCH", f"/v1/queues/{_segment(queue_id)}/controls", body=body)
         return Queue.from_json(document["data"])
+
+    # -- waiting for tasks
+
+    def as_finished(self, task_ids: Iterable[str], timeout_s: float | None = None) -> AsyncIterator[Task]:
+        """Each task of ``task_ids`` once it reached a terminal state (succeeded, failed,
+        cancelled, expired), in the order they are seen finished:
+        ``async for task in client.as_finished(ids, timeout_s=60): ...``.
+
+        Polls ``GET /v1/tasks/{id}`` for every unfinished task, 0.1 s after the first
+        round then doubling to one round every 2 s (docs/sdk.md, "Waiting for tasks", has
+        the cost). ``timeout_s`` (None: no bound) ends it with ``WaitTimeoutError``
+        naming the tasks not finished. A read the node could not answer (unreachable,
+        503, 429) is tried again next round; any other refusal (``NotFoundError`` for an
+        unknown id, ...) is raised at once. Ids that are not 32-hex are an
+        ``InvalidRequestError`` naming ``task_ids[i]``; a repeated id is waited for once."""
+        from .waiting import as_finished  # waiting builds on this module
+
+        return as_finished(self, task_ids, timeout_s)
+
+    async def wait(self, task_ids: Iterable[str], timeout_s: float | None = None) -> list[Task]:
+        """Wait until every task of ``task_ids`` reached a terminal state; the tasks, in
+        the order of ``task_ids`` (each id once). ``WaitTimeoutError`` after ``timeout_s``
+        names the unfinished ones (``.unfinished``) and holds the finished (``.finished``).
+        Polls as ``as_finished`` does."""
+        from .waiting import task_id_list
+
+        order = task_id_list(task_ids)
+        tasks = {task.task_id: task async for task in self.as_finished(order, timeout_s)}
+        return [tasks[task_id] for task_id in order]

@@ -93,7 +93,7 @@ async def cancel_path(
     task_ids = [item.task.task_id for item in results if item.task is not None]
     if not await wait_until(lambda: handler.started >= set(task_ids), timeout_s=SETTLE_S):
         raise RuntimeError(f"only {len(handler.started & set(task_ids))} of {len(task_ids)} handlers started")
-    finished_before = worker.completed + worker.failed
+    finished_before = worker.finished
     latencies: list[float] = []
     answers: list[float] = []
 

@@ -1,22 +1,25 @@
 """Python SDK: a trio-native client of the task interface (``OrbitClient``: tasks, queues,
-plans) and the automatic Worker (``Worker``: run handlers for the tasks of queues).
+plans, waiting for tasks) and the automatic Worker (``Worker``: run handlers for the
+tasks of queues; ``Worker.serve`` / ``orbit-worker`` as a process of its own). Every
+failure it raises is an ``OrbitClientError``.
 
     from orbit_node.sdk import OrbitClient, PermanentError, SubmitTaskRequest, Worker, WorkerTask
 
 The guide is ``docs/sdk.md``.
 """
 
-from ..errors import ConfigError
 from .client import (
     AlreadyExistsError,
     ApiError,
     Backoff,
     BatchItemResult,
+    ConfigError,
     Credentials,
     FailedPreconditionError,
     IdempotencyConflictError,
     InternalError,
     InvalidArgumentError,
+    InvalidRequestError,
     NotFoundError,
     OrbitClient,
     OrbitClientError,
@@ -40,6 +43,7 @@ from .client import (
     UnauthenticatedError,
     UnavailableError,
     UnsupportedMediaTypeError,
+    WaitTimeoutError,
     credentials_from_env,
 )
 from .worker import Handler, PermanentError, Worker, WorkerRejected, WorkerTask
@@ -56,6 +60,7 @@ __all__ = [
     "IdempotencyConflictError",
     "InternalError",
     "InvalidArgumentError",
+    "InvalidRequestError",
     "NotFoundError",
     "OrbitClient",
     "OrbitClientError",
@@ -80,6 +85,7 @@ __all__ = [
     "UnauthenticatedError",
     "UnavailableError",
     "UnsupportedMediaTypeError",
+    "WaitTimeoutError",
     "Worker",
     "WorkerRejected",
     "WorkerTask",

@@ -8,9 +8,11 @@
         results = await client.submit_many([("prepare-002", request_2), ("prepare-003", request_3)])
         [r.status for r in results]                        # 201, 200, 409, 400, ... per item
 
-Every error the server reports is raised as an ``ApiError`` subclass carrying the
-server's ``code``, ``field`` and ``request_id``. Timeouts are the caller's: wrap a
-call in ``trio.fail_after(...)`` / ``trio.move_on_after(...)``.
+Everything the client raises is an ``OrbitClientError``: every error the server
+reports is an ``ApiError`` subclass carrying the server's ``code``, ``field`` and
+``request_id``; a request that cannot be sent (a payload holding a ``set``) is an
+``InvalidRequestError`` naming the field. Timeouts are the caller's: wrap a call in
+``trio.fail_after(...)`` / ``trio.move_on_after(...)``, or give ``wait`` its ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Self, TypeVar
@@ -26,7 +28,9 @@ from typing import Any, ClassVar, Generic, Self, TypeVar
 import attrs
 import httpx
 
-from ..errors import ConfigError, OrbitError
+from .. import errors
+from ..errors import OrbitError
+from .encoding import NotJson, encode
 
 T = TypeVar("T")
 
@@ -40,9 +44,45 @@ MAX_BATCH_TASKS = 1000
 
 
 class OrbitClientError(OrbitError):
-    """Root of the errors this client raises."""
+    """Root of the errors the SDK raises (the client's and the Worker's)."""
 
     code = "CLIENT_ERROR"
+    # ``http_status`` is how the node answers one of its own errors; an error the SDK
+    # raises is not answered by anyone (``ApiError.status`` is what the node answered).
+    http_status: int | None = None  # type: ignore[assignment]
+
+
+# OrbitClientError's http_status (None) comes first in the MRO, as meant.
+class ConfigError(OrbitClientError, errors.ConfigError):  # type: ignore[misc]
+    """Bad configuration of the SDK: a credentials file or ``ORBIT_CREDENTIALS_FILE``
+    missing or incomplete, a queue name the namespace does not have. ``field`` names
+    the setting. Also an ``orbit_node.errors.ConfigError``."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class InvalidRequestError(OrbitClientError, ValueError):
+    """A request the client would not send: a value that is not JSON (a ``set``, an
+    object, NaN) or an argument out of range. ``field`` names it by its path
+    (``payload.tags``, ``requests[3].payload.when``, ``task_ids[0]``); nothing was sent.
+    (``InvalidArgumentError`` is the node's refusal of a request it received.)"""
+
+    code = "INVALID_ARGUMENT"
+
+
+class WaitTimeoutError(OrbitClientError):
+    """``wait`` / ``as_finished`` ran out of time: ``unfinished`` maps each task id that
+    had not reached a terminal state to the state last read (None if it could not be
+    read); ``finished`` holds the tasks that did, in the order they were seen finished.
+    The last read failure the wait rode out (the node unreachable, 503), if any, is the
+    ``__cause__``."""
+
+    code = "WAIT_TIMEOUT"
+
+    def __init__(self, message: str, *, unfinished: Mapping[str, str | None], finished: list[Task]):
+        super().__init__(message)
+        self.unfinished = dict(unfinished)
+        self.finished = list(finished)
 
 
 class TransportError(OrbitClientError):
@@ -138,6 +178,15 @@ ERRORS_BY_CODE: dict[str, type[ApiError]] = {
 }
 
 
+def _encode(value: Any, path: str) -> str:
+    """``value`` as JSON text, or an ``InvalidRequestError`` naming the first part that is
+    not JSON (``path`` names ``value`` itself; empty for a request body)."""
+    try:
+        return encode(value, path)
+    except NotJson as exc:
+        raise InvalidRequestError(f"{exc}; nothing was sent", field=exc.field) from None
+
+
 def api_error(error: Mapping[str, Any], status: int, request_id: str | None) -> ApiError:
     """The ``ApiError`` subclass of an error object of the envelope (or of a batch item)."""
     code = str(error.get("code", "UNKNOWN"))
@@ -157,7 +206,7 @@ def _rfc3339(value: datetime) -> str:
 
 def _aware(instance: Any, attribute: attrs.Attribute[datetime | None], value: datetime | None) -> None:
     if value is not None and (value.tzinfo is None or value.utcoffset() is None):
-        raise ValueError(f"{attribute.name} must be a timezone-aware datetime")
+        raise InvalidRequestError(f"{attribute.name}: must be a timezone-aware datetime", field=attribute.name)
 
 
 def _segment(value: str) -> str:
@@ -518,14 +567,17 @@ class OrbitClient:
         event_hooks: Mapping[str, list[Callable[..., Any]]] | None = None,
     ):
         self.url = url.rstrip("/")
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
-            transport=transport,
-            event_hooks=dict(event_hooks or {}),
-            # Timeouts are cancel scopes set by the caller (trio.fail_after around a call).
-            timeout=None,
-        )
+        try:
+            self._http = httpx.AsyncClient(
+                base_url=self.url,
+                headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+                transport=transport,
+                event_hooks=dict(event_hooks or {}),
+                # Timeouts are cancel scopes set by the caller (trio.fail_after around a call).
+                timeout=None,
+            )
+        except httpx.InvalidURL as exc:
+            raise ConfigError(f"url: not a node URL ({exc}): {url!r}", field="url") from None
 
     @classmethod
     def from_credentials(cls, credentials: Credentials, *, url: str | None = None, **kwargs: Any) -> OrbitClient:
@@ -554,20 +606,31 @@ class OrbitClient:
         path: str,
         *,
         body: Mapping[str, Any] | None = None,
+        content: bytes | None = None,
         params: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> tuple[int, dict[str, Any]]:
-        """Send one request; returns (status, envelope) or raises the server's error."""
+        """Send one request; returns (status, envelope) or raises the server's error.
+
+        ``body`` is encoded here (a value that is not JSON is an ``InvalidRequestError``
+        naming its path, and nothing is sent); ``content`` is a body encoded already."""
         request_headers = dict(headers or {})
-        content = None
         if body is not None:
-            content = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+            content = _encode(body, "").encode("utf-8")
+        if content is not None:
             request_headers["Content-Type"] = "application/json"
         query = {k: v for k, v in (params or {}).items() if v is not None}
         try:
             response = await self._http.request(method, path, content=content, params=query, headers=request_headers)
         except httpx.TransportError as exc:
             raise TransportError(f"{method} {path}: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            # Not a transport failure: the answer could not be decoded (or redirected on and on).
+            raise ProtocolError(f"{method} {path}: {exc!r}") from exc
+        except httpx.InvalidURL as exc:
+            raise InvalidRequestError(
+                f"{method} {path}: not a valid URL ({exc}); nothing was sent", field="url"
+            ) from None
         try:
             document = json.loads(response.content)
         except ValueError:
@@ -616,15 +679,21 @@ class OrbitClient:
         return=minimal``): ``task`` is then None and ``task_id``/``state`` say what was
         accepted. It is the cheaper way to submit many tasks that are not read back.
         """
-        if not 1 <= batch_size <= MAX_BATCH_TASKS:
-            raise ValueError(f"batch_size must be from 1 to {MAX_BATCH_TASKS}")
-        items = [{"idempotency_key": key, **request.to_json()} for key, request in requests]
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH_TASKS:
+            raise InvalidRequestError(
+                f"batch_size: expected 1 to {MAX_BATCH_TASKS}, got {batch_size!r}", field="batch_size"
+            )
+        # Every item is encoded before the first batch is sent: one that is not JSON
+        # (named by its place in ``requests``) stops the call before anything is accepted.
+        items = [
+            _encode({"idempotency_key": key, **request.to_json()}, f"requests[{index}]")
+            for index, (key, request) in enumerate(requests)
+        ]
         results: list[BatchItemResult] = []
         headers = None if return_tasks else {"Prefer": "return=minimal"}
         for start in range(0, len(items), batch_size):
-            _, document = await self._call(
-                "POST", "/v1/tasks/batch", body={"tasks": items[start : start + batch_size]}, headers=headers
-            )
+            content = '{"tasks":[' + ",".join(items[start : start + batch_size]) + "]}"
+            _, document = await self._call("POST", "/v1/tasks/batch", content=content.encode("utf-8"), headers=headers)
             request_id = document.get("request_id")
             for item in document["data"]["results"]:
                 status = int(item["status"])
@@ -777,6 +846,37 @@ class OrbitClient:
             if value is not _UNSET
         }
         if not body:
-            raise ValueError("set_queue_controls: name max_concurrency and/or max_starts_per_second")
+            raise InvalidRequestError(
+                "set_queue_controls: name max_concurrency and/or max_starts_per_second", field="max_concurrency"
+            )
         _, document = await self._call("PATCH", f"/v1/queues/{_segment(queue_id)}/controls", body=body)
         return Queue.from_json(document["data"])
+
+    # -- waiting for tasks
+
+    def as_finished(self, task_ids: Iterable[str], timeout_s: float | None = None) -> AsyncIterator[Task]:
+        """Each task of ``task_ids`` once it reached a terminal state (succeeded, failed,
+        cancelled, expired), in the order they are seen finished:
+        ``async for task in client.as_finished(ids, timeout_s=60): ...``.
+
+        Polls ``GET /v1/tasks/{id}`` for every unfinished task, 0.1 s after the first
+        round then doubling to one round every 2 s (docs/sdk.md, "Waiting for tasks", has
+        the cost). ``timeout_s`` (None: no bound) ends it with ``WaitTimeoutError``
+        naming the tasks not finished. A read the node could not answer (unreachable,
+        503, 429) is tried again next round; any other refusal (``NotFoundError`` for an
+        unknown id, ...) is raised at once. Ids that are not 32-hex are an
+        ``InvalidRequestError`` naming ``task_ids[i]``; a repeated id is waited for once."""
+        from .waiting import as_finished  # waiting builds on this module
+
+        return as_finished(self, task_ids, timeout_s)
+
+    async def wait(self, task_ids: Iterable[str], timeout_s: float | None = None) -> list[Task]:
+        """Wait until every task of ``task_ids`` reached a terminal state; the tasks, in
+        the order of ``task_ids`` (each id once). ``WaitTimeoutError`` after ``timeout_s``
+        names the unfinished ones (``.unfinished``) and holds the finished (``.finished``).
+        Polls as ``as_finished`` does."""
+        from .waiting import task_id_list
+
+        order = task_id_list(task_ids)
+        tasks = {task.task_id: task async for task in self.as_finished(order, timeout_s)}
+        return [tasks[task_id] for task_id in order]

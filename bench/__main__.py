@@ -30,7 +30,7 @@ import trio
 
 import orbit_node
 
-from . import calibrate, common, durability
+from . import calibrate, database, durability
 from .grids import combine_reports, grid_table
 from .report import RESULTS_DIR, Target, format_profile, machine_info, targets_table, write_result
 from .units import Units
@@ -201,7 +201,7 @@ async def run_at_durabilities(module: Any, args: argparse.Namespace) -> dict[str
     reports: dict[str, dict[str, Any]] = {}
     units: Units | None = None
     for wanted in plan:
-        async with durability.serving(wanted, common.env_dsn()) as settings:
+        async with durability.serving(wanted, database.env_dsn()) as settings:
             if units is None:
                 units = await calibrate.measure_units(args, h=not getattr(module, "MEASURES_H", False))
             args.units = units

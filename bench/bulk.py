@@ -20,17 +20,11 @@ import trio
 from orbit_node.sdk import OrbitClient
 
 from . import durability
-from .common import (
-    Measured,
-    bench_database,
-    count_tasks,
-    make_app,
-    measured_phase,
-    node_process,
-    submit_closed_loop,
-    submit_request,
-)
+from .accounting import Measured, measured_phase
+from .clients import submit_closed_loop, submit_request
+from .database import bench_database, count_tasks, make_app
 from .grids import grid
+from .processes import node_process
 from .report import Target, ms, ratio, summarize
 from .units import Units, cost
 
@@ -90,7 +84,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     units: Units = args.units
     async with bench_database() as bdb, node_process(bdb.dsn) as node:
         single_app = await make_app(bdb.db, "bulk-single")
-        with measured_phase(node.pid, profile=False) as phase:
+        async with measured_phase(node.pid, profile=False) as phase:
             started = time.perf_counter()
             single_lat = await submit_closed_loop(
                 node.url, single_app.token, single_app.queue_id, args.bulk_single_tasks
@@ -104,7 +98,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         modes = {}
         for name, return_tasks in (("tasks", True), ("minimal", False)):
             app = await make_app(bdb.db, f"bulk-{name}")
-            with measured_phase(node.pid, profile=not args.no_profile and not return_tasks) as phase:
+            async with measured_phase(node.pid, profile=not args.no_profile and not return_tasks) as phase:
                 started = time.perf_counter()
                 bulk_lat = await submit_bulk(
                     node.url,

@@ -23,8 +23,10 @@ import trio_mysql.cursors
 
 from orbit_node.dsn import Dsn
 
-from .common import REPO, bench_database, make_app, node_process
+from . import REPO
+from .database import bench_database, make_app
 from .http import measure_requests
+from .processes import node_process
 from .units import H_CLIENTS, Units, per_trip_us
 
 # Round trips before the measured rounds (connection set up, code paths warm).

@@ -26,7 +26,9 @@ import trio
 
 from orbit_node.sdk import OrbitClient, SubmitTaskRequest, Worker, WorkerTask
 
-from .common import bench_database, make_app, node_process, wait_until
+from .clients import wait_until
+from .database import bench_database, make_app
+from .processes import node_process
 from .report import Target, format_table, ms, summarize
 
 HANDLER = ("bench.block", "v1", "v1")

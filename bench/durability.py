@@ -11,7 +11,7 @@ reads its setting from it.
 
 A private server is ``tests/faults/mariadb.py``'s: ``--no-defaults``, a temporary datadir,
 its own port and socket, so no other server is ever reconfigured. While one runs,
-``bench.common.bench_dsn()`` names it (``active()``).
+``bench.database.bench_dsn()`` names it (``active()``).
 """
 
 from __future__ import annotations

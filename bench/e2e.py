@@ -18,18 +18,11 @@ import time
 from typing import Any
 
 from . import durability
-from .common import (
-    bench_database,
-    connection_plan,
-    make_app,
-    measured_phase,
-    node_process,
-    submit_closed_loop,
-    task_times,
-    wait_until,
-    worker_fleet,
-)
+from .accounting import measured_phase
+from .clients import connection_plan, submit_closed_loop, wait_until, worker_fleet
+from .database import bench_database, make_app, task_times
 from .grids import figures_at, grid
+from .processes import node_process
 from .report import Target, ms, ratio, summarize
 from .s0 import measure_floor
 from .s1 import S1_CONNECTIONS, Shape, orbit_burndown, pacing_bound, parse_shapes
@@ -63,7 +56,7 @@ async def submit_to_finish(
     stats_before = node.last_stats()
     plan = connection_plan(app, shape.connections)
     async with worker_fleet(node.url, plan, capacity=shape.capacity, handler_s=shape.handler_ms / 1000) as fleet:
-        with measured_phase(node.pid, profile=profile) as phase:
+        async with measured_phase(node.pid, profile=profile) as phase:
             start = time.perf_counter()
             submit_lat = await submit_closed_loop(
                 node.url, app.token, app.queue_id, tasks, concurrency=submit_concurrency

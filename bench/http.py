@@ -26,8 +26,11 @@ import attrs
 import trio
 
 from . import durability
-from .common import NodeProcess, bench_database, cpu_seconds, make_app, measured_phase, node_process, submit_request
+from .accounting import cpu_seconds, measured_phase
+from .clients import submit_request
+from .database import bench_database, make_app
 from .grids import grid
+from .processes import NodeProcess, node_process
 from .report import Target, ms, ratio, summarize
 from .units import H_CLIENTS, Units, cost
 
@@ -143,13 +146,13 @@ async def measure_requests(
     try:
         await closed_loop(connections, send, expected, queue_id, seconds=30, count=WARMUP_REQUESTS)
         node_cpu = cpu_seconds(node.pid)
-        with measured_phase(node.pid, profile=False) as phase:
+        async with measured_phase(node.pid, profile=False) as phase:
             started = time.perf_counter()
             latencies = await closed_loop(connections, send, expected, queue_id, seconds=seconds)
             wall = time.perf_counter() - started
         node_cpu = cpu_seconds(node.pid) - node_cpu
         if profile:
-            with measured_phase(node.pid, profile=True) as profiled:
+            async with measured_phase(node.pid, profile=True) as profiled:
                 await closed_loop(connections, send, expected, queue_id, seconds=seconds)
             summary = profiled.profile
     finally:

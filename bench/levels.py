@@ -24,7 +24,9 @@ from typing import Any
 import trio
 
 from . import pickup
-from .common import BenchDb, connection_plan, make_app, node_process, submit_closed_loop, worker_fleet
+from .clients import connection_plan, submit_closed_loop, worker_fleet
+from .database import BenchDb, make_app
+from .processes import node_process
 from .report import Target, format_table
 
 SATURATION_CLIENTS = 16

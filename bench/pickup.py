@@ -29,20 +29,12 @@ import trio
 
 from orbit_node.sdk import OrbitClient, Worker
 
+from .accounting import cpu_seconds
 from .cancel import HANDLER as BLOCKING_HANDLER
 from .cancel import Blocking, cancel_path
-from .common import (
-    BenchDb,
-    connection_plan,
-    count_tasks,
-    cpu_seconds,
-    make_app,
-    node_process,
-    submit_open_loop,
-    task_times,
-    wait_until,
-    worker_fleet,
-)
+from .clients import connection_plan, submit_open_loop, wait_until, worker_fleet
+from .database import BenchDb, count_tasks, make_app, task_times
+from .processes import node_process
 from .report import percentile, summarize
 
 # The measurement: two connections of capacity 8, ~3 arrivals/s.

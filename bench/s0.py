@@ -18,7 +18,7 @@ from orbit_node.db import Database
 from orbit_node.store.dispatch import DispatchStore
 
 from . import claim, durability
-from .common import App, BenchDb, bench_database, count_statements, make_app
+from .database import App, BenchDb, bench_database, count_statements, make_app
 from .grids import grid
 from .report import STATEMENTS_NOTE, Target, ratio, statement_costs, statements_table
 

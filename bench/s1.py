@@ -25,23 +25,13 @@ from typing import Any
 import attrs
 import trio
 
-from . import durability
+from . import REPO, durability
+from .accounting import measured_phase
 from .bulk import submit_bulk
-from .common import (
-    REPO,
-    admin_sql,
-    bench_database,
-    connection_plan,
-    count_statements,
-    count_tasks,
-    make_app,
-    measured_phase,
-    node_process,
-    seed_tasks,
-    wait_until,
-    worker_fleet,
-)
+from .clients import connection_plan, wait_until, worker_fleet
+from .database import admin_sql, bench_database, count_statements, count_tasks, make_app, seed_tasks
 from .grids import grid
+from .processes import node_process
 from .report import STATEMENTS_NOTE, Target, ratio, statement_costs, statements_table, summarize
 from .s0 import floor_statement_rows, measure_floor
 from .units import Units, cost
@@ -197,7 +187,7 @@ async def orbit_burndown(
         progress: list[tuple[float, int]] = []
         stats_before = node.last_stats()
         async with count_statements(bdb.db) as drain_statements:
-            with measured_phase(node.pid, profile=profile) as phase:
+            async with measured_phase(node.pid, profile=profile) as phase:
                 start = time.perf_counter()
                 async with worker_fleet(
                     node.url, connection_plan(app, connections), capacity=capacity, handler_s=handler_ms / 1000

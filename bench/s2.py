@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from . import levels, pickup
-from .common import bench_database
+from .database import bench_database
 from .report import Target, format_table
 
 

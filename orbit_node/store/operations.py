@@ -19,7 +19,7 @@ from ..errors import InvalidArgument, NotFound
 from ..ids import is_hex32
 from ..rules import fairness_weight
 from ..wire import rfc3339, stored_json
-from .tasks import PRIORITY_STEP_S
+from .task_rows import PRIORITY_STEP_S
 
 LIVE_STATES = ("queued", "reserved", "running")
 # A node whose heartbeat (every 10 s) is older than this is not live for operators.

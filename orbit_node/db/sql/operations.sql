@@ -189,7 +189,7 @@ SELECT t.task_id, t.application_id, t.namespace_id, t.queue_id, t.handler, t.han
        t.payload, t.state, t.priority, t.available_at, t.dispatch_at, t.deadline, t.attempts, t.max_attempts,
        t.backoff_initial_ms, t.backoff_max_ms, t.backoff_multiplier, t.resource_key, t.cancel_requested,
        t.owner_node_id, t.connection_id, t.lease_expires_at, t.reserved_at, t.started_at, t.finished_at,
-       t.result, t.error, t.plan_id, t.plan_version, t.created_at, t.updated_at,
+       t.result, t.error, t.plan_id, t.plan_version, t.retried_from, t.created_at, t.updated_at,
        q.name AS queue, n.name AS namespace, n.environment, a.name AS application
   FROM tasks t
   LEFT JOIN queues q ON q.queue_id = t.queue_id

@@ -199,10 +199,12 @@ def filter_from_json(value: Any, prefix: str = "filter") -> TaskFilter:
         if name in LIST_FIELDS:
             if name == "task_ids" and not isinstance(item, list):
                 raise InvalidArgument(f"{field}: must be an array of task ids, got {kind(item)}", field=field)
-            items = item if isinstance(item, list) else [item]
-            if not items:
+            if not isinstance(item, list):
+                parsed[name] = [_scalar(name, item, field)]
+            elif not item:
                 raise InvalidArgument(f"{field}: must not be empty", field=field)
-            parsed[name] = [_scalar(name, v, f"{field}[{i}]") for i, v in enumerate(items)]
+            else:
+                parsed[name] = [_scalar(name, v, f"{field}[{i}]") for i, v in enumerate(item)]
         else:
             parsed[name] = _scalar(name, item, field)
     return _build(parsed, dotted)

@@ -10,17 +10,15 @@ newest first; ``next_cursor`` goes on, null when no more match (``docs/api.md``)
 
 from __future__ import annotations
 
-from typing import Any
-
 from quart import Blueprint
 
 from .. import rules
 from ..services import Shard
-from ..store.actions import CANCEL_REQUESTED, RETRIED, ActionOutcome, BulkOutcome
+from ..store.actions import CANCEL_REQUESTED, RETRIED, BulkOutcome
 from ..task_query import bulk_request
 from . import envelope, validation
 from .auth import require_any, shard
-from .tasks import announce, check_queue_filter, cursor_text, item_error, task_json
+from .tasks import announce, check_queue_filter, cursor_text, task_json
 
 bp = Blueprint("task_actions", __name__)
 
@@ -39,22 +37,13 @@ async def retry_task(task_id: str):
     return envelope.ok(task_json(retried.task), 201 if retried.created else 200)
 
 
-def outcome_json(outcome: ActionOutcome) -> dict[str, Any]:
-    data: dict[str, Any] = {"task_id": outcome.task_id, "outcome": outcome.outcome, "state": outcome.state}
-    if outcome.retry_task_id is not None:
-        data["retry_task_id"] = outcome.retry_task_id
-    if outcome.error is not None:
-        data["error"] = item_error(outcome.error)
-    return data
-
-
 def bulk_answer(result: BulkOutcome):
     return envelope.ok(
         {
             "changed": result.changed,
             "unchanged": result.unchanged,
             "refused": result.refused,
-            "results": [outcome_json(o) for o in result.outcomes],
+            "results": [o.as_json() for o in result.outcomes],
         },
         next_cursor=cursor_text(result.next_cursor),
     )

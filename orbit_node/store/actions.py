@@ -70,6 +70,15 @@ class ActionOutcome:
     def changed(self) -> bool:
         return self.outcome in (CANCELLED, CANCEL_REQUESTED, RETRIED)
 
+    def as_json(self) -> dict[str, Any]:
+        """The result of one task as the bulk routes and ``orbit-admin --json`` show it."""
+        data: dict[str, Any] = {"task_id": self.task_id, "outcome": self.outcome, "state": self.state}
+        if self.retry_task_id is not None:
+            data["retry_task_id"] = self.retry_task_id
+        if self.error is not None:
+            data["error"] = {"code": self.error.code, "message": self.error.message, "field": self.error.field}
+        return data
+
 
 @attrs.frozen
 class BulkOutcome:

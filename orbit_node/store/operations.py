@@ -230,6 +230,13 @@ class OperationsStore:
                 await self.namespace(application, namespace)
         return await self._backlogs("ops_queues", {"application": application, "namespace": namespace})
 
+    async def queue_of_id(self, queue_id: str) -> dict[str, Any]:
+        """A queue of any namespace: its id, namespace id, name, namespace and application names."""
+        row = await self.db.fetchone("ops_queue_of_id", {"queue_id": queue_id}) if is_hex32(queue_id) else None
+        if row is None:
+            raise NotFound(f"queue {queue_id} not found", field="queue")
+        return row
+
     async def namespace_backlogs(self, namespace_id: str, queue_ids: Sequence[str] | None) -> list[QueueBacklog]:
         """The backlogs of one namespace's queues: all of them (None) or those of ``queue_ids``."""
         if queue_ids is not None and not queue_ids:

@@ -143,6 +143,14 @@ SELECT q.queue_id, q.name, q.paused, q.max_concurrency, q.max_starts_per_second,
    AND (%(namespace)s IS NULL OR n.name = %(namespace)s)
  ORDER BY a.name, n.name, q.name
 
+-- A queue of any namespace by its id (orbit-admin queue pause|resume QUEUE_ID).
+-- name: ops_queue_of_id
+SELECT q.queue_id, q.namespace_id, q.name, n.name AS namespace, a.name AS application
+  FROM queues q
+  JOIN namespaces n ON n.namespace_id = q.namespace_id
+  JOIN applications a ON a.application_id = q.application_id
+ WHERE q.queue_id = %(queue_id)s
+
 -- The queues of one namespace (the console: a credential sees its own namespace only),
 -- all of them or those of %(queue_ids)s.
 -- name: ops_queues_of_namespace

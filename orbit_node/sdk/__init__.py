@@ -42,6 +42,7 @@ from .client import (
     UnsupportedMediaTypeError,
     credentials_from_env,
 )
+from .filters import BulkItem, BulkResult, TaskFilter
 from .worker import Handler, PermanentError, Worker, WorkerRejected, WorkerTask
 
 __all__ = [
@@ -49,6 +50,8 @@ __all__ = [
     "ApiError",
     "Backoff",
     "BatchItemResult",
+    "BulkItem",
+    "BulkResult",
     "ConfigError",
     "Credentials",
     "FailedPreconditionError",
@@ -74,6 +77,7 @@ __all__ = [
     "SubmitResult",
     "SubmitTaskRequest",
     "Task",
+    "TaskFilter",
     "TaskSummary",
     "TaskTemplate",
     "TransportError",

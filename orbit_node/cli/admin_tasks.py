@@ -207,21 +207,11 @@ async def _list(db: Database, args) -> None:
     if args.json:
         print_json({"tasks": rows, "next_cursor": cursor})
         return
+    # The text view keeps ids whole on a wide terminal; --json has every field.
     console().print(
         table(
             f"tasks of {args.application}/{args.namespace} ({len(rows)}, newest first)",
-            [
-                "task_id",
-                "queue",
-                "handler",
-                "state",
-                "priority",
-                "attempts",
-                "created_at",
-                "finished_at",
-                "waits for",
-                "retried_from",
-            ],
+            ["task_id", "queue", "handler", "state", "priority", "attempts", "created_at", "waits for"],
             [
                 [
                     r["task_id"],
@@ -231,9 +221,7 @@ async def _list(db: Database, args) -> None:
                     r["priority"],
                     f"{r['attempts']}/{r['max_attempts']}",
                     r["created_at"],
-                    r["finished_at"],
                     r["waiting_reason"],
-                    r["retried_from"],
                 ]
                 for r in rows
             ],

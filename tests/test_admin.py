@@ -486,6 +486,11 @@ COMMANDS = [
     ["application", "resume", "a"],
     ["queue", "list"],
     ["task", "show", "f" * 32],
+    ["task", "cancel", "f" * 32],
+    ["task", "retry", "f" * 32],
+    ["task", "list", "--application", "a"],
+    ["queue", "pause", "f" * 32],
+    ["queue", "resume", "f" * 32],
     ["explain", "f" * 32],
     ["top", "--once"],
 ]

@@ -46,6 +46,7 @@ from .client import (
     WaitTimeoutError,
     credentials_from_env,
 )
+from .filters import BulkItem, BulkResult, TaskFilter
 from .worker import Handler, PermanentError, Worker, WorkerRejected, WorkerTask
 
 __all__ = [
@@ -53,6 +54,8 @@ __all__ = [
     "ApiError",
     "Backoff",
     "BatchItemResult",
+    "BulkItem",
+    "BulkResult",
     "ConfigError",
     "Credentials",
     "FailedPreconditionError",
@@ -79,6 +82,7 @@ __all__ = [
     "SubmitResult",
     "SubmitTaskRequest",
     "Task",
+    "TaskFilter",
     "TaskSummary",
     "TaskTemplate",
     "TransportError",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Self, TypeVar
@@ -31,6 +31,7 @@ import httpx
 from .. import errors
 from ..errors import OrbitError
 from .encoding import NotJson, encode
+from .filters import BulkItem, BulkResult, TaskFilter
 
 T = TypeVar("T")
 
@@ -386,6 +387,11 @@ class TaskSummary(_FromJson):
     cancel_requested: bool
     created_at: datetime = _time_field()
     finished_at: datetime | None = _time_field(optional=True)
+    # The task this one retries (``retry_task``), else None.
+    retried_from: str | None = None
+    # Listings only: why a queued task waits (QUEUE_PAUSED, APPLICATION_SUSPENDED,
+    # NO_CAPABLE_WORKER, NOT_DUE, QUOTA, RESOURCE_KEY_HELD), else None.
+    waiting_reason: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -715,21 +721,107 @@ class OrbitClient:
         self,
         *,
         queue_id: str | None = None,
-        state: str | None = None,
+        state: str | Sequence[str] | None = None,
+        filter: TaskFilter | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page[TaskSummary]:
-        """One page of summaries, newest first."""
-        _, document = await self._call(
-            "GET", "/v1/tasks", params={"queue_id": queue_id, "state": state, "limit": limit, "cursor": cursor}
-        )
+        """One page of summaries, newest first by (created_at, task_id); ``filter`` (and the
+        ``queue_id`` / ``state`` shortcuts) narrow it. A queued task says why it waits
+        (``waiting_reason``). Pass ``page.next_cursor`` as ``cursor``, with the same filter."""
+        params = {} if filter is None else filter.to_params()
+        if queue_id is not None:
+            params["queue_id"] = queue_id
+        if state is not None:
+            params["state"] = state if isinstance(state, str) else ",".join(state)
+        _, document = await self._call("GET", "/v1/tasks", params={**params, "limit": limit, "cursor": cursor})
         return Page.from_document(TaskSummary, document)
+
+    async def iter_tasks(
+        self, filter: TaskFilter | None = None, *, page_size: int | None = None
+    ) -> AsyncIterator[TaskSummary]:
+        """Every task ``filter`` matches, newest first, a page (``page_size``, 1-500) at a time."""
+        cursor = None
+        while True:
+            page = await self.list_tasks(filter=filter, limit=page_size, cursor=cursor)
+            for task in page.items:
+                yield task
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     async def cancel_task(self, task_id: str) -> Task:
         """Queued: cancelled at once. Reserved/running: cancel requested; the Worker's handler is
         cancelled and the task ends ``cancelled``. A task that finished otherwise: ``FailedPreconditionError``."""
         _, document = await self._call("POST", f"/v1/tasks/{_segment(task_id)}/cancel")
         return Task.from_json(document["data"])
+
+    async def retry_task(self, task_id: str) -> SubmitResult:
+        """Run a failed, cancelled or expired task again, as a new task linked to it
+        (``retried_from``); ``created`` is False when it was retried before (the same new
+        task). Any other state: ``FailedPreconditionError``."""
+        status, document = await self._call("POST", f"/v1/tasks/{_segment(task_id)}/retry")
+        return SubmitResult(Task.from_json(document["data"]), created=status == 201)
+
+    async def bulk_cancel(
+        self, filter: TaskFilter, *, limit: int | None = None, cursor: str | None = None
+    ) -> BulkResult:
+        """Cancel the next ``limit`` (at most 1,000) tasks ``filter`` matches, newest first; go on
+        with ``cursor=result.next_cursor`` until it is None (``iter_bulk_cancel`` does)."""
+        return await self._bulk("cancel", filter, limit, cursor)
+
+    async def bulk_retry(
+        self, filter: TaskFilter, *, limit: int | None = None, cursor: str | None = None
+    ) -> BulkResult:
+        """Retry the next ``limit`` (at most 1,000) tasks ``filter`` matches, newest first; go on
+        with ``cursor=result.next_cursor`` until it is None (``iter_bulk_retry`` does)."""
+        return await self._bulk("retry", filter, limit, cursor)
+
+    async def iter_bulk_cancel(self, filter: TaskFilter, *, limit: int | None = None) -> AsyncIterator[BulkResult]:
+        """``bulk_cancel`` call after call, following the cursor until no more tasks match."""
+        async for result in self._bulk_pages("cancel", filter, limit):
+            yield result
+
+    async def iter_bulk_retry(self, filter: TaskFilter, *, limit: int | None = None) -> AsyncIterator[BulkResult]:
+        """``bulk_retry`` call after call, following the cursor until no more tasks match."""
+        async for result in self._bulk_pages("retry", filter, limit):
+            yield result
+
+    async def _bulk_pages(self, action: str, filter: TaskFilter, limit: int | None) -> AsyncIterator[BulkResult]:
+        cursor = None
+        while True:
+            result = await self._bulk(action, filter, limit, cursor)
+            yield result
+            if result.next_cursor is None:
+                return
+            cursor = result.next_cursor
+
+    async def _bulk(self, action: str, filter: TaskFilter, limit: int | None, cursor: str | None) -> BulkResult:
+        body: dict[str, Any] = {"filter": filter.to_json()}
+        if limit is not None:
+            body["limit"] = limit
+        if cursor is not None:
+            body["cursor"] = cursor
+        _, document = await self._call("POST", f"/v1/tasks/bulk-{action}", body=body)
+        data, request_id = document["data"], document.get("request_id")
+        items = [
+            BulkItem(
+                task_id=item["task_id"],
+                outcome=item["outcome"],
+                state=item["state"],
+                retry_task_id=item.get("retry_task_id"),
+                # A refusal is the error the single route would raise (409 FAILED_PRECONDITION).
+                error=api_error(item["error"], 409, request_id) if "error" in item else None,
+            )
+            for item in data["results"]
+        ]
+        return BulkResult(
+            changed=data["changed"],
+            unchanged=data["unchanged"],
+            refused=data["refused"],
+            items=items,
+            next_cursor=document.get("next_cursor"),
+        )
 
     # -- plans
 

@@ -1,13 +1,18 @@
 """``python -m bench <scenario> [options]``: run benchmark scenarios.
 
 Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http soak cancel shards settle chaos (each: a table, a JSON result
-and PNG plots under bench/results/), ``all`` (every one of them, in that order, S2 using S1's figure), and
+and PNG plots under bench/results/), ``all`` (every one of them, in that order, E2E using S1's drain), and
 ``claim`` (the dispatch core's micro-benchmark, its own options). ``soak`` (ten minutes and
 more), ``cancel`` (cancel latency, up to a renew interval per sample), ``shards`` (S1's
 burn-down on one and on two database servers; it starts a private mariadbd), ``settle`` (Start
 and Finish batches with the transition statements before and after issue 23, on a private mariadbd)
 and ``chaos`` (ten minutes of faults under three nodes, then the history checker's verdict) are not
 part of ``all``.
+
+Each scenario runs on a private mariadbd per durability setting the bench starts
+(``--durability``, bench/durability.py: production by default, the development setting
+beside it where the scenario prints a column per setting), after R and H, the units its
+costs are printed in, were measured (bench/calibrate.py).
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ import trio
 
 import orbit_node
 
+from . import calibrate, database, durability
+from .grids import combine_reports, grid_table
 from .report import RESULTS_DIR, Target, format_profile, machine_info, targets_table, write_result
+from .units import Units
 
 # Scenario name -> module with add_arguments(parser), async run(args) -> report, plot(report, outdir, plots).
 SCENARIOS = {
@@ -47,6 +55,9 @@ SCENARIOS = {
 }
 # The order of ``all``.
 ALL = ("s0", "s1", "e2e", "s2", "s3", "s4", "s5", "locks", "bulk", "http")
+# Scenarios that start the database servers they need (their own private mariadbd, flush=1)
+# and measure no CPU cost: no bench server and no R and H for them.
+OWN_SERVERS = ("chaos",)
 # Scenario name -> why its module could not be imported (filled by ``build_parser``).
 UNAVAILABLE: dict[str, str] = {}
 
@@ -57,6 +68,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for JSON and PNG (bench/results)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-profile", action="store_true", help="do not attach py-spy to the node process")
+    parser.add_argument(
+        "--durability",
+        type=durability.parse_choice,
+        default=None,
+        metavar="{prod,dev,both,server}",
+        help="database durability: prod (innodb_flush_log_at_trx_commit=1, sync_binlog=1; PostgreSQL "
+        "synchronous_commit=on), dev (flush=2; synchronous_commit=off), both (a column each where the scenario "
+        "prints one, else prod), each on a private mariadbd the bench starts; server: the server of "
+        "ORBIT_BENCH_MYSQL_DSN as it is (default: each scenario's own, bench/README.md)",
+    )
+    parser.add_argument(
+        "--prod-binlog",
+        choices=("on", "off"),
+        default="on",
+        help="prod: binary logging (sync_binlog=1, binlog_format=ROW) on the private server (default on)",
+    )
+    calibrate.add_arguments(parser)
     for name, module in SCENARIOS.items():
         try:
             importlib.import_module(module).add_arguments(parser)
@@ -107,6 +135,14 @@ def print_report(report: dict[str, Any]) -> None:
                 else ""
             )
         )
+    for ran in report.get("durability") or []:
+        if ran:
+            print(durability_line(ran))
+    if report.get("units"):
+        print("units: " + Units.from_json(report["units"]).describe())
+    for g in report.get("grids", []):
+        print()
+        print(grid_table(g))
     for table in report.get("tables", []):
         print()
         print(table)
@@ -122,12 +158,24 @@ def print_report(report: dict[str, Any]) -> None:
     print()
 
 
+def durability_line(ran: dict[str, Any]) -> str:
+    """What the database of one durability ran with, as the server itself said."""
+    settings = ran.get("settings") or {}
+    said = ", ".join(f"{k}={v}" for k, v in settings.items() if k != "innodb_buffer_pool_size")
+    where = "private mariadbd" if ran.get("private_server") else "the server of ORBIT_BENCH_MYSQL_DSN"
+    problems = "; ".join(ran.get("problems") or [])
+    return f"durability {ran['label']}: {where}, {said}" + (f"  -- WARNING: {problems}" if problems else "")
+
+
 async def run_one(name: str, args: argparse.Namespace, context: dict[str, Any]) -> dict[str, Any]:
     module = importlib.import_module(SCENARIOS[name])
     started = time.perf_counter()
     load_before = os.getloadavg()
     args.context = context
-    report = await module.run(args)
+    if name in OWN_SERVERS:
+        report = await module.run(args)
+    else:
+        report = await run_at_durabilities(module, args)
     report.setdefault("title", (module.__doc__ or "").splitlines()[0])
     report["seconds"] = time.perf_counter() - started
     report["machine"] = machine_info()
@@ -139,6 +187,36 @@ async def run_one(name: str, args: argparse.Namespace, context: dict[str, Any]) 
     report["orbit_node_path"] = str(Path(orbit_node.__file__).parent)
     context[name] = report
     return report
+
+
+async def run_at_durabilities(module: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The scenario at each durability of its plan, each on a private server started for
+    it (bench/durability.py); R and H measured once, on the first, before the scenario."""
+    plan = durability.plan(
+        args.durability,
+        default=getattr(module, "DURABILITY_DEFAULT", "prod"),
+        columns=getattr(module, "DURABILITY_COLUMNS", False),
+        prod_binlog=args.prod_binlog == "on",
+    )
+    reports: dict[str, dict[str, Any]] = {}
+    units: Units | None = None
+    for wanted in plan:
+        async with durability.serving(wanted, database.env_dsn()) as settings:
+            if units is None:
+                units = await calibrate.measure_units(args, h=not getattr(module, "MEASURES_H", False))
+            args.units = units
+            ran = durability.current()
+            report = await module.run(args)
+            report.setdefault("units", units.to_json())
+            report["durability"] = {
+                "name": ran.name,
+                "label": ran.label,
+                "private_server": ran.private,
+                "settings": settings,
+                "problems": durability.check_settings(ran, settings),
+            }
+            reports[ran.name] = report
+    return combine_reports(reports)
 
 
 def finish(name: str, report: dict[str, Any], args: argparse.Namespace) -> None:

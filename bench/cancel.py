@@ -26,7 +26,9 @@ import trio
 
 from orbit_node.sdk import OrbitClient, SubmitTaskRequest, Worker, WorkerTask
 
-from .common import bench_database, make_app, node_process, wait_until
+from .clients import wait_until
+from .database import bench_database, make_app
+from .processes import node_process
 from .report import Target, format_table, ms, summarize
 
 HANDLER = ("bench.block", "v1", "v1")
@@ -93,7 +95,7 @@ async def cancel_path(
     task_ids = [item.task.task_id for item in results if item.task is not None]
     if not await wait_until(lambda: handler.started >= set(task_ids), timeout_s=SETTLE_S):
         raise RuntimeError(f"only {len(handler.started & set(task_ids))} of {len(task_ids)} handlers started")
-    finished_before = worker.completed + worker.failed
+    finished_before = worker.finished
     latencies: list[float] = []
     answers: list[float] = []
 

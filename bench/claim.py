@@ -31,7 +31,7 @@ from orbit_node.store.dispatch import DispatchStore
 from orbit_node.store.ownership import FinishItem, Outcome
 from orbit_node.store.tenancy import TenancyStore
 
-from .common import admin_sql, bench_dsn
+from .database import admin_sql, bench_dsn
 
 HANDLER = Capability("bench.noop", "v1", "v1")
 

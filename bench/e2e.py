@@ -1,9 +1,14 @@
-"""E2E: submit -> finish tasks/s with 1, 8 and 64 Worker connections, beside the SQL floor.
+"""E2E: submit -> finish tasks/s in S1's Worker shapes, beside the S1 drain and the SQL floor.
 
-The Workers are connected first; then ``--e2e-tasks`` no-op tasks are submitted over
-HTTP (16 clients) while they run. tasks/s = tasks / (first submit -> last finish).
-available->dispatch and available->start come from the database clock (``reserved_at``,
-``started_at`` minus ``available_at``). The SQL floor (S0) is measured in the same run.
+The Workers are connected first (``--e2e-connections`` connections of each capacity of
+``--capacities``, each with a no-op handler and one waiting ``--handler-ms``); then up to
+``--e2e-tasks`` tasks are submitted one by one over HTTP (16 clients) while they run.
+tasks/s = tasks / (first submit -> last finish). available->dispatch and available->start
+come from the database clock (``reserved_at``, ``started_at`` minus ``available_at``).
+Node CPU per task (submit and execution) in microseconds and in R. The S1 drain (8
+connections x capacity 64, no-op) is S1's of the same invocation at the same durability
+when S1 ran before (``python -m bench all``), else measured here, like the SQL floor.
+At each durability setting by default (a column each).
 """
 
 from __future__ import annotations
@@ -12,46 +17,46 @@ import argparse
 import time
 from typing import Any
 
-from .common import (
-    bench_database,
-    connection_plan,
-    make_app,
-    measured_phase,
-    node_process,
-    submit_closed_loop,
-    task_times,
-    wait_until,
-    worker_fleet,
-)
-from .report import Target, format_table, ms, ratio, summarize
+from . import durability
+from .accounting import measured_phase
+from .clients import connection_plan, submit_closed_loop, wait_until, worker_fleet
+from .database import bench_database, make_app, task_times
+from .grids import figures_at, grid
+from .processes import node_process
+from .report import Target, ms, ratio, summarize
 from .s0 import measure_floor
-from .s1 import pacing_bound
+from .s1 import S1_CONNECTIONS, Shape, orbit_burndown, pacing_bound, parse_shapes
+from .units import Units, cost
 
-# Issue 13 target: submit -> finish tasks/s with 64 Worker connections over the SQL floor of the same run.
-TARGET_VS_FLOOR = 0.5
-TARGET_CONNECTIONS = 64
-# A row submits at most this many tasks per Worker connection, so the 1-connection row
-# (paced to <= 64 tasks/s) stays within about half a minute.
-TASKS_PER_CONNECTION = 500
+# bench/__main__.py: one column per durability setting, both by default.
+DURABILITY_COLUMNS = True
+DURABILITY_DEFAULT = "both"
+# Issue 27: submit -> finish tasks/s at production durability over the S1 drain, both in
+# the shape of S1's drain (8 connections x capacity 64, no-op handler).
+TARGET_VS_S1 = 0.5
+REFERENCE = Shape(64, 0, S1_CONNECTIONS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--e2e-tasks",
         type=int,
-        default=6_000,
-        help=f"e2e: tasks per row, at most {TASKS_PER_CONNECTION} per connection (default 6000)",
+        default=3_000,
+        help="e2e: tasks per row, at most its pacing bound x --shape-seconds (default 3000)",
     )
-    parser.add_argument("--e2e-connections", default="1,8,64", help="e2e: Worker connection counts (default 1,8,64)")
+    parser.add_argument(
+        "--e2e-connections", default=str(S1_CONNECTIONS), help="e2e: Worker connections of each shape (default 8)"
+    )
 
 
 async def submit_to_finish(
-    bdb, node, *, tasks: int, connections: int, capacity: int, submit_concurrency: int, profile: bool
+    bdb, node, *, tasks: int, shape: Shape, submit_concurrency: int, profile: bool
 ) -> dict[str, Any]:
-    app = await make_app(bdb.db, f"e2e-{connections}")
+    app = await make_app(bdb.db, f"e2e-{shape.connections}-{shape.capacity}-{shape.handler_ms}")
     stats_before = node.last_stats()
-    async with worker_fleet(node.url, connection_plan(app, connections), capacity=capacity) as fleet:
-        with measured_phase(node.pid, profile=profile) as phase:
+    plan = connection_plan(app, shape.connections)
+    async with worker_fleet(node.url, plan, capacity=shape.capacity, handler_s=shape.handler_ms / 1000) as fleet:
+        async with measured_phase(node.pid, profile=profile) as phase:
             start = time.perf_counter()
             submit_lat = await submit_closed_loop(
                 node.url, app.token, app.queue_id, tasks, concurrency=submit_concurrency
@@ -65,8 +70,9 @@ async def submit_to_finish(
     claims = stats_after.get("claims_with_tasks", 0) - stats_before.get("claims_with_tasks", 0)
     reserved = stats_after.get("tasks_reserved", 0) - stats_before.get("tasks_reserved", 0)
     return {
-        "connections": connections,
-        "capacity": capacity,
+        "connections": shape.connections,
+        "capacity": shape.capacity,
+        "handler_ms": shape.handler_ms,
         "tasks": done,
         "complete": complete,
         "seconds": seconds,
@@ -75,107 +81,156 @@ async def submit_to_finish(
         "submit_latency_s": summarize(submit_lat),
         "to_dispatch_s": summarize(t["to_dispatch"] for t in times),
         "to_start_s": summarize(t["to_start"] for t in times),
-        "pacing_bound_tasks_per_s": pacing_bound(connections, capacity),
+        "pacing_bound_tasks_per_s": pacing_bound(shape.connections, shape.capacity),
         "mean_claim_batch": ratio(reserved, claims),
+        "node_cpu_us_per_task": ratio(phase.cpu["node_cpu_s"] * 1e6, done),
         "cpu": phase.cpu,
         "profile": phase.profile,
         "dispatch_samples": [t["to_dispatch"] for t in times],
     }
 
 
+async def s1_drain(args: argparse.Namespace, bdb, here: str) -> tuple[float, str]:
+    """(tasks/s, where it comes from) of the S1 drain in REFERENCE's shape at this durability."""
+    s1 = (getattr(args, "context", None) or {}).get("s1")
+    figures = figures_at(s1, here) if s1 else None
+    for run in (figures or {}).get("orbit_runs", []):
+        if (run["capacity"], run["handler_ms"], run["connections"]) == (
+            REFERENCE.capacity,
+            REFERENCE.handler_ms,
+            REFERENCE.connections,
+        ):
+            return run["tasks_per_s"], "S1 of this invocation"
+    drained = await orbit_burndown(
+        bdb,
+        tasks=REFERENCE.tasks(args.tasks, args.shape_seconds),
+        connections=REFERENCE.connections,
+        capacity=REFERENCE.capacity,
+        submit_concurrency=args.submit_concurrency,
+        profile=False,
+        app_name="e2e-s1-drain",
+        seed_sql=True,
+    )
+    return drained["tasks_per_s"], f"measured here: {drained['tasks']:,} tasks written with SQL, then drained"
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    counts = [int(c) for c in args.e2e_connections.split(",")]
+    counts = [int(c) for c in args.e2e_connections.split(",") if c.strip()]
+    shapes = [s for n in counts for s in parse_shapes(args.capacities, args.handler_ms, connections=n)]
+    units: Units = args.units
+    here = durability.current().name
     runs = []
     async with bench_database() as bdb:
         floor = await measure_floor(bdb, args.floor_tasks)
+        drain_per_s, drain_source = await s1_drain(args, bdb, here)
         async with node_process(bdb.dsn) as node:
-            for connections in counts:
+            for shape in shapes:
                 runs.append(
                     await submit_to_finish(
                         bdb,
                         node,
-                        tasks=min(args.e2e_tasks, TASKS_PER_CONNECTION * connections),
-                        connections=connections,
-                        capacity=args.capacity,
+                        tasks=shape.tasks(args.e2e_tasks, args.shape_seconds),
+                        shape=shape,
                         submit_concurrency=args.submit_concurrency,
-                        profile=not args.no_profile and connections == max(counts),
+                        profile=not args.no_profile and shape == REFERENCE,
                     )
                 )
     rows = [
         [
             r["connections"],
+            r["capacity"],
+            "no-op" if not r["handler_ms"] else f"{r['handler_ms']} ms",
             r["tasks"],
             r["tasks_per_s"],
+            ratio(r["tasks_per_s"], drain_per_s),
             ratio(r["tasks_per_s"], floor["tasks_per_s"]),
             r["pacing_bound_tasks_per_s"],
             r["submit_tasks_per_s"],
             r["mean_claim_batch"],
+            r["node_cpu_us_per_task"],
+            units.r(r["node_cpu_us_per_task"]),
             ms(r["to_dispatch_s"]["p50"]),
             ms(r["to_dispatch_s"]["p99"]),
-            ms(r["to_start_s"]["p50"]),
             ms(r["to_start_s"]["p99"]),
             r["cpu"]["machine_utilisation"],
         ]
         for r in runs
     ]
-    rows.append(
-        ["SQL floor", floor["tasks"], floor["tasks_per_s"], 1.0, "-", "-", floor["batch"], "-", "-", "-", "-", "-"]
-    )
-    table = format_table(
+    table = grid(
+        ["connections", "capacity", "handler"],
         [
-            "connections",
             "tasks",
             "tasks/s",
+            "x S1 drain",
             "x floor",
             "pacing bound",
             "submit/s",
             "claim batch",
+            "node us/task",
+            "R/task",
             "dispatch p50 ms",
             "dispatch p99 ms",
-            "start p50 ms",
             "start p99 ms",
             "cpu busy",
         ],
         rows,
+        here,
     )
-    big = runs[-1]
-    judged = next((r for r in runs if r["connections"] == TARGET_CONNECTIONS), big)
-    target = Target.at_least(
-        f"E2E {judged['connections']} connections / SQL floor",
-        ratio(judged["tasks_per_s"], floor["tasks_per_s"]),
-        TARGET_VS_FLOOR,
-        note=f"issue's target at {TARGET_CONNECTIONS} connections; pacing bound "
-        f"{judged['pacing_bound_tasks_per_s']:,.0f} tasks/s",
-    )
+    reference = (REFERENCE.connections, REFERENCE.capacity, REFERENCE.handler_ms)
+    judged = next((r for r in runs if (r["connections"], r["capacity"], r["handler_ms"]) == reference), runs[-1])
+    targets = []
+    if here == "prod":
+        targets.append(
+            Target.at_least(
+                f"E2E {judged['connections']} x capacity {judged['capacity']} / S1 drain",
+                ratio(judged["tasks_per_s"], drain_per_s),
+                TARGET_VS_S1,
+                unit="x",
+                note=f"S1 drain {drain_per_s:,.0f} tasks/s ({drain_source}); "
+                f"node {cost(judged['node_cpu_us_per_task'], units)} per task",
+            )
+        )
+    notes = [
+        f"up to {args.e2e_tasks:,} tasks per row (at most its pacing bound x {args.shape_seconds:g} s), "
+        f"{args.submit_concurrency} HTTP submitters sending single submits; "
+        "tasks/s = tasks / (first submit -> last finish); waits on the database clock.",
+        f"S1 drain: {drain_per_s:,.0f} tasks/s, {REFERENCE.connections} connections x capacity "
+        f"{REFERENCE.capacity}, no-op handler ({drain_source}); SQL floor: {floor['tasks_per_s']:,.0f} tasks/s.",
+        "pacing bound: connections x 4 claims/s x min(capacity, 64): the most the P3 per-connection pace allows.",
+        "node us/task: the node process's CPU over the row (submits and execution) / tasks; R/task: the same in R.",
+        "cpu busy: share of both cores busy (node + harness + MariaDB + anything else on the machine).",
+    ]
+    notes += [
+        f"WARNING: {r['connections']} x {r['capacity']} ({r['handler_ms']} ms) did not finish: {r['tasks']:,} done"
+        for r in runs
+        if not r["complete"]
+    ]
     return {
         "scenario": "e2e",
         "server": bdb.server_version,
-        "figures": {"runs": runs, "floor": floor},
-        "tables": [table],
-        "targets": [target],
-        "notes": [
-            f"min({args.e2e_tasks:,}, {TASKS_PER_CONNECTION} x connections) tasks per row, Worker capacity {args.capacity}, {args.submit_concurrency} HTTP submitters; "
-            "tasks/s = tasks / (first submit -> last finish); waits on the database clock.",
-            "pacing bound: connections x 4 claims/s x min(capacity, 16): the most the P3 per-connection pace allows.",
-            "cpu busy: share of both cores busy (node + harness + MariaDB + anything else on the machine).",
-        ],
-        "profiles": {f"the node, {big['connections']} connections": big["profile"]} if big.get("profile") else {},
+        "figures": {"runs": runs, "floor": floor, "s1_drain_tasks_per_s": drain_per_s},
+        "grids": [table],
+        "targets": targets,
+        "notes": notes,
+        "profiles": {"the node, 8 x capacity 64, no-op": judged["profile"]} if judged.get("profile") else {},
     }
 
 
 def plot(report: dict[str, Any], outdir, plots) -> list:
     runs = report["figures"]["runs"]
+    label = [f"{r['connections']}x{r['capacity']} {r['handler_ms']}ms" for r in runs]
     return [
         plots.bar(
             outdir / "e2e-throughput.png",
-            [f"{r['connections']} conn" for r in runs] + ["SQL floor"],
-            [r["tasks_per_s"] for r in runs] + [report["figures"]["floor"]["tasks_per_s"]],
+            [*label, "S1 drain", "SQL floor"],
+            [r["tasks_per_s"] for r in runs]
+            + [report["figures"]["s1_drain_tasks_per_s"], report["figures"]["floor"]["tasks_per_s"]],
             title="E2E: submit -> finish tasks/s",
             ylabel="tasks/s",
         ),
         plots.cdf(
             outdir / "e2e-dispatch-latency.png",
-            {f"{r['connections']} conn": [max(v, 1e-4) for v in r["dispatch_samples"]] for r in runs},
+            {name: [max(v, 1e-4) for v in r["dispatch_samples"]] for name, r in zip(label, runs, strict=True)},
             title="E2E: available -> dispatch (database clock)",
             xlabel="seconds",
         ),

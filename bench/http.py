@@ -4,7 +4,10 @@ A real node process (``bench.nodeproc``, production services); closed-loop clien
 keep-alive connections send ``GET /healthz`` and single ``POST /v1/tasks`` (a new
 Idempotency-Key each, so every submit inserts a task), with 1 and with 16 clients at once.
 Per row: requests/s, latency p50/p99, and the node process's CPU time per request (user +
-system from /proc/<pid>/stat over the measured phase, background services included).
+system from /proc/<pid>/stat over the measured phase, background services included), in
+microseconds, in R and in H. H is this scenario's own ``GET /healthz`` row with 16
+clients (so the generic measurement of H is skipped: ``MEASURES_H``). At each durability
+setting by default (a column each).
 
 The clients are a minimal HTTP/1.1 writer/reader on trio sockets, not the SDK: on a small
 machine the harness shares the cores with the node, and httpx's own CPU would cap the
@@ -19,14 +22,27 @@ import secrets
 import time
 from typing import Any
 
+import attrs
 import trio
 
-from .common import bench_database, cpu_seconds, make_app, measured_phase, node_process, submit_request
-from .report import Target, format_table, ms, summarize
+from . import durability
+from .accounting import cpu_seconds, measured_phase
+from .clients import submit_request
+from .database import bench_database, make_app
+from .grids import grid
+from .processes import NodeProcess, node_process
+from .report import Target, ms, ratio, summarize
+from .units import H_CLIENTS, Units, cost
 
-# Issue 13's targets for a single HTTP submit.
-TARGET_SUBMIT_CPU_MS = 1.0
-TARGET_SUBMIT_RATE_16 = 600.0
+# Issue 27's targets, ratios of this run: /healthz's node CPU in R, a single submit's in H,
+# and single submits/s over /healthz/s, each with H_CLIENTS clients.
+TARGET_HEALTHZ_R = 8.0
+TARGET_SUBMIT_H = 1.5
+TARGET_SUBMIT_RATE_OF_HEALTHZ = 0.6
+# bench/__main__.py: one column per durability setting, both by default; H measured here.
+DURABILITY_COLUMNS = True
+DURABILITY_DEFAULT = "both"
+MEASURES_H = True
 # Requests run before each measured phase (connections opened, code paths warm).
 WARMUP_REQUESTS = 50
 
@@ -116,49 +132,78 @@ async def closed_loop(
     return latencies
 
 
+async def measure_requests(
+    node: NodeProcess, token: str, queue_id: str, request: str, clients: int, *, seconds: float, profile: bool = False
+) -> dict[str, Any]:
+    """``clients`` keep-alive connections send ``request`` (a key of REQUESTS) back to back
+    for ``seconds`` after a warm-up: requests/s, latency and the node's CPU per request.
+    With ``profile``, a second phase under py-spy says where the node's CPU goes (the
+    sampler's own CPU would skew the measured one)."""
+    send, expected = REQUESTS[request]
+    host, _, port = node.url.removeprefix("http://").rpartition(":")
+    connections = [RawClient(host, int(port), token) for _ in range(clients)]
+    summary = None
+    try:
+        await closed_loop(connections, send, expected, queue_id, seconds=30, count=WARMUP_REQUESTS)
+        node_cpu = cpu_seconds(node.pid)
+        async with measured_phase(node.pid, profile=False) as phase:
+            started = time.perf_counter()
+            latencies = await closed_loop(connections, send, expected, queue_id, seconds=seconds)
+            wall = time.perf_counter() - started
+        node_cpu = cpu_seconds(node.pid) - node_cpu
+        if profile:
+            async with measured_phase(node.pid, profile=True) as profiled:
+                await closed_loop(connections, send, expected, queue_id, seconds=seconds)
+            summary = profiled.profile
+    finally:
+        for connection in connections:
+            await connection.aclose()
+    return {
+        "request": request,
+        "clients": clients,
+        "requests": len(latencies),
+        "requests_per_s": len(latencies) / wall,
+        "latency_s": summarize(latencies),
+        "node_cpu_us_per_request": node_cpu * 1e6 / max(1, len(latencies)),
+        "machine_utilisation": phase.cpu.get("machine_utilisation"),
+        "profile": summary,
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    counts = [int(c) for c in args.http_clients.split(",")]
+    # /healthz with H_CLIENTS clients is H, the unit submits are judged in.
+    counts = sorted({int(c) for c in args.http_clients.split(",")} | {H_CLIENTS})
     rows: list[dict[str, Any]] = []
     profiles: dict[str, Any] = {}
     async with bench_database() as bdb:
         app = await make_app(bdb.db, "http")
         async with node_process(bdb.dsn) as node:
-            host, _, port = node.url.removeprefix("http://").rpartition(":")
-            for name, (send, expected) in REQUESTS.items():
+            for name in REQUESTS:
                 for n in counts:
-                    clients = [RawClient(host, int(port), app.token) for _ in range(n)]
-                    try:
-                        await closed_loop(clients, send, expected, app.queue_id, seconds=30, count=WARMUP_REQUESTS)
-                        node_cpu = cpu_seconds(node.pid)
-                        with measured_phase(node.pid, profile=False) as phase:
-                            started = time.perf_counter()
-                            latencies = await closed_loop(
-                                clients, send, expected, app.queue_id, seconds=args.http_seconds
-                            )
-                            wall = time.perf_counter() - started
-                        node_cpu = cpu_seconds(node.pid) - node_cpu
-                        if not args.no_profile and n == max(counts):
-                            # A separate phase under py-spy (the sampler's own CPU would skew
-                            # the measured one): where the node's CPU goes.
-                            with measured_phase(node.pid, profile=True) as profiled:
-                                await closed_loop(clients, send, expected, app.queue_id, seconds=args.http_seconds)
-                            profiles[f"node, {name}, {n} clients"] = profiled.profile
-                    finally:
-                        for client in clients:
-                            await client.aclose()
-                    rows.append(
-                        {
-                            "request": name,
-                            "clients": n,
-                            "requests": len(latencies),
-                            "requests_per_s": len(latencies) / wall,
-                            "latency_s": summarize(latencies),
-                            "node_cpu_ms_per_request": node_cpu * 1000 / max(1, len(latencies)),
-                            "machine_utilisation": phase.cpu.get("machine_utilisation"),
-                        }
+                    row = await measure_requests(
+                        node,
+                        app.token,
+                        app.queue_id,
+                        name,
+                        n,
+                        seconds=args.http_seconds,
+                        profile=not args.no_profile and n == max(counts),
                     )
-    table = format_table(
-        ["request", "clients", "req/s", "p50 ms", "p99 ms", "node cpu ms/req", "cpu busy"],
+                    summary = row.pop("profile")
+                    if summary:
+                        profiles[f"node, {name}, {n} clients"] = summary
+                    rows.append(row)
+    healthz = next(r for r in rows if r["request"] == "GET /healthz" and r["clients"] == H_CLIENTS)
+    units = attrs.evolve(
+        args.units,
+        h_us=healthz["node_cpu_us_per_request"],
+        healthz_per_s=healthz["requests_per_s"],
+        h_requests=healthz["requests"],
+        h_clients=H_CLIENTS,
+    )
+    table = grid(
+        ["request", "clients"],
+        ["req/s", "p50 ms", "p99 ms", "node us/req", "R/req", "H/req", "cpu busy"],
         [
             [
                 r["request"],
@@ -166,41 +211,57 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 r["requests_per_s"],
                 ms(r["latency_s"]["p50"]),
                 ms(r["latency_s"]["p99"]),
-                r["node_cpu_ms_per_request"],
+                r["node_cpu_us_per_request"],
+                units.r(r["node_cpu_us_per_request"]),
+                units.h(r["node_cpu_us_per_request"]),
                 r["machine_utilisation"],
             ]
             for r in rows
         ],
-        align="lrrrrrr",
+        durability.current().name,
     )
-    submits = {r["clients"]: r for r in rows if r["request"] == "POST /v1/tasks"}
-    busiest = submits[max(submits)]
-    targets = [
-        Target.at_most(
-            f"node CPU per submit, {busiest['clients']} clients",
-            busiest["node_cpu_ms_per_request"],
-            TARGET_SUBMIT_CPU_MS,
-            unit=" ms",
-        )
-    ]
-    if 16 in submits:
-        targets.append(
-            Target.at_least(
-                "single submits, 16 clients", submits[16]["requests_per_s"], TARGET_SUBMIT_RATE_16, unit="/s"
-            )
-        )
+    submit = next(r for r in rows if r["request"] == "POST /v1/tasks" and r["clients"] == H_CLIENTS)
     return {
         "scenario": "http",
         "server": bdb.server_version,
         "rows": rows,
-        "tables": [table],
-        "targets": targets,
+        "units": units.to_json(),
+        "grids": [table],
+        "targets": http_targets(healthz, submit, units),
         "profiles": profiles,
         "notes": [
-            "node cpu = user + system CPU of the node process over the phase, divided by the requests "
-            "(includes its background services: claim pool, recovery, heartbeat).",
+            "node us/req = user + system CPU of the node process over the phase, divided by the requests "
+            "(includes its background services: claim pool, recovery, heartbeat); R and H: the same in units "
+            f"(H = this run's GET /healthz row with {H_CLIENTS} clients).",
         ],
     }
+
+
+def http_targets(healthz: dict[str, Any], submit: dict[str, Any], units: Units) -> list[Target]:
+    """Issue 27's targets of the HTTP stack, each a ratio measured in this run."""
+    return [
+        Target.at_most(
+            f"GET /healthz node CPU, {H_CLIENTS} clients",
+            units.r(healthz["node_cpu_us_per_request"]),
+            TARGET_HEALTHZ_R,
+            unit=" R",
+            note=cost(healthz["node_cpu_us_per_request"], units),
+        ),
+        Target.at_most(
+            f"single submit node CPU, {H_CLIENTS} clients",
+            units.h(submit["node_cpu_us_per_request"]),
+            TARGET_SUBMIT_H,
+            unit=" H",
+            note=cost(submit["node_cpu_us_per_request"], units, in_h=True),
+        ),
+        Target.at_least(
+            f"single submits/s / GET /healthz/s, {H_CLIENTS} clients",
+            ratio(submit["requests_per_s"], healthz["requests_per_s"]),
+            TARGET_SUBMIT_RATE_OF_HEALTHZ,
+            unit="x",
+            note=f"{submit['requests_per_s']:,.0f} submits/s, {healthz['requests_per_s']:,.0f} /healthz/s",
+        ),
+    ]
 
 
 def plot(report: dict[str, Any], outdir: Any, plots: Any) -> list[Any]:

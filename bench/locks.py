@@ -29,13 +29,14 @@ from typing import Any
 import trio
 
 from orbit_node.claims import Capability, ClaimRequest
-from orbit_node.config import Dsn
 from orbit_node.db import Database
+from orbit_node.dsn import Dsn
 from orbit_node.store.dispatch import DispatchStore
 from orbit_node.store.ownership import FinishItem, Outcome
 from orbit_node.store.tenancy import TenancyStore
 
-from .common import HANDLER, REPO, App, bench_database, count_tasks, make_app, seed_tasks, server_status
+from . import HANDLER, REPO
+from .database import App, bench_database, count_tasks, make_app, seed_tasks, server_status
 from .report import format_table, ms, ratio, summarize
 
 CLAIM_BATCH = 16
@@ -188,13 +189,13 @@ async def _phase(bdb, name: str, args: argparse.Namespace, *, quota_and_keys: bo
         "start_at": time.time() + NODE_START_S,
         "seconds": args.locks_seconds,
     }
-    procs: list[subprocess.Popen] = []
+    procs: list[trio.Process] = []
     try:
         before = await server_status(bdb.db, LOCK_COUNTERS)
         for node in range(args.locks_nodes):
             (workdir / f"spec-{node}.json").write_text(json.dumps({**spec, "node": node}))
             procs.append(
-                subprocess.Popen(
+                await trio.lowlevel.open_process(
                     [
                         sys.executable,
                         "-m",
@@ -207,8 +208,8 @@ async def _phase(bdb, name: str, args: argparse.Namespace, *, quota_and_keys: bo
                 )
             )
         with trio.fail_after(NODE_START_S + args.locks_seconds + NODE_STOP_S):
-            while any(proc.poll() is None for proc in procs):
-                await trio.sleep(0.1)
+            for proc in procs:
+                await proc.wait()
         after = await server_status(bdb.db, LOCK_COUNTERS)
         failed = [node for node, proc in enumerate(procs) if proc.returncode != 0]
         if failed:
@@ -219,7 +220,7 @@ async def _phase(bdb, name: str, args: argparse.Namespace, *, quota_and_keys: bo
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
-                    proc.wait()
+                await proc.wait()
             shutil.rmtree(workdir, ignore_errors=True)
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in LOCK_COUNTERS}
     seconds = max(n["end"] for n in nodes) - min(n["begin"] for n in nodes)

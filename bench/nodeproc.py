@@ -23,7 +23,8 @@ from pathlib import Path
 import attrs
 import trio
 
-from orbit_node.config import Dsn, NodeConfig, SchedulerLimits, parse_shards
+from orbit_node.config import NodeConfig, SchedulerLimits
+from orbit_node.dsn import Dsn, parse_shards
 from orbit_node.node import Node
 from orbit_node.services import default_services
 

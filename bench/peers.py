@@ -3,10 +3,11 @@
 * ``procrastinate``: Procrastinate on the local PostgreSQL (127.0.0.1:5432, user
   ``postgres``; ``ORBIT_BENCH_PG_DSN`` overrides), one asyncio worker process with
   ``concurrency`` = the total Worker concurrency, a pool of 12 connections (the node's
-  pool size), ``synchronous_commit=off`` (the same durability class as the development
-  MariaDB's ``innodb_flush_log_at_trx_commit=2``).
+  pool size), ``synchronous_commit`` of ``--synchronous-commit``: ``on`` at production
+  durability (MariaDB's ``innodb_flush_log_at_trx_commit=1``), ``off`` at the development
+  setting (``=2``, the same durability class).
 * ``pgqueuer``: PgQueuer on the same PostgreSQL (asyncpg pool of 12 connections,
-  ``synchronous_commit=off``), its in-process ``QueueManager`` in drain mode with
+  the same ``synchronous_commit``), its in-process ``QueueManager`` in drain mode with
   ``max_concurrent_tasks`` = the concurrency and the largest batch that allows
   (half of it: PgQueuer requires ``max_concurrent_tasks >= 2 x batch_size``).
 * ``huey``: Huey's SQL storage (``huey.contrib.sql_huey.SqlHuey``, peewee + PyMySQL) on
@@ -14,7 +15,8 @@
 
 Each creates its own database, pre-submits ``--tasks`` no-op tasks, drains them with
 the workers, drops the database, and prints one JSON object (tasks/s, progress samples,
-its own CPU seconds) on stdout.
+its own CPU seconds; for PostgreSQL, ``synchronous_commit`` and ``fsync`` as its session
+saw them) on stdout.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ SAMPLE_S = 0.25
 DEFER_BATCH = 1000
 # Database connections of the Procrastinate pool: the Orbit node's default pool size.
 PG_POOL = 12
+# What a PostgreSQL peer's session runs with: its durability, as the server says.
+PG_SETTINGS_SQL = "SELECT current_setting('synchronous_commit'), current_setting('fsync')"
 
 
 def _cpu() -> float:
@@ -63,6 +67,10 @@ def _pg_database(prefix: str) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def _pg_setup(settings: dict[str, str]) -> str:
+    return f"synchronous_commit={settings['synchronous_commit']} (fsync={settings['fsync']})"
+
+
 async def _bounded(drain: Awaitable[Any], timeout_s: float) -> bool:
     """Await an asyncio peer's drain for at most ``timeout_s``; whether it timed out."""
     import asyncio
@@ -74,14 +82,14 @@ async def _bounded(drain: Awaitable[Any], timeout_s: float) -> bool:
     return False
 
 
-def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[str, Any]:
+def run_procrastinate(tasks: int, concurrency: int, timeout_s: float, synchronous_commit: str) -> dict[str, Any]:
     import asyncio
 
     import procrastinate
     import psycopg
 
     async def main(name: str) -> dict[str, Any]:
-        conninfo = f"{_pg_base()} dbname={name} options='-c synchronous_commit=off'"
+        conninfo = f"{_pg_base()} dbname={name} options='-c synchronous_commit={synchronous_commit}'"
         app = procrastinate.App(
             connector=procrastinate.PsycopgConnector(conninfo=conninfo, min_size=PG_POOL, max_size=PG_POOL)
         )
@@ -129,7 +137,10 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[st
             async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                 cur = await conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
                 done = (await cur.fetchone())[0]
+                cur = await conn.execute(PG_SETTINGS_SQL)
+                settings = dict(zip(("synchronous_commit", "fsync"), await cur.fetchone(), strict=True))
         return {
+            "pg_settings": settings,
             "tasks": done,
             "seconds": seconds,
             "enqueue_s": enqueue_s,
@@ -138,7 +149,7 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float) -> dict[st
             "progress": progress + [(seconds, done)],
             "version": _dist_version("procrastinate"),
             "setup": f"PostgreSQL, 1 asyncio worker process, concurrency {concurrency}, pool {PG_POOL}, "
-            "synchronous_commit=off",
+            + _pg_setup(settings),
         }
 
     with _pg_database("orbit_bench_pg_") as name:
@@ -155,7 +166,7 @@ def _pg_keywords(conninfo: str) -> dict[str, Any]:
     return out
 
 
-def run_pgqueuer(tasks: int, concurrency: int, timeout_s: float) -> dict[str, Any]:
+def run_pgqueuer(tasks: int, concurrency: int, timeout_s: float, synchronous_commit: str) -> dict[str, Any]:
     import asyncio
 
     import asyncpg
@@ -171,9 +182,11 @@ def run_pgqueuer(tasks: int, concurrency: int, timeout_s: float) -> dict[str, An
             database=name,
             min_size=PG_POOL,
             max_size=PG_POOL,
-            server_settings={"synchronous_commit": "off"},
+            server_settings={"synchronous_commit": synchronous_commit},
         )
         try:
+            row = await pool.fetchrow(PG_SETTINGS_SQL)
+            settings = {"synchronous_commit": row[0], "fsync": row[1]}
             queries = Queries(AsyncpgPoolDriver(pool))
             await queries.install()
             begin = time.perf_counter()
@@ -214,6 +227,7 @@ def run_pgqueuer(tasks: int, concurrency: int, timeout_s: float) -> dict[str, An
         finally:
             await pool.close()
         return {
+            "pg_settings": settings,
             "tasks": finished,
             "seconds": seconds,
             "enqueue_s": enqueue_s,
@@ -222,7 +236,7 @@ def run_pgqueuer(tasks: int, concurrency: int, timeout_s: float) -> dict[str, An
             "progress": progress + [(seconds, finished)],
             "version": _dist_version("pgqueuer"),
             "setup": f"PostgreSQL, 1 QueueManager (drain mode), max_concurrent_tasks {concurrency}, batch {batch}, "
-            f"asyncpg pool {PG_POOL}, synchronous_commit=off",
+            f"asyncpg pool {PG_POOL}, " + _pg_setup(settings),
         }
 
     with _pg_database("orbit_bench_pgq_") as name:
@@ -314,12 +328,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--timeout-s", type=float, default=600)
     parser.add_argument("--mysql-url", default="")
+    parser.add_argument(
+        "--synchronous-commit", choices=("on", "off"), default="on", help="PostgreSQL peers' durability (default on)"
+    )
     args = parser.parse_args(argv)
     try:
         if args.peer == "procrastinate":
-            result = run_procrastinate(args.tasks, args.concurrency, args.timeout_s)
+            result = run_procrastinate(args.tasks, args.concurrency, args.timeout_s, args.synchronous_commit)
         elif args.peer == "pgqueuer":
-            result = run_pgqueuer(args.tasks, args.concurrency, args.timeout_s)
+            result = run_pgqueuer(args.tasks, args.concurrency, args.timeout_s, args.synchronous_commit)
         else:
             result = run_huey(args.tasks, args.concurrency, args.timeout_s, args.mysql_url)
     except Exception as exc:

@@ -29,20 +29,12 @@ import trio
 
 from orbit_node.sdk import OrbitClient, Worker
 
+from .accounting import cpu_seconds
 from .cancel import HANDLER as BLOCKING_HANDLER
 from .cancel import Blocking, cancel_path
-from .common import (
-    BenchDb,
-    connection_plan,
-    count_tasks,
-    cpu_seconds,
-    make_app,
-    node_process,
-    submit_open_loop,
-    task_times,
-    wait_until,
-    worker_fleet,
-)
+from .clients import connection_plan, submit_open_loop, wait_until, worker_fleet
+from .database import BenchDb, count_tasks, make_app, task_times
+from .processes import node_process
 from .report import percentile, summarize
 
 # The issue's measurement: two connections of capacity 8, ~3 arrivals/s.
@@ -90,21 +82,36 @@ def latency(values_s: list[float]) -> dict[str, float]:
     }
 
 
-async def arrivals(bdb: BenchDb, submit_url: str, workers_url: str, *, label: str, args, seed: int) -> dict[str, Any]:
+async def arrivals(
+    bdb: BenchDb,
+    submit_url: str,
+    workers_url: str,
+    *,
+    label: str,
+    rate: float,
+    seconds: float,
+    seed: int,
+    connections: int = CONNECTIONS,
+    capacity: int = CAPACITY,
+) -> dict[str, Any]:
+    """Poisson arrivals at ``rate``/s for ``seconds`` through ``submit_url``, one in
+    ``FUTURE_EVERY`` future-dated; ``connections`` SDK Workers of ``capacity`` (no-op) on
+    ``workers_url``. Accepted -> started of the tasks due at submit, due -> started of the
+    others (database clock)."""
     app = await make_app(bdb.db, label)
     rng = random.Random(seed)
 
     def delay(i: int) -> float | None:
         return rng.uniform(*FUTURE_DELAY_S) if i % FUTURE_EVERY == FUTURE_EVERY - 1 else None
 
-    async with worker_fleet(workers_url, connection_plan(app, CONNECTIONS), capacity=CAPACITY):
+    async with worker_fleet(workers_url, connection_plan(app, connections), capacity=capacity):
         await trio.sleep(1.5)  # connections settled: their first (empty) claims are behind them
         sent = await submit_open_loop(
             submit_url,
             app.token,
             app.queue_id,
-            rate=args.s2_pickup_rate,
-            duration_s=args.s2_pickup_seconds,
+            rate=rate,
+            duration_s=seconds,
             delay_s=delay,
             seed=seed,
         )
@@ -115,6 +122,7 @@ async def arrivals(bdb: BenchDb, submit_url: str, workers_url: str, *, label: st
     future = [t["to_start"] for t in times if t["dated_ahead"] >= 0.5 and t["to_start"] is not None]
     return {
         "submitted": sent["submitted"],
+        "dropped": sent["dropped"],
         "errors": sent["errors"],
         "accepted_to_started": latency(now),
         "due_to_started": latency(future),
@@ -173,5 +181,13 @@ async def measure(bdb: BenchDb, args: argparse.Namespace) -> dict[str, Any]:
                 else:
                     workers_url = a.url if part == "same" else b.url
                     seed = 1 + [p for p, _ in PLACEMENTS].index(part)
-                    out[code][part] = await arrivals(bdb, a.url, workers_url, label=label, args=args, seed=seed)
+                    out[code][part] = await arrivals(
+                        bdb,
+                        a.url,
+                        workers_url,
+                        label=label,
+                        rate=args.s2_pickup_rate,
+                        seconds=args.s2_pickup_seconds,
+                        seed=seed,
+                    )
     return out

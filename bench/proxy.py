@@ -26,9 +26,9 @@ from pathlib import Path
 import attrs
 import trio
 
-from orbit_node.config import Dsn
+from orbit_node.dsn import Dsn
 
-from .common import ready_process
+from .processes import ready_process
 
 # Bounds on the proxy process's start and stop.
 PROXY_START_TIMEOUT_S = 10

@@ -1,6 +1,6 @@
 """Pure helpers of the benchmark harness: statistics, targets, tables, result files, profiles.
 
-Nothing here imports a benchmark-only package (matplotlib, hdrhistogram, peers): the
+Nothing here imports a benchmark-only package (matplotlib, peers): the
 smoke test (``tests/test_bench_smoke.py``) runs these helpers under ``make test``.
 """
 
@@ -178,8 +178,8 @@ def statements_table(rows: Sequence[tuple[str, str, Mapping[str, float]]]) -> st
 
 STATEMENTS_NOTE = (
     "statements: MariaDB's server-wide SHOW GLOBAL STATUS counters (Questions, Com_*) read before and after "
-    "the phase; other databases on the same server add to them, so they are exact only when the benchmark "
-    "runs alone. commits = COMMIT statements (autocommit statements commit without one)."
+    "the phase, on the scenario's own private server (with --durability server, other databases on that "
+    "server add to them). commits = COMMIT statements (autocommit statements commit without one)."
 )
 
 

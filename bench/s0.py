@@ -17,13 +17,18 @@ from typing import Any
 from orbit_node.db import Database
 from orbit_node.store.dispatch import DispatchStore
 
-from . import claim
-from .common import App, BenchDb, bench_database, count_statements, make_app
-from .report import STATEMENTS_NOTE, Target, format_table, ratio, statement_costs, statements_table
+from . import claim, durability
+from .database import App, BenchDb, bench_database, count_statements, make_app
+from .grids import grid
+from .report import STATEMENTS_NOTE, Target, ratio, statement_costs, statements_table
 
 # The node's claim batch and claim SQL slots: the floor runs Orbit's SQL the way a node would.
 FLOOR_BATCH = 16
 FLOOR_LOOPS = 4
+# bench/__main__.py: one column per durability setting, both by default (the commit rate is
+# what the durability setting changes first).
+DURABILITY_COLUMNS = True
+DURABILITY_DEFAULT = "both"
 # Issue 13 target: floor tasks/s over the raw commit rate of as many connections as floor loops.
 TARGET_TASKS_PER_RAW_COMMIT = 0.6
 
@@ -117,13 +122,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             floor["transactions_per_s"] / commits[connections[0]],
         ]
     )
-    table = format_table(["figure", "value", "unit", f"x raw commits @{connections[0]}"], rows, align="lrlr")
+    table = grid(
+        ["figure", "unit"],
+        ["value", f"x raw commits @{connections[0]}"],
+        [[figure, unit, value, times] for figure, value, unit, times in rows],
+        durability.current().name,
+    )
     per_task = floor["per_task"]
     return {
         "scenario": "s0",
         "server": bdb.server_version,
         "figures": {"raw_commits_per_s": commits, "floor": floor},
-        "tables": [table, statements_table(floor_statement_rows(floor))],
+        "grids": [table],
+        "tables": [statements_table(floor_statement_rows(floor))],
         "targets": [floor_target(floor, commits[FLOOR_LOOPS])],
         "notes": [
             f"{FLOOR_LOOPS} floor loops of batch {FLOOR_BATCH}: {ratio(floor['tasks_per_s'], commits[FLOOR_LOOPS]):.2f} "

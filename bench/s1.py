@@ -1,11 +1,15 @@
-"""S1 burn-down: N pre-submitted no-op tasks, Orbit against its peers at their best concurrency.
+"""S1 burn-down: N pre-submitted tasks drained by Orbit in several Worker shapes, against its peers.
 
-Orbit: a real node process (HTTP submit, SDK Workers over WebSocket, ``concurrency /
-capacity`` connections of ``capacity`` each). Peers, each in its own process and at
-each of ``--peer-concurrency`` (8, 32, 128): Procrastinate and PgQueuer on the local
-PostgreSQL, Huey's SQL storage on the same MariaDB (``bench/peers.py``). The SQL floor
-(S0) is measured in the same run. Headline: Orbit / each peer at the peer's best
-concurrency, and Orbit / floor; MariaDB's statement counters per task, claim and submit.
+Orbit: a real node process (HTTP bulk submit, SDK Workers over WebSocket), 8 Worker
+connections of each capacity of ``--capacities`` (1, 16, 64), each with a no-op handler
+and with a 10 ms one (``--handler-ms``): node CPU per executed task in microseconds and
+in R. Peers, each in its own process and at each of ``--peer-concurrency`` (8, 32, 128):
+Procrastinate and PgQueuer on the local PostgreSQL, Huey's SQL storage on the same
+MariaDB (``bench/peers.py``), at the run's durability setting. The SQL floor (S0) is
+measured in the same run. Headline: Orbit's best no-op shape / each peer at the peer's
+best concurrency, and Orbit / floor; MariaDB's statement counters per task, claim and
+submit. At production durability by default (``--durability both`` adds a development
+column and doubles a run of about ten minutes).
 """
 
 from __future__ import annotations
@@ -15,33 +19,33 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import trio
 
+from . import REPO, durability
+from .accounting import measured_phase
 from .bulk import submit_bulk
-from .common import (
-    REPO,
-    admin_sql,
-    bench_database,
-    connection_plan,
-    count_statements,
-    count_tasks,
-    make_app,
-    measured_phase,
-    node_process,
-    seed_tasks,
-    wait_until,
-    worker_fleet,
-)
-from .report import STATEMENTS_NOTE, Target, format_table, ratio, statement_costs, statements_table, summarize
+from .clients import connection_plan, wait_until, worker_fleet
+from .database import admin_sql, bench_database, count_statements, count_tasks, make_app, seed_tasks
+from .grids import grid
+from .processes import node_process
+from .report import STATEMENTS_NOTE, Target, ratio, statement_costs, statements_table, summarize
 from .s0 import floor_statement_rows, measure_floor
+from .units import Units, cost
 
+# bench/__main__.py: a column per durability when asked; production durability alone by default.
+DURABILITY_COLUMNS = True
+DURABILITY_DEFAULT = "prod"
 # Issue 13 targets: Orbit's tasks/s over each peer's at the peer's best concurrency
-# (PgQueuer: Orbit at least as fast), over the SQL floor, and the node's CPU per task.
+# (PgQueuer: Orbit at least as fast; issue 27: judged at production durability) and over
+# the SQL floor.
 TARGET_VS_PEER = {"procrastinate": 3.0, "huey": 3.0, "pgqueuer": 1.0}
 TARGET_VS_FLOOR = 0.60
-TARGET_NODE_CPU_US_PER_TASK = 200.0
+# Issue 27: node CPU per executed task, in R, by Worker capacity (no-op handler).
+TARGET_NODE_CPU_R = {64: 2.0, 16: 3.0}
 # The P3 pacing: at most this many claims per connection per 1 s scan cycle.
 PACE_CLAIMS_PER_S = 4
 # Largest claim batch of a node (config.claim_batch_size).
@@ -60,21 +64,32 @@ LIFTED_PACE = 1000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", type=int, default=20_000, help="S1: tasks burned down per system (default 20000)")
+    parser.add_argument("--tasks", type=int, default=20_000, help="S1: tasks burned down per run (default 20000)")
     parser.add_argument(
         "--concurrency", type=int, default=128, help="S2: total Worker concurrency of Orbit (default 128)"
     )
     parser.add_argument(
-        "--orbit-concurrency",
-        default="128,512",
-        help="S1: Orbit runs at each of these total Worker concurrencies, 8 connections each; its best counts "
-        "(default 128,512: P3's pace of 4 claims per connection per second bounds a no-op drain to 4 x concurrency)",
+        "--capacities",
+        default="1,16,64",
+        help="S1/e2e: Worker shapes: 8 connections of each of these capacities (default 1,16,64)",
+    )
+    parser.add_argument(
+        "--handler-ms",
+        default="0,10",
+        help="S1/e2e: each shape runs with a handler that waits this many ms (0: no-op; default 0,10)",
+    )
+    parser.add_argument(
+        "--shape-seconds",
+        type=float,
+        default=30.0,
+        help="S1/e2e: a shape runs at most its pacing bound x this many seconds of tasks (default 30: "
+        "capacity 1 is paced to 32 tasks/s)",
     )
     parser.add_argument(
         "--capacity",
         type=int,
         default=16,
-        help="S1/S2/e2e: capacity of one Orbit Worker connection (default 16 = the claim batch)",
+        help="S2/S3/S4/S5: capacity of one Orbit Worker connection (default 16 = the claim batch)",
     )
     parser.add_argument(
         "--peers", default="procrastinate,pgqueuer,huey", help="S1: peers to run (comma-separated, or none)"
@@ -98,6 +113,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@attrs.frozen(order=True)
+class Shape:
+    """How users run Workers: ``connections`` SDK Worker connections of ``capacity``, each
+    task's handler waiting ``handler_ms`` (0: the no-op handler)."""
+
+    capacity: int
+    handler_ms: int
+    connections: int = S1_CONNECTIONS
+
+    @property
+    def handler(self) -> str:
+        return "no-op" if self.handler_ms == 0 else f"{self.handler_ms} ms"
+
+    def tasks(self, wanted: int, seconds: float) -> int:
+        """``wanted`` tasks, at most what the pace lets this shape take in ``seconds`` (and
+        at least one full claim per connection)."""
+        bound = pacing_bound(self.connections, self.capacity)
+        return max(self.connections * self.capacity, min(wanted, int(bound * seconds)))
+
+
+def parse_shapes(capacities: str, handler_ms: str, *, connections: int) -> list[Shape]:
+    """The shapes of ``--capacities`` x ``--handler-ms`` (each a comma-separated list of
+    positive/non-negative integers), capacity first, no-op before the waiting handler."""
+    try:
+        caps = [int(c) for c in capacities.split(",") if c.strip()]
+        waits = [int(m) for m in handler_ms.split(",") if m.strip()]
+    except ValueError:
+        raise ValueError(f"--capacities {capacities!r} / --handler-ms {handler_ms!r}: integers expected") from None
+    if not caps or any(c < 1 for c in caps):
+        raise ValueError(f"--capacities {capacities!r}: positive integers expected")
+    if not waits or any(m < 0 for m in waits):
+        raise ValueError(f"--handler-ms {handler_ms!r}: integers >= 0 expected")
+    return sorted({Shape(c, m, connections) for c in caps for m in waits})
+
+
 def pacing_bound(connections: int, capacity: int) -> float:
     """Most tasks/s the P3 pacing lets ``connections`` no-op Workers take."""
     return connections * PACE_CLAIMS_PER_S * min(capacity, CLAIM_BATCH)
@@ -114,6 +164,7 @@ async def orbit_burndown(
     app_name: str = "s1",
     pace: int | None = None,
     seed_sql: bool = False,
+    handler_ms: int = 0,
 ) -> dict[str, Any]:
     """Pre-submit ``tasks`` over HTTP (or, with ``seed_sql``, write them with SQL), then drain
     them with SDK Workers; tasks/s of the drain.
@@ -136,9 +187,11 @@ async def orbit_burndown(
         progress: list[tuple[float, int]] = []
         stats_before = node.last_stats()
         async with count_statements(bdb.db) as drain_statements:
-            with measured_phase(node.pid, profile=profile) as phase:
+            async with measured_phase(node.pid, profile=profile) as phase:
                 start = time.perf_counter()
-                async with worker_fleet(node.url, connection_plan(app, connections), capacity=capacity) as fleet:
+                async with worker_fleet(
+                    node.url, connection_plan(app, connections), capacity=capacity, handler_s=handler_ms / 1000
+                ) as fleet:
 
                     async def sample():
                         while True:
@@ -165,6 +218,7 @@ async def orbit_burndown(
         "complete": finished,
         "connections": connections,
         "capacity": capacity,
+        "handler_ms": handler_ms,
         "pacing_bound_tasks_per_s": pacing_bound(connections, capacity),
         "submit": {
             "tasks_per_s": tasks / submit_s,
@@ -184,12 +238,16 @@ async def orbit_burndown(
         "node_stats": stats,
         "profile": phase.profile,
         "mean_claim_batch": ratio(stats.get("tasks_reserved", 0), stats.get("claims_with_tasks", 0)),
-        "setup": f"node process + {connections} SDK Worker connections x capacity {capacity} (one harness process)",
+        "setup": f"node process + {connections} SDK Worker connections x capacity {capacity}, "
+        f"{'no-op handler' if not handler_ms else f'handler waiting {handler_ms} ms'} (one harness process)",
     }
 
 
-async def run_peer(name: str, tasks: int, concurrency: int, server, timeout_s: float) -> dict[str, Any]:
-    """Run one peer in its own process, bounded by ``timeout_s`` of draining (plus set-up)."""
+async def run_peer(
+    name: str, tasks: int, concurrency: int, server, timeout_s: float, synchronous_commit: str
+) -> dict[str, Any]:
+    """Run one peer in its own process, bounded by ``timeout_s`` of draining (plus set-up);
+    the PostgreSQL peers with ``synchronous_commit`` (the run's durability setting)."""
     cmd = [
         sys.executable,
         "-m",
@@ -203,6 +261,8 @@ async def run_peer(name: str, tasks: int, concurrency: int, server, timeout_s: f
         str(timeout_s),
         "--mysql-url",
         server.with_database("mysql").url(),
+        "--synchronous-commit",
+        synchronous_commit,
     ]
     done = None
     with trio.move_on_after(timeout_s + PEER_SETUP_S):
@@ -232,64 +292,79 @@ def best_run(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return max(measured, key=lambda r: r["tasks_per_s"])
 
 
-def orbit_targets(orbit: dict[str, Any], floor: dict[str, Any], peers: dict[str, dict[str, Any]]) -> list[Target]:
-    """``peers``: each peer's best run (with its ``concurrency``)."""
+def orbit_targets(
+    orbit: dict[str, Any],
+    floor: dict[str, Any],
+    peers: dict[str, dict[str, Any]],
+    shapes: Sequence[dict[str, Any]],
+    units: Units,
+    *,
+    against_peers: bool = True,
+) -> list[Target]:
+    """``orbit``: the best no-op run; ``peers``: each peer's best run (with its
+    ``concurrency``); ``shapes``: every Orbit run. ``against_peers``: judge the peer
+    ratios (issue 27: at production durability)."""
     targets = []
-    for name, peer in peers.items():
-        value = ratio(orbit["tasks_per_s"], peer.get("tasks_per_s", math.nan))
-        bound = TARGET_VS_PEER.get(name, TARGET_VS_PEER["procrastinate"])
-        note = peer.get("error", "")[:80] or f"{name} at its best concurrency, {peer.get('concurrency')}"
-        label = f"S1 Orbit >= {name}" if bound == 1.0 else f"S1 Orbit / {name} at its best"
-        targets.append(Target.at_least(label, value, bound, unit="x", note=note))
+    if against_peers:
+        for name, peer in peers.items():
+            value = ratio(orbit["tasks_per_s"], peer.get("tasks_per_s", math.nan))
+            bound = TARGET_VS_PEER.get(name, TARGET_VS_PEER["procrastinate"])
+            note = peer.get("error", "")[:80] or f"{name} at its best concurrency, {peer.get('concurrency')}"
+            label = f"S1 Orbit >= {name}" if bound == 1.0 else f"S1 Orbit / {name} at its best"
+            targets.append(Target.at_least(label, value, bound, unit="x", note=note))
     note = f"pacing bound {orbit['pacing_bound_tasks_per_s']:,.0f} tasks/s"
     targets.append(
         Target.at_least(
             "S1 Orbit / SQL floor", ratio(orbit["tasks_per_s"], floor["tasks_per_s"]), TARGET_VS_FLOOR, note=note
         )
     )
-    targets.append(
-        Target.at_most(
-            "S1 node CPU per executed task",
-            orbit["node_cpu_us_per_task"],
-            TARGET_NODE_CPU_US_PER_TASK,
-            unit=" us",
-            note="node process CPU during the burn-down / tasks finished",
+    for capacity, bound in TARGET_NODE_CPU_R.items():
+        run = next((r for r in shapes if r["capacity"] == capacity and not r["handler_ms"]), None)
+        if run is None:
+            continue
+        us = run["node_cpu_us_per_task"]
+        targets.append(
+            Target.at_most(
+                f"S1 node CPU per executed task, capacity {capacity}",
+                units.r(us),
+                bound,
+                unit=" R",
+                note=f"{cost(us, units)}; {run['connections']} connections, no-op handler",
+            )
         )
-    )
     return targets
-
-
-def s1_shape(concurrency: int) -> tuple[int, int]:
-    """(connections, capacity) of S1's Orbit run at ``concurrency``."""
-    capacity = max(1, min(CLAIM_BATCH, concurrency // S1_CONNECTIONS))
-    return max(1, concurrency // capacity), capacity
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     peers_wanted = [p for p in args.peers.split(",") if p and p != "none"]
     peer_concurrency = [int(c) for c in args.peer_concurrency.split(",") if c]
-    orbit_concurrencies = [int(c) for c in args.orbit_concurrency.split(",") if c]
+    shapes = parse_shapes(args.capacities, args.handler_ms, connections=S1_CONNECTIONS)
+    units: Units = args.units
+    ran_at = durability.current()
     async with bench_database() as bdb:
         floor = await measure_floor(bdb, args.floor_tasks)
-        orbit_runs: dict[int, dict[str, Any]] = {}
-        for concurrency in orbit_concurrencies:
-            shape_connections, shape_capacity = s1_shape(concurrency)
-            orbit_runs[concurrency] = await orbit_burndown(
-                bdb,
-                tasks=args.tasks,
-                connections=shape_connections,
-                capacity=shape_capacity,
-                submit_concurrency=args.submit_concurrency,
-                profile=not args.no_profile,
-                app_name=f"s1-{concurrency}",
+        runs: list[dict[str, Any]] = []
+        for shape in shapes:
+            runs.append(
+                await orbit_burndown(
+                    bdb,
+                    tasks=shape.tasks(args.tasks, args.shape_seconds),
+                    connections=shape.connections,
+                    capacity=shape.capacity,
+                    submit_concurrency=args.submit_concurrency,
+                    profile=not args.no_profile and not shape.handler_ms and shape.capacity in TARGET_NODE_CPU_R,
+                    app_name=f"s1-{shape.capacity}-{shape.handler_ms}",
+                    handler_ms=shape.handler_ms,
+                )
             )
-        orbit = best_run(orbit_runs)
+        noop = [r for r in runs if not r["handler_ms"]] or runs
+        orbit = max(noop, key=lambda r: r["tasks_per_s"])
         connections, capacity = orbit["connections"], orbit["capacity"]
         lifted = None
         if not args.no_diagnose:
             lifted = await orbit_burndown(
                 bdb,
-                tasks=args.tasks,
+                tasks=orbit["tasks"],
                 connections=connections,
                 capacity=capacity,
                 submit_concurrency=args.submit_concurrency,
@@ -302,94 +377,91 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for name in peers_wanted:
             peer_runs[name] = {}
             for concurrency in peer_concurrency:
-                result = await run_peer(name, args.tasks, concurrency, bdb.dsn, args.peer_timeout_s)
+                result = await run_peer(
+                    name, args.tasks, concurrency, bdb.dsn, args.peer_timeout_s, ran_at.pg_synchronous_commit
+                )
                 peer_runs[name][concurrency] = {**result, "concurrency": concurrency}
     peers = {name: best_run(runs) for name, runs in peer_runs.items()}
-    orbit_concurrency = connections * capacity
-    rows = [
-        [
-            "Orbit",
-            orbit["tasks_per_s"],
-            1.0,
-            orbit["seconds"],
-            orbit["cpu"]["node_cpu_s"] + orbit["cpu"]["harness_cpu_s"],
-            orbit["setup"],
-        ]
-    ]
+    headline = [["Orbit (best no-op shape)", orbit["tasks_per_s"], 1.0, orbit["seconds"], _python_cpu(orbit)]]
+    setups = [f"Orbit: {orbit['setup']}"]
     for name, peer in peers.items():
         if "error" in peer:
-            rows.append([name, math.nan, math.nan, math.nan, math.nan, f"DID NOT RUN: {peer['error'][:120]}"])
+            headline.append([name, math.nan, math.nan, math.nan, math.nan])
+            setups.append(f"{name}: DID NOT RUN: {peer['error'][:120]}")
         else:
-            rows.append(
+            headline.append(
                 [
                     f"{name} (best)",
                     peer["tasks_per_s"],
                     ratio(orbit["tasks_per_s"], peer["tasks_per_s"]),
                     peer["seconds"],
                     peer["cpu_s"],
-                    f"{name} {peer['version']}: {peer['setup']}{_partial(peer, args.tasks)}",
                 ]
             )
+            setups.append(f"{name} {peer['version']}: {peer['setup']}{_partial(peer, args.tasks)}")
     if lifted is not None:
-        rows.append(
+        headline.append(
             [
                 "Orbit, pacing lifted",
                 lifted["tasks_per_s"],
                 ratio(orbit["tasks_per_s"], lifted["tasks_per_s"]),
                 lifted["seconds"],
-                lifted["cpu"]["node_cpu_s"] + lifted["cpu"]["harness_cpu_s"],
-                f"diagnostic only: {LIFTED_PACE} claims per connection per cycle instead of 4",
+                _python_cpu(lifted),
             ]
         )
-    rows.append(
+        setups.append(f"Orbit, pacing lifted: diagnostic only, {LIFTED_PACE} claims per connection per cycle, not 4")
+    headline.append(
         [
             "SQL floor (S0)",
             floor["tasks_per_s"],
             ratio(orbit["tasks_per_s"], floor["tasks_per_s"]),
             floor["seconds"],
             math.nan,
-            "claim->start->finish SQL, batch 16, 4 loops, no HTTP/WS",
         ]
     )
-    table = format_table(
-        ["system", "tasks/s", "Orbit / this", "seconds", "python cpu s", "setup"], rows, align="lrrrrl"
+    setups.append("SQL floor: claim->start->finish SQL, batch 16, 4 loops, no HTTP/WS")
+    here = ran_at.name
+    headline_grid = grid(
+        ["system"], ["tasks/s", "Orbit / this", "seconds", "python cpu s"], headline, here, title="burn-down"
     )
-    concurrency_rows = [
+    shape_grid = grid(
+        ["capacity", "handler"],
+        ["tasks", "tasks/s", "pacing bound", "claim batch", "node us/task", "R/task", "cpu busy"],
         [
-            "Orbit",
-            concurrency,
-            result["tasks_per_s"],
-            "best" if result is orbit else "",
-            f"{result['connections']} connections x capacity {result['capacity']}, "
-            f"pacing bound {result['pacing_bound_tasks_per_s']:,.0f} tasks/s, "
-            f"node {result['node_cpu_us_per_task']:,.0f} us CPU per task",
-        ]
-        for concurrency, result in orbit_runs.items()
-    ]
-    for name, runs in peer_runs.items():
+            [
+                r["capacity"],
+                "no-op" if not r["handler_ms"] else f"{r['handler_ms']} ms",
+                r["tasks"],
+                r["tasks_per_s"],
+                r["pacing_bound_tasks_per_s"],
+                r["mean_claim_batch"],
+                r["node_cpu_us_per_task"],
+                units.r(r["node_cpu_us_per_task"]),
+                r["cpu"]["machine_utilisation"],
+            ]
+            for r in runs
+        ],
+        here,
+        title=f"Orbit's Worker shapes: {S1_CONNECTIONS} SDK Worker connections each",
+    )
+    concurrency_rows: list[list[Any]] = []
+    for name, by_concurrency in peer_runs.items():
         best = peers[name]
-        for concurrency, result in runs.items():
+        for concurrency, result in by_concurrency.items():
             concurrency_rows.append(
                 [
                     name,
                     concurrency,
                     result.get("tasks_per_s", math.nan),
                     "best" if result is best and "tasks_per_s" in result else "",
-                    f"DID NOT RUN: {result['error'][:100]}" if "error" in result else _partial(result, args.tasks),
                 ]
             )
     for name, best in peers.items():
         concurrency_rows.append(
-            [
-                f"Orbit best / {name} best",
-                "",
-                ratio(orbit["tasks_per_s"], best.get("tasks_per_s", math.nan)),
-                f"target >= {TARGET_VS_PEER.get(name, TARGET_VS_PEER['procrastinate']):g}x",
-                "",
-            ]
+            [f"Orbit best / {name} best", "", ratio(orbit["tasks_per_s"], best.get("tasks_per_s", math.nan)), ""]
         )
-    concurrency_table = format_table(
-        ["system", "concurrency", "tasks/s", "best", "note"], concurrency_rows, align="lrrll"
+    concurrency_grid = grid(
+        ["system", "concurrency"], ["tasks/s", "best"], concurrency_rows, here, title="peers at each concurrency"
     )
     statement_rows = [
         ("Orbit burn-down (node)", "task", orbit["per_task"]),
@@ -397,10 +469,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ("Orbit bulk submit over HTTP", "task", orbit["submit"]["per_submit"]),
         *floor_statement_rows(floor),
     ]
+    failed = [
+        f"WARNING: {r['capacity']} x {r['handler_ms']} ms did not finish: {r['tasks']:,} done"
+        for r in runs
+        if not r["complete"]
+    ]
     notes = [
-        f"{args.tasks:,} no-op tasks per run; Orbit at total Worker concurrency "
-        f"{', '.join(str(c) for c in orbit_concurrencies)} (best: {orbit_concurrency}), each peer at "
-        f"{', '.join(str(c) for c in peer_concurrency)} (each system's best counts).",
+        *failed,
+        f"up to {args.tasks:,} no-op tasks per run; each Orbit shape at most its pacing bound x {args.shape_seconds:g} s "
+        f"of tasks; each peer at {', '.join(str(c) for c in peer_concurrency)} (its best counts). Orbit's best no-op "
+        f"shape: {connections} connections x capacity {capacity}.",
+        *setups,
         f"Orbit pre-submit over HTTP in bulk: {orbit['submit']['tasks_per_s']:,.0f} tasks/s "
         f"({BULK_CLIENTS} clients, batches of {BULK_BATCH}, p99 {orbit['submit']['latency_s']['p99'] * 1000:.1f} ms "
         "per batch).",
@@ -409,29 +488,40 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"to {orbit['pacing_bound_tasks_per_s']:,.0f} tasks/s; mean claim batch {orbit['mean_claim_batch']:.1f} tasks; "
         f"machine busy {orbit['cpu']['machine_utilisation']:.0%} of both cores, node process "
         f"{orbit['cpu']['node_cpu_s'] / orbit['seconds']:.0%} of one core during the burn-down "
-        f"({orbit['node_cpu_us_per_task']:,.0f} us per task).",
+        f"({cost(orbit['node_cpu_us_per_task'], units)} per task).",
         f"Orbit burn-down: {orbit['per_task']['statements']:.2f} statements and {orbit['per_task']['commits']:.3f} "
         f"COMMITs per task ({ratio(1.0, orbit['per_task']['commits']):.1f} tasks per COMMIT), "
         f"{orbit['claims']:,} claims; submit: {orbit['submit']['per_submit']['statements']:.2f} statements per task.",
+        "node us/task: the node process's CPU during the burn-down / tasks finished; R/task: the same in R.",
         STATEMENTS_NOTE,
     ]
-    report = {
+    profiles = {
+        f"the node, capacity {r['capacity']}, no-op handler": r["profile"]
+        for r in runs
+        if r.get("profile") and r["profile"].get("samples")
+    }
+    return {
         "scenario": "s1",
         "server": bdb.server_version,
         "figures": {
             "orbit": orbit,
-            "orbit_runs": orbit_runs,
+            "orbit_runs": runs,
             "orbit_pacing_lifted": lifted,
             "peers": peers,
             "peer_runs": peer_runs,
             "floor": floor,
         },
-        "tables": [table, concurrency_table, statements_table(statement_rows)],
-        "targets": orbit_targets(orbit, floor, peers),
+        "grids": [headline_grid, shape_grid, concurrency_grid],
+        "tables": [statements_table(statement_rows)],
+        "targets": orbit_targets(orbit, floor, peers, runs, units, against_peers=ran_at.name == "prod"),
         "notes": notes,
-        "profiles": {"the node during the Orbit burn-down": orbit["profile"]} if orbit.get("profile") else {},
+        "profiles": profiles,
     }
-    return report
+
+
+def _python_cpu(run: dict[str, Any]) -> float:
+    """CPU seconds of Orbit's own Python processes in a burn-down: node and harness."""
+    return run["cpu"]["node_cpu_s"] + run["cpu"]["harness_cpu_s"]
 
 
 def _partial(peer: dict[str, Any], tasks: int) -> str:

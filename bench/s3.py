@@ -13,16 +13,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import (
-    bench_database,
-    connection_plan,
-    make_app,
-    node_process,
-    seed_tasks,
-    task_times,
-    wait_until,
-    worker_fleet,
-)
+from .clients import connection_plan, wait_until, worker_fleet
+from .database import bench_database, make_app, seed_tasks, task_times
+from .processes import node_process
 from .report import Target, format_table, max_priority_advantage, summarize
 
 # P3: each level buys at most 30 s of ordering advantage; 9 levels = 270 s.

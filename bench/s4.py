@@ -50,17 +50,9 @@ import trio
 
 from orbit_node.store.operations import OperationsStore
 
-from .common import (
-    App,
-    bench_database,
-    connection_plan,
-    make_app,
-    node_process,
-    seed_tasks,
-    submit_open_loop,
-    task_times,
-    worker_fleet,
-)
+from .clients import connection_plan, submit_open_loop, worker_fleet
+from .database import App, bench_database, make_app, seed_tasks, task_times
+from .processes import node_process
 from .proxy import delayed_dsn
 from .report import Target, fairness, format_table, ms, ratio, summarize
 from .s1 import PACE_CLAIMS_PER_S

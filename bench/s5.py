@@ -32,17 +32,10 @@ from orbit_node.db import Database
 from orbit_node.store.dispatch import DispatchStore
 from orbit_node.store.ownership import FinishItem, Outcome
 
-from .common import (
-    HANDLER,
-    App,
-    bench_database,
-    connection_plan,
-    make_app,
-    node_process,
-    seed_tasks,
-    submit_closed_loop,
-    worker_fleet,
-)
+from . import HANDLER
+from .clients import connection_plan, submit_closed_loop, worker_fleet
+from .database import App, bench_database, make_app, seed_tasks
+from .processes import node_process
 from .report import Target, format_table, ms, ratio, summarize
 
 # Issue 8 / issue 14 target: claim p99 of every shape <= 1.5 x the plain case.

@@ -31,7 +31,7 @@ from orbit_node.store.transitions import Writes
 from tests.faults.mariadb import PrivateMariaDB
 
 from .claim import HANDLER
-from .common import App, make_app, seed_tasks, server_status
+from .database import App, make_app, seed_tasks, server_status
 from .report import format_table, ratio
 
 VARIANTS = ("before", "after")

@@ -20,22 +20,14 @@ from typing import Any
 
 import trio
 
-from orbit_node.config import Dsn
 from orbit_node.db import Database, migrate
+from orbit_node.dsn import Dsn
 from tests.faults.mariadb import PrivateMariaDB
 
-from .common import (
-    App,
-    bench_database,
-    connection_plan,
-    count_tasks,
-    make_app,
-    measured_phase,
-    node_process,
-    seed_tasks,
-    wait_until,
-    worker_fleet,
-)
+from .accounting import measured_phase
+from .clients import connection_plan, wait_until, worker_fleet
+from .database import App, bench_database, count_tasks, make_app, seed_tasks
+from .processes import node_process
 from .report import format_table, ratio
 from .s1 import S1_CONNECTIONS
 
@@ -56,7 +48,7 @@ async def burndown(
     per_app = max(1, S1_CONNECTIONS // len(apps))
     plan = [slot for app, _ in apps for slot in connection_plan(app, per_app)]
     async with node_process(main_dsn, shards=shards) as node:
-        with measured_phase(node.pid, profile=False) as phase:
+        async with measured_phase(node.pid, profile=False) as phase:
             start = time.perf_counter()
             async with worker_fleet(node.url, plan, capacity=capacity) as fleet:
                 finished = await wait_until(lambda: fleet.completed >= total, timeout_s=max(120.0, total / 20))
@@ -120,13 +112,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ratio(result["tasks_per_s"], one["tasks_per_s"]),
             result["seconds"],
             result["node_cpu_us_per_task"],
+            args.units.r(result["node_cpu_us_per_task"]),
             f"{result['tasks']:,} tasks, {result['connections']} connections x capacity {result['capacity']}"
             + ("" if result["complete"] else " [DID NOT FINISH]"),
         ]
         for label, result in (("1 shard (one server)", one), ("2 shards (two servers)", two))
     ]
     table = format_table(
-        ["deployment", "tasks/s", "/ 1 shard", "seconds", "node us/task", "setup"], rows, align="lrrrrl"
+        ["deployment", "tasks/s", "/ 1 shard", "seconds", "node us/task", "R/task", "setup"], rows, align="lrrrrrl"
     )
     notes = [
         f"{args.tasks:,} no-op tasks per run, half per application, written with SQL before the Workers start; "

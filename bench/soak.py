@@ -38,7 +38,11 @@ from orbit_node.config import NodeConfig
 from orbit_node.sdk import OrbitClient
 from orbit_node.sdk.worker import Worker, WorkerTask
 
-from .common import HANDLER, bench_database, cpu_seconds, make_app, node_process, submit_request
+from . import HANDLER
+from .accounting import cpu_seconds
+from .clients import submit_request
+from .database import bench_database, make_app
+from .processes import node_process
 from .report import Target, format_table
 
 TARGET_RSS_GROWTH_PCT = 10.0

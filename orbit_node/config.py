@@ -1,216 +1,113 @@
 """Validated, frozen configuration of a node, read from the environment.
 
-Units are in the names (``lease_s``, ``scan_cycle_s``). A bad value is rejected at
-construction with a ``ConfigError`` whose message is one line.
+Every ``ORBIT_*`` setting of the node is declared once, on the ``NodeConfig`` field it
+sets (``setting(...)``: the variable, how its text is parsed, its default as the docs
+show it, and its doc); the parser (``NodeConfig.from_env``), the set of known variables
+(``SETTING_VARIABLES``) and the README's table of settings (``settings_table``; a test
+fails when the README differs) all come from there. Units are in the names
+(``lease_s``, ``scan_cycle_s``). A bad value is rejected at construction with a
+``ConfigError`` whose message is one line and names the variable.
 """
 
 from __future__ import annotations
 
 import os
-import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
+from .dsn import Dsn, ShardEntry, parse_shards
 from .errors import ConfigError
 
 LOG_FORMATS = ("auto", "json", "text")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 METRICS_MODES = ("off", "open", "credential")
 SWITCHES = {"on": True, "off": False}
 # Shortest ORBIT_CONSOLE_SECRET accepted (32 characters: 128 bits and more as hex).
 CONSOLE_SECRET_MIN = 32
+# The metadata key of a field's ``Setting``.
+SETTING = "orbit.setting"
 
 
 @attrs.frozen
-class DsnHost:
-    """One server of a DSN: ``host:port``."""
+class Setting:
+    """An ``ORBIT_*`` variable and the ``NodeConfig`` field(s) it sets."""
 
-    host: str
-    port: int = 3306
-
-    def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
-
-
-def _dsn_error(message: str) -> ConfigError:
-    return ConfigError(f"ORBIT_MYSQL_DSN: {message}", field="ORBIT_MYSQL_DSN")
+    env: str
+    doc: str
+    # (text, variable) -> the field's value; raises ConfigError naming the variable.
+    parse: Callable[[str, str], Any]
+    # The default as the docs show it.
+    default_doc: str
+    # A value that sets several fields (HOST:PORT): their names, in the parsed tuple's order.
+    sets: tuple[str, ...] = ()
 
 
-def _parse_host(text: str) -> DsnHost:
-    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` (urllib's own rules for one host)."""
-    try:
-        parts = urllib.parse.urlsplit(f"mysql://{text}")
-        port = parts.port
-    except ValueError as exc:
-        raise _dsn_error(f"not a valid URL ({exc})") from None
-    if not parts.hostname:
-        raise _dsn_error(f"empty host in {text!r}")
-    return DsnHost(parts.hostname, port or 3306)
+def setting(
+    default: Any,
+    *,
+    env: str,
+    doc: str,
+    parse: Callable[[str, str], Any],
+    default_doc: str | None = None,
+    sets: tuple[str, ...] = (),
+    validator: Any = None,
+    **kwargs: Any,
+) -> Any:
+    """A ``NodeConfig`` field that the variable ``env`` sets."""
+    shown = default_doc if default_doc is not None else _shown(default)
+    return attrs.field(
+        default=default,
+        validator=validator,
+        metadata={SETTING: Setting(env, doc, parse, shown, sets)},
+        **kwargs,
+    )
 
 
-@attrs.frozen(kw_only=True)
-class Dsn:
-    """A parsed ``mysql://user:password@host:port/database`` URL.
+def _shown(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return f"`{value}`" if isinstance(value, str) else str(value)
 
-    ``mysql://u:p@h1:3306,h2:3306,h3:3306/db`` names the servers of one cluster (MariaDB
-    Galera) in order of preference: ``host``/``port`` are the first, ``failover_hosts``
-    the others (see ``db/pool.py`` for how a node moves between them)."""
 
-    user: str
-    password: str = attrs.field(repr=False)
-    host: str = "127.0.0.1"
-    port: int = 3306
-    database: str
-    unix_socket: str | None = None
-    failover_hosts: tuple[DsnHost, ...] = ()
-
-    def __attrs_post_init__(self):
-        if self.failover_hosts and self.unix_socket:
-            raise _dsn_error("?unix_socket= names one server; it cannot be used with several hosts")
-        if len(set(self.hosts)) != len(self.hosts):
-            raise _dsn_error("a host is listed twice")
-
-    @property
-    def hosts(self) -> tuple[DsnHost, ...]:
-        """Every server, in order of preference."""
-        return (DsnHost(self.host, self.port), *self.failover_hosts)
-
-    @classmethod
-    def parse(cls, url: str) -> Dsn:
+def _number(kind: type) -> Callable[[str, str], Any]:
+    def parse(text: str, env: str) -> Any:
         try:
-            parts = urllib.parse.urlsplit(url)
-        except ValueError as exc:
-            raise _dsn_error(f"not a valid URL ({exc})") from None
-        if parts.scheme not in ("mysql", "mariadb"):
-            raise _dsn_error("scheme must be mysql:// or mariadb://")
-        database = urllib.parse.unquote(parts.path.lstrip("/"))
-        if not database or "/" in database:
-            raise _dsn_error("the path must name one database")
-        query = urllib.parse.parse_qs(parts.query, strict_parsing=False)
-        unknown = set(query) - {"unix_socket"}
-        if unknown:
-            raise _dsn_error(f"unknown option {sorted(unknown)[0]!r}")
-        unix_socket = query.get("unix_socket", [None])[0]
-        userinfo, _, host_list = parts.netloc.rpartition("@")
-        user, _, password = userinfo.partition(":")
-        hosts = [_parse_host(text) for text in host_list.split(",")] if host_list else []
-        if not hosts and not unix_socket:
-            raise _dsn_error("a host or ?unix_socket= is required")
-        first = hosts[0] if hosts else DsnHost("localhost")
-        return cls(
-            user=urllib.parse.unquote(user or "root"),
-            password=urllib.parse.unquote(password),
-            host=first.host,
-            port=first.port,
-            database=database,
-            unix_socket=unix_socket,
-            failover_hosts=tuple(hosts[1:]),
-        )
+            return kind(text)
+        except ValueError:
+            raise ConfigError(f"{env}: expected a number, got {text!r}", field=env) from None
 
-    @property
-    def location(self) -> tuple[tuple[DsnHost, ...], str, str | None]:
-        """Which database this is, whatever the credentials: its servers, name and socket."""
-        return (self.hosts, self.database, self.unix_socket)
-
-    def with_database(self, database: str) -> Dsn:
-        return attrs.evolve(self, database=database)
-
-    def url(self) -> str:
-        user = urllib.parse.quote(self.user, safe="")
-        auth = user + (":" + urllib.parse.quote(self.password, safe="") if self.password else "")
-        query = "?unix_socket=" + urllib.parse.quote(self.unix_socket) if self.unix_socket else ""
-        hosts = ",".join(str(h) for h in self.hosts)
-        return f"mysql://{auth}@{hosts}/{urllib.parse.quote(self.database)}{query}"
+    return parse
 
 
-# Longest application name (the applications table's column).
-APPLICATION_NAME_MAX = 128
+def _text_or_none(text: str, env: str) -> str | None:
+    return text or None
 
 
-@attrs.frozen
-class ShardEntry:
-    """One entry of ``ORBIT_SHARDS``: the database that holds an application's rows."""
-
-    application: str
-    dsn: Dsn
+def _word(text: str, env: str) -> str:
+    return text.strip().lower()
 
 
-def parse_shards(text: str) -> tuple[ShardEntry, ...]:
-    """``ORBIT_SHARDS``: ``APPLICATION=DSN;APPLICATION=DSN...`` (docs/scaling.md).
-
-    Each DSN has the form of ``ORBIT_MYSQL_DSN`` (a Galera shard lists its servers). Empty
-    entries (a trailing ``;``) are ignored; an application named twice is an error. Errors
-    name the entry by its position and application, never by its DSN (it holds a password)."""
-    entries: list[ShardEntry] = []
-    seen: set[str] = set()
-    # Database location -> the first entry naming it.
-    places: dict[tuple[Any, ...], ShardEntry] = {}
-    for position, raw in enumerate(text.split(";"), start=1):
-        item = raw.strip()
-        if not item:
-            continue
-        name, sep, dsn_text = item.partition("=")
-        name, dsn_text = name.strip(), dsn_text.strip()
-        where = f"entry {position}" + (f" ({name!r})" if name else "")
-        if not sep or not name or not dsn_text:
-            raise ConfigError(f"ORBIT_SHARDS: {where}: expected APPLICATION=DSN", field="ORBIT_SHARDS")
-        if len(name) > APPLICATION_NAME_MAX:
-            raise ConfigError(
-                f"ORBIT_SHARDS: {where}: an application name has at most {APPLICATION_NAME_MAX} characters",
-                field="ORBIT_SHARDS",
-            )
-        if name in seen:
-            raise ConfigError(f"ORBIT_SHARDS: {where}: application {name!r} is listed twice", field="ORBIT_SHARDS")
-        seen.add(name)
-        try:
-            dsn = Dsn.parse(dsn_text)
-        except ConfigError as exc:
-            reason = exc.message.removeprefix("ORBIT_MYSQL_DSN: ")
-            raise ConfigError(f"ORBIT_SHARDS: {where}: {reason}", field="ORBIT_SHARDS") from None
-        first = places.setdefault(dsn.location, ShardEntry(name, dsn))
-        if first.dsn != dsn:
-            raise ConfigError(
-                f"ORBIT_SHARDS: {where}: names the database of {first.application!r} with other credentials "
-                "(one database, one DSN)",
-                field="ORBIT_SHARDS",
-            )
-        entries.append(ShardEntry(name, dsn))
-    return tuple(entries)
+def _switch(text: str, env: str) -> bool:
+    word = text.strip().lower()
+    if word not in SWITCHES:
+        raise ConfigError(f"{env}: expected on or off, got {word!r}", field=env)
+    return SWITCHES[word]
 
 
-# Every ORBIT_* variable a node, orbit-admin, orbit-migrate or the SDK reads.
-SETTING_VARIABLES = frozenset(
-    {
-        "ORBIT_MYSQL_DSN",
-        "ORBIT_SHARDS",
-        "ORBIT_HTTP_ADDR",
-        "ORBIT_TLS_CERT",
-        "ORBIT_TLS_KEY",
-        "ORBIT_LOG_LEVEL",
-        "ORBIT_RESERVATION_LEASE_S",
-        "ORBIT_RUN_LEASE_S",
-        "ORBIT_MAX_BODY_BYTES",
-        "ORBIT_HEARTBEAT_TIMEOUT_S",
-        "ORBIT_SHUTDOWN_GRACE_S",
-        "ORBIT_DB_POOL_SIZE",
-        "ORBIT_CLAIM_BATCH_SIZE",
-        "ORBIT_CREDENTIAL_CACHE_S",
-        "ORBIT_URL",
-        "ORBIT_CREDENTIALS_FILE",
-        "ORBIT_LOG_FORMAT",
-        "ORBIT_METRICS",
-        "ORBIT_METRICS_ADDR",
-        "ORBIT_WORKER_SEND_BUFFER_MESSAGES",
-        "ORBIT_WORKER_SEND_BUFFER_BYTES",
-        "ORBIT_CONSOLE",
-        "ORBIT_CONSOLE_SECRET",
-        "ORBIT_CONSOLE_SESSION_S",
-    }
-)
-# Read by the SDK (OrbitClient.from_env, Worker.from_env), not by the node.
-SDK_VARIABLES = frozenset({"ORBIT_URL", "ORBIT_CREDENTIALS_FILE"})
+def _dsn(text: str, env: str) -> Dsn:
+    return Dsn.parse(text)
+
+
+def _shards(text: str, env: str) -> tuple[ShardEntry, ...]:
+    return parse_shards(text)
+
+
+def _addr(text: str, env: str) -> tuple[str, int]:
+    return parse_addr(text, field=env)
+
+
 # Variables of the development tools, accepted so that they can share an environment
 # with the node: scripts/devdb.sh (ORBIT_DEV_DB_PORT), make bench (ORBIT_BENCH_*),
 # make test (ORBIT_TEST_*).
@@ -242,14 +139,20 @@ def parse_addr(value: str, *, field: str = "ORBIT_HTTP_ADDR") -> tuple[str, int]
     return host.strip("[]"), port
 
 
+def _label(attribute) -> str:
+    """How an error names a field: its variable, when a variable sets it."""
+    found = attribute.metadata.get(SETTING)
+    return found.env if found is not None else attribute.name
+
+
 def _positive(instance, attribute, value):
     if value <= 0:
-        raise ConfigError(f"{attribute.name} must be positive, got {value!r}", field=attribute.name)
+        raise ConfigError(f"{_label(attribute)} must be positive, got {value!r}", field=_label(attribute))
 
 
 def _non_negative(instance, attribute, value):
     if value < 0:
-        raise ConfigError(f"{attribute.name} must not be negative, got {value!r}", field=attribute.name)
+        raise ConfigError(f"{_label(attribute)} must not be negative, got {value!r}", field=_label(attribute))
 
 
 @attrs.frozen(kw_only=True)
@@ -305,31 +208,171 @@ class SignalTiming:
 class NodeConfig:
     # The node's database: the directory (nodes, schema) and the shard of every
     # application ORBIT_SHARDS does not name.
-    dsn: Dsn
-    # ORBIT_SHARDS: applications whose rows live on another database (docs/scaling.md).
-    shards: tuple[ShardEntry, ...] = ()
-    http_host: str = "127.0.0.1"
+    dsn: Dsn = setting(
+        attrs.NOTHING,
+        env="ORBIT_MYSQL_DSN",
+        parse=_dsn,
+        default_doc="required",
+        doc="`mysql://user:password@host:port/database` (percent-encoded parts; `?unix_socket=/path`; "
+        "`mariadb://` accepted); several hosts `mysql://u:p@h1:3306,h2:3306,h3:3306/db` name the servers of "
+        "one Galera cluster in order: a node writes to the first it reaches, the next when that one is lost, "
+        "an earlier one only when `orbit-admin database writer --host` says so (`docs/operations.md`)",
+    )
+    shards: tuple[ShardEntry, ...] = setting(
+        (),
+        env="ORBIT_SHARDS",
+        parse=_shards,
+        default_doc="none: one database",
+        doc="applications whose rows live on another database: `APPLICATION=DSN;APPLICATION=DSN` (each DSN as "
+        "`ORBIT_MYSQL_DSN`); every other application, and the node registry, stay on `ORBIT_MYSQL_DSN`. The same "
+        'on every node, `orbit-migrate` and `orbit-admin` (`docs/scaling.md`, "Running two shards")',
+    )
+    http_host: str = setting(
+        "127.0.0.1",
+        env="ORBIT_HTTP_ADDR",
+        parse=_addr,
+        sets=("http_host", "http_port"),
+        default_doc="`127.0.0.1:8080`",
+        doc="`HOST:PORT` of HTTP and WebSocket",
+    )
     http_port: int = 8080
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    log_level: str = "info"
-    # Log lines: "json" (one object per line), "text", or "auto" (text on a terminal, else json).
-    log_format: str = "auto"
-    # GET /metrics: "off", "open" (no credential, on its own address metrics_host:metrics_port)
-    # or "credential" (on the node's HTTP address, bearer credential with scope metrics:read).
-    metrics: str = "off"
-    metrics_host: str = "127.0.0.1"
-    # 9464: the port Prometheus exporters of this kind conventionally take.
+    tls_cert: str | None = setting(
+        None, env="ORBIT_TLS_CERT", parse=_text_or_none, default_doc="off", doc="certificate file: serve HTTPS / WSS"
+    )
+    tls_key: str | None = setting(
+        None, env="ORBIT_TLS_KEY", parse=_text_or_none, default_doc="off", doc="its private key (set both or neither)"
+    )
+    log_level: str = setting("info", env="ORBIT_LOG_LEVEL", parse=_word, doc="`debug`, `info`, `warning`, `error`")
+    log_format: str = setting(
+        "auto",
+        env="ORBIT_LOG_FORMAT",
+        parse=_word,
+        doc="`json` (one object per line), `text`, or `auto` (text on a terminal, else JSON)",
+    )
+    metrics: str = setting(
+        "off",
+        env="ORBIT_METRICS",
+        parse=_word,
+        doc="`GET /metrics`: `off`, `open` (no credential, on `ORBIT_METRICS_ADDR`) or `credential` (on "
+        "`ORBIT_HTTP_ADDR`, scope `metrics:read`)",
+    )
+    metrics_host: str = setting(
+        "127.0.0.1",
+        env="ORBIT_METRICS_ADDR",
+        parse=_addr,
+        sets=("metrics_host", "metrics_port"),
+        # 9464: the port Prometheus exporters of this kind conventionally take.
+        default_doc="`127.0.0.1:9464`",
+        doc="`HOST:PORT` of the metrics server; only with `ORBIT_METRICS=open`",
+    )
     metrics_port: int = 9464
-    # Database connections per node: the claim slots (4), twice as many group commits of
-    # Worker transitions (8) and room for API and control traffic (4).
-    db_pool_size: int = attrs.field(default=16, validator=_positive)
+    reservation_lease_s: float = setting(
+        30.0,
+        env="ORBIT_RESERVATION_LEASE_S",
+        parse=_number(float),
+        validator=_positive,
+        doc="lease of a reservation not yet started (seconds)",
+    )
+    run_lease_s: float = setting(
+        60.0,
+        env="ORBIT_RUN_LEASE_S",
+        parse=_number(float),
+        validator=_positive,
+        doc="lease of a running attempt, renewed by the Worker (seconds)",
+    )
+    # Larger bodies get 413 before they are buffered.
+    max_body_bytes: int = setting(
+        1024 * 1024,
+        env="ORBIT_MAX_BODY_BYTES",
+        parse=_number(int),
+        validator=_positive,
+        doc="largest HTTP request body (413 beyond)",
+    )
+    heartbeat_timeout_s: float = setting(
+        30.0,
+        env="ORBIT_HEARTBEAT_TIMEOUT_S",
+        parse=_number(float),
+        validator=_positive,
+        doc="a silent Worker connection is closed after this (seconds)",
+    )
+    shutdown_grace_s: float = setting(
+        10.0,
+        env="ORBIT_SHUTDOWN_GRACE_S",
+        parse=_number(float),
+        validator=_non_negative,
+        doc="drain time after SIGTERM: how long running tasks may take to finish (seconds)",
+    )
+    db_pool_size: int = setting(
+        16,
+        env="ORBIT_DB_POOL_SIZE",
+        parse=_number(int),
+        validator=_positive,
+        doc="database connections per node: the claim slots (4), twice as many group commits of Worker "
+        "transitions (8) and room for API and control traffic",
+    )
+    claim_batch_size: int = setting(
+        64,
+        env="ORBIT_CLAIM_BATCH_SIZE",
+        parse=_number(int),
+        validator=_positive,
+        doc="tasks one claim reserves at most (a Worker connection asks when it is idle or half of "
+        "`min(capacity, this)` is free, and takes up to its free capacity)",
+    )
+    credential_cache_s: float = setting(
+        1.0,
+        env="ORBIT_CREDENTIAL_CACHE_S",
+        parse=_number(float),
+        validator=_non_negative,
+        doc="a verified bearer credential is trusted this long before the database is asked again: a revoked "
+        "or changed credential takes effect on every node within it; `0` asks on every request",
+    )
+    console: bool = setting(
+        True,
+        env="ORBIT_CONSOLE",
+        parse=_switch,
+        default_doc="`on`",
+        doc="the web console at `/console`: `on` or `off`",
+    )
+    # None: a random key per process.
+    console_secret: str | None = setting(
+        None,
+        env="ORBIT_CONSOLE_SECRET",
+        parse=_text_or_none,
+        default_doc="random",
+        repr=False,
+        doc="key (32+ characters) that signs console session cookies; give every node the same one. Unset: a "
+        "random key per process, so sessions end when it stops and are not valid on other nodes",
+    )
+    console_session_s: float = setting(
+        8 * 3600.0,
+        env="ORBIT_CONSOLE_SESSION_S",
+        parse=_number(float),
+        validator=_positive,
+        doc="a console session ends this long after sign-in, in seconds (a revoked credential ends it at its "
+        "next request)",
+    )
+    # A Worker that lets more pile up than either bound is closed as a slow consumer (close
+    # 4003), so a Worker that sends but never reads cannot grow the node's memory. One frame
+    # larger than the byte bound is still queued when nothing else waits (a large dispatch).
+    worker_send_buffer_messages: int = setting(
+        1024,
+        env="ORBIT_WORKER_SEND_BUFFER_MESSAGES",
+        parse=_number(int),
+        validator=_positive,
+        doc="frames the node queues for one Worker connection that it has not read yet; a Worker that leaves "
+        "more unread is closed with 4003 (slow consumer, see `docs/worker-protocol.md`)",
+    )
+    worker_send_buffer_bytes: int = setting(
+        16 * 1024 * 1024,
+        env="ORBIT_WORKER_SEND_BUFFER_BYTES",
+        parse=_number(int),
+        validator=_positive,
+        doc="bytes the node queues for one Worker connection that it has not read yet (as the frames above)",
+    )
     # Longest use of one database connection (a transaction, lock waits included) before
     # the node gives up on it: no lease is worth a longer wait, and an answer lost in the
     # network must not hold the sweeper, a claim slot or a Worker's transitions forever.
     db_operation_timeout_s: float = attrs.field(default=30.0, validator=_positive)
-    # Largest accepted HTTP request body; larger bodies get 413 before they are buffered.
-    max_body_bytes: int = attrs.field(default=1024 * 1024, validator=_positive)
     # Time a request body has to arrive in full; a client that stalls half-way through
     # (slowloris) is answered 408 and disconnected instead of holding its connection.
     body_timeout_s: float = attrs.field(default=30.0, validator=_positive)
@@ -337,38 +380,12 @@ class NodeConfig:
     max_ws_message_bytes: int = attrs.field(default=1024 * 1024, validator=_positive)
     # Connections a node accepts; the next one is refused at the handshake.
     max_connections: int = attrs.field(default=128, validator=_positive)
-    # Frames queued for one Worker connection and not yet written to it. A Worker that
-    # lets more pile up than either bound is closed as a slow consumer (close 4003), so
-    # a Worker that sends but never reads cannot grow the node's memory. One frame larger
-    # than the byte bound is still queued when nothing else waits (a large dispatch).
-    worker_send_buffer_messages: int = attrs.field(default=1024, validator=_positive)
-    worker_send_buffer_bytes: int = attrs.field(default=16 * 1024 * 1024, validator=_positive)
-    # Lease of a reservation not yet started, and of a running attempt (renewed by the Worker).
-    reservation_lease_s: float = attrs.field(default=30.0, validator=_positive)
-    run_lease_s: float = attrs.field(default=60.0, validator=_positive)
-    # Tasks reserved by one claim at most (ORBIT_CLAIM_BATCH_SIZE).
-    claim_batch_size: int = attrs.field(default=64, validator=_positive)
-    # A Worker connection silent for this long is closed.
-    heartbeat_timeout_s: float = attrs.field(default=30.0, validator=_positive)
     # Recovery sweeper period.
     sweep_interval_s: float = attrs.field(default=1.0, validator=_positive)
     # Plan trigger period.
     plan_interval_s: float = attrs.field(default=1.0, validator=_positive)
-    # Graceful shutdown: how long running tasks may take to finish after SIGTERM.
-    shutdown_grace_s: float = attrs.field(default=10.0, validator=_non_negative)
-    # A verified bearer credential is trusted this long before the database is asked again:
-    # a revoked or changed credential takes effect within it. 0: every request asks.
-    credential_cache_s: float = attrs.field(default=1.0, validator=_non_negative)
     scheduler: SchedulerLimits = attrs.field(factory=SchedulerLimits)
     signals: SignalTiming = attrs.field(factory=SignalTiming)
-    # The read-only web console at /console (docs/operations.md).
-    console: bool = True
-    # Key that signs console session cookies (ORBIT_CONSOLE_SECRET). Nodes behind one load
-    # balancer share it; None: a random key per process (sessions end when the process does
-    # and are not valid on other nodes).
-    console_secret: str | None = attrs.field(default=None, repr=False)
-    # A console session ends this long after sign-in.
-    console_session_s: float = attrs.field(default=8 * 3600.0, validator=_positive)
 
     def __attrs_post_init__(self):
         for entry in self.shards:
@@ -386,7 +403,7 @@ class NodeConfig:
             )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("ORBIT_TLS_CERT and ORBIT_TLS_KEY must be set together", field="ORBIT_TLS_CERT")
-        if self.log_level not in ("debug", "info", "warning", "error"):
+        if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"ORBIT_LOG_LEVEL: unknown level {self.log_level!r}", field="ORBIT_LOG_LEVEL")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(
@@ -429,67 +446,44 @@ class NodeConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NodeConfig:
+        """The configuration the ``ORBIT_*`` variables of ``env`` (default: the process's) give;
+        every variable not set keeps its field's default."""
         env = os.environ if env is None else env
         check_environment(env)
-        dsn_text = env.get("ORBIT_MYSQL_DSN")
-        if not dsn_text:
+        if not env.get("ORBIT_MYSQL_DSN"):
             raise ConfigError("ORBIT_MYSQL_DSN is not set", field="ORBIT_MYSQL_DSN")
-        host, port = parse_addr(env.get("ORBIT_HTTP_ADDR", "127.0.0.1:8080"))
-        # Settings given in the environment; the others keep their defaults (values of several types).
         kwargs: dict[str, Any] = {}
-        metrics = env.get("ORBIT_METRICS", "off").strip().lower()
-        if "ORBIT_METRICS_ADDR" in env:
-            if metrics != "open":
-                raise ConfigError("ORBIT_METRICS_ADDR: only used with ORBIT_METRICS=open", field="ORBIT_METRICS_ADDR")
-            kwargs["metrics_host"], kwargs["metrics_port"] = parse_addr(
-                env["ORBIT_METRICS_ADDR"], field="ORBIT_METRICS_ADDR"
-            )
-        numbers = (
-            ("reservation_lease_s", "ORBIT_RESERVATION_LEASE_S", float),
-            ("run_lease_s", "ORBIT_RUN_LEASE_S", float),
-            ("max_body_bytes", "ORBIT_MAX_BODY_BYTES", int),
-            ("heartbeat_timeout_s", "ORBIT_HEARTBEAT_TIMEOUT_S", float),
-            ("shutdown_grace_s", "ORBIT_SHUTDOWN_GRACE_S", float),
-            ("db_pool_size", "ORBIT_DB_POOL_SIZE", int),
-            ("claim_batch_size", "ORBIT_CLAIM_BATCH_SIZE", int),
-            ("credential_cache_s", "ORBIT_CREDENTIAL_CACHE_S", float),
-            ("worker_send_buffer_messages", "ORBIT_WORKER_SEND_BUFFER_MESSAGES", int),
-            ("worker_send_buffer_bytes", "ORBIT_WORKER_SEND_BUFFER_BYTES", int),
-            ("console_session_s", "ORBIT_CONSOLE_SESSION_S", float),
-        )
-        for name, key, kind in numbers:
-            if key in env:
-                try:
-                    kwargs[name] = kind(env[key])
-                except ValueError:
-                    raise ConfigError(f"{key}: expected a number, got {env[key]!r}", field=key) from None
-        try:
-            return cls._from_parsed(env, dsn_text, host, port, metrics, kwargs)
-        except ConfigError as exc:
-            # A bad value is reported under the variable that set it, not the attribute.
-            for name, key, _ in numbers:
-                if exc.field == name and key in env:
-                    raise ConfigError(exc.message.replace(name, key, 1), field=key) from None
-            raise
+        for field in attrs.fields(cls):
+            found = field.metadata.get(SETTING)
+            if found is None or found.env not in env:
+                continue
+            value = found.parse(env[found.env], found.env)
+            if found.sets:
+                kwargs.update(zip(found.sets, value, strict=True))
+            else:
+                kwargs[field.name] = value
+        if "ORBIT_METRICS_ADDR" in env and kwargs.get("metrics", "off") != "open":
+            raise ConfigError("ORBIT_METRICS_ADDR: only used with ORBIT_METRICS=open", field="ORBIT_METRICS_ADDR")
+        return cls(**kwargs)
 
-    @classmethod
-    def _from_parsed(
-        cls, env: Mapping[str, str], dsn_text: str, host: str, port: int, metrics: str, kwargs: dict[str, Any]
-    ) -> NodeConfig:
-        console = env.get("ORBIT_CONSOLE", "on").strip().lower()
-        if console not in SWITCHES:
-            raise ConfigError(f"ORBIT_CONSOLE: expected on or off, got {console!r}", field="ORBIT_CONSOLE")
-        return cls(
-            dsn=Dsn.parse(dsn_text),
-            shards=parse_shards(env.get("ORBIT_SHARDS", "")),
-            console=SWITCHES[console],
-            console_secret=env.get("ORBIT_CONSOLE_SECRET") or None,
-            http_host=host,
-            http_port=port,
-            tls_cert=env.get("ORBIT_TLS_CERT") or None,
-            tls_key=env.get("ORBIT_TLS_KEY") or None,
-            log_level=env.get("ORBIT_LOG_LEVEL", "info").lower(),
-            log_format=env.get("ORBIT_LOG_FORMAT", "auto").strip().lower(),
-            metrics=metrics,
-            **kwargs,
-        )
+
+def settings() -> list[Setting]:
+    """Every node setting, in declaration order."""
+    return [f.metadata[SETTING] for f in attrs.fields(NodeConfig) if SETTING in f.metadata]
+
+
+# Read by the SDK (OrbitClient.from_env, Worker.from_env), not by the node.
+SDK_VARIABLES = frozenset({"ORBIT_URL", "ORBIT_CREDENTIALS_FILE"})
+# Every ORBIT_* variable a node, orbit-admin, orbit-migrate or the SDK reads.
+SETTING_VARIABLES = frozenset(s.env for s in settings()) | SDK_VARIABLES
+
+
+def settings_table() -> str:
+    """The README's table of node settings (between its ``settings`` markers)."""
+    lines = ["| variable | meaning | default |", "| --- | --- | --- |"]
+    lines += [f"| `{s.env}` | {s.doc} | {s.default_doc} |" for s in settings()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(settings_table())

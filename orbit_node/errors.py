@@ -5,9 +5,9 @@ Every error that crosses a public boundary (HTTP, WebSocket, CLI, SDK) is an
 the ``field`` it names.
 
 Errors of one layer live beside it and derive from these: the dispatch store's
-``OwnershipLost``; the Worker protocol's ``ProtocolError`` (a bad inbound message,
+``OwnershipLost``; the Worker protocol's ``MessageRefused`` (a bad inbound message,
 with the ``error`` frame's ``code`` and a WebSocket ``close_code``); a Worker
-connection's ``ConnectionClosed``, as ``ClosedByNode`` when the node closed it and
+connection's ``WorkerConnectionClosed``, as ``ClosedByNode`` when the node closed it and
 ``ConnectionBroken`` when the peer went away.
 """
 

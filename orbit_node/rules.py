@@ -92,6 +92,9 @@ BATCH_FIELDS = ("tasks",)
 BATCH_ITEM_FIELDS = ("idempotency_key", *SUBMIT_FIELDS)
 BACKOFF_FIELDS = ("initial_ms", "max_ms", "multiplier")
 QUEUE_CONTROL_FIELDS = ("max_concurrency", "max_starts_per_second")
+# Items of one page of a listing at most (limit=), and when none is asked for.
+LIST_LIMIT_MAX = 500
+LIST_LIMIT_DEFAULT = 100
 QUEUE_CREATE_FIELDS = ("name", *QUEUE_CONTROL_FIELDS)
 
 

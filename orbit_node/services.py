@@ -35,6 +35,7 @@ from .store.operations import OperationsStore
 from .store.ownership import Reservation
 from .store.plans import PlanStore
 from .store.signals import SignalStore
+from .store.submit_group import SubmitGroups
 from .store.tasks import TaskStore
 from .store.tenancy import Principal, TenancyStore
 from .store.workers import WorkerRegistryStore
@@ -64,16 +65,18 @@ def default_services() -> ServiceSet:
 @attrs.frozen(kw_only=True)
 class Shard:
     """One database holding applications' rows, its repositories, and the services that
-    work on it: the group commit of its Worker transitions, its claim-turn recorder, the
-    follower of its applications' fairness weights, its signals between nodes, its recovery
-    sweeper and its plan trigger. Each transaction any of them runs touches this database
-    only."""
+    work on it: the group commits of its single submits and of its Worker transitions,
+    its claim-turn recorder, the follower of its applications' fairness weights, its
+    signals between nodes, its recovery sweeper and its plan trigger. Each transaction
+    any of them runs touches this database only."""
 
     # "main" for ORBIT_MYSQL_DSN, else "shard N" (N from 2, in ORBIT_SHARDS order).
     label: str
     db: Database
     tenancy: TenancyStore
     tasks: TaskStore
+    # Single submits through the group commit of acceptances (``store.submit_group``).
+    submits: SubmitGroups
     plans: PlanStore
     operations: OperationsStore
     store: DispatchStore
@@ -250,27 +253,6 @@ class DispatchServices:
     pool: ClaimPool | None = None
     hub: WorkerHub | None = None
 
-    # The main shard's services (a node without ORBIT_SHARDS has no other).
-    @property
-    def store(self) -> DispatchStore:
-        return self.shards.main.store
-
-    @property
-    def commits(self) -> GroupCommitter | None:
-        return self.shards.main.commits
-
-    @property
-    def turns(self) -> TurnRecorder | None:
-        return self.shards.main.turns
-
-    @property
-    def sweeper(self) -> Sweeper | None:
-        return self.shards.main.sweeper
-
-    @property
-    def plans(self) -> PlanTrigger | None:
-        return self.shards.main.trigger
-
     @classmethod
     def build(
         cls,
@@ -329,13 +311,16 @@ class DispatchServices:
         for label, shard_db in zip(shard_labels(config), (db, *shard_dbs), strict=True):
             store = DispatchStore.from_config(shard_db, config)
             tenancy = TenancyStore(shard_db)
+            tasks = TaskStore(shard_db)
+            operations = OperationsStore(shard_db)
+            plans = PlanStore(shard_db)
             commits = turns = weights = signals = sweeper = trigger = None
             if pool is not None:
                 commits = GroupCommitter(store, max_concurrent_groups=concurrent_groups(config.scheduler.sql_slots))
                 # Claim turns go to the database too: operators see every node's rotation in one place.
                 # And the other nodes' turns come back from it: the share across nodes.
                 turns = TurnRecorder(
-                    OperationsStore(shard_db),
+                    operations,
                     node_id,
                     _turns_of(routed, len(built), pool.scheduler),
                     applications=_known_on(routed, len(built), pool.scheduler),
@@ -358,7 +343,7 @@ class DispatchServices:
                 )
             if run.plans:
                 trigger = PlanTrigger(
-                    PlanStore(shard_db),
+                    plans,
                     config.plan_interval_s,
                     tasks_arrived=None if signals is None else signals.tasks_arrived,
                 )
@@ -367,9 +352,10 @@ class DispatchServices:
                     label=label,
                     db=shard_db,
                     tenancy=tenancy,
-                    tasks=TaskStore(shard_db),
-                    plans=PlanStore(shard_db),
-                    operations=OperationsStore(shard_db),
+                    tasks=tasks,
+                    submits=SubmitGroups(tasks),
+                    plans=plans,
+                    operations=operations,
                     store=store,
                     registry=WorkerRegistryStore(shard_db),
                     commits=commits,
@@ -393,15 +379,19 @@ class DispatchServices:
                 on_start=metrics.observe_start,
                 on_application=metrics.note_application,
             )
-        metrics.collect_from(
-            hub=hub,
-            pool=pool,
-            sweepers=[s.sweeper for s in built if s.sweeper is not None],
-            commits=[s.commits for s in built if s.commits is not None],
-            databases=[s.db for s in built],
-            signals=[s.signals for s in built if s.signals is not None],
-        )
         return cls(shards=shards, pool=pool, hub=hub)
+
+    def report_to(self, metrics: NodeMetrics) -> None:
+        """Let ``metrics`` read these services' figures at scrape time."""
+        shards = self.shards.all
+        metrics.collect_from(
+            hub=self.hub,
+            pool=self.pool,
+            sweepers=[s.sweeper for s in shards if s.sweeper is not None],
+            commits=[s.commits for s in shards if s.commits is not None],
+            databases=[s.db for s in shards],
+            signals=[s.signals for s in shards if s.signals is not None],
+        )
 
     async def run(self, shutdown_requested: trio.Event, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run every built service until cancelled; reports when all have started.
@@ -411,6 +401,7 @@ class DispatchServices:
         told to drain by their own shutdown watch."""
         async with trio.open_nursery() as nursery:
             for shard in self.shards.all:
+                await nursery.start(shard.submits.run)
                 if shard.commits is not None:
                     await nursery.start(shard.commits.run)
             if self.pool is not None:

@@ -20,9 +20,11 @@ import attrs
 import pytest
 import trio
 
-from orbit_node.config import Dsn, NodeConfig
+from orbit_node.config import NodeConfig
 from orbit_node.db import Database, migrate
+from orbit_node.dsn import Dsn
 from orbit_node.errors import OrbitError
+from orbit_node.services import default_services
 
 from .faults.mariadb import PrivateMariaDB
 from .nodeutil import run_node
@@ -192,6 +194,14 @@ async def running_node(node_config):
     ``running_node.base_url`` is its URL; ``running_node.client(token)`` an httpx client.
     """
     async with run_node(node_config) as running:
+        yield running
+
+
+@pytest.fixture
+async def full_node(node_config):
+    """``running_node`` with every background service (dispatch, recovery, plans): what a
+    Worker needs to be sent tasks."""
+    async with run_node(node_config, services=default_services()) as running:
         yield running
 
 

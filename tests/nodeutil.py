@@ -19,6 +19,7 @@ import trio
 from orbit_node.config import NodeConfig
 from orbit_node.db import Database
 from orbit_node.node import Node
+from orbit_node.sdk import SubmitTaskRequest
 from orbit_node.store.tenancy import SCOPES, TenancyStore
 
 # Every scope for every queue of the namespace.
@@ -116,3 +117,10 @@ def assert_error(response: httpx.Response, status: int, code: str, field: str | 
     assert document["request_id"].startswith("req_")
     assert response.headers["X-Request-Id"] == document["request_id"]
     return document["error"]
+
+
+def task_request(queue_id: str, payload: Any = None, handler: str = "h", **extra: Any) -> SubmitTaskRequest:
+    """An SDK submission of ``handler`` v1/v1 (the triple the SDK tests' Workers serve)."""
+    return SubmitTaskRequest(
+        queue_id=queue_id, handler=handler, handler_version="v1", payload_version="v1", payload=payload, **extra
+    )

@@ -402,7 +402,7 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
                     await w3.hello([alpha.queues["work"]], capacity=1)
                     await watch_two.wait_for(2)
                     for running in (one, two):
-                        await running.node.state.services.turns.flush()
+                        await running.node.state.services.shards.main.turns.flush()
 
                     await admin_json("application", "weight", "beta", "3", dsn=dsn)
                     (frame,) = await top_frames("--once", dsn=dsn)
@@ -486,6 +486,11 @@ COMMANDS = [
     ["application", "resume", "a"],
     ["queue", "list"],
     ["task", "show", "f" * 32],
+    ["task", "cancel", "f" * 32],
+    ["task", "retry", "f" * 32],
+    ["task", "list", "--application", "a"],
+    ["queue", "pause", "f" * 32],
+    ["queue", "resume", "f" * 32],
     ["explain", "f" * 32],
     ["top", "--once"],
 ]

@@ -14,8 +14,9 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from orbit_node.api.app import NodeState, create_app
-from orbit_node.config import Dsn, NodeConfig
+from orbit_node.config import NodeConfig
 from orbit_node.db import Database
+from orbit_node.dsn import Dsn
 
 from .helpers import REPO
 from .nodeutil import make_tenant, make_token
@@ -147,6 +148,8 @@ async def test_real_responses_match_the_document(running_node, db):
     async with running_node.client(read_only) as client:
         check(await client.post("/v1/tasks", json=body, headers={"Idempotency-Key": "k"}), "/v1/tasks")
         check(await client.post("/v1/tasks/batch", json={"tasks": [body]}), "/v1/tasks/batch")
+        for route in ("/v1/tasks/bulk-cancel", "/v1/tasks/bulk-retry"):
+            check(await client.post(route, json={"filter": {"state": "failed"}}), route)
     async with running_node.client(tenant.token) as client:
         created = check(await client.post("/v1/tasks", json=body, headers={"Idempotency-Key": "k"}), "/v1/tasks")
         task_id = created["data"]["task_id"]
@@ -204,6 +207,23 @@ async def test_real_responses_match_the_document(running_node, db):
         )
         check(await client.post(f"/v1/tasks/{task_id}/cancel"), "/v1/tasks/{task_id}/cancel")
         check(await client.get(f"/v1/tasks/{task_id}"), "/v1/tasks/{task_id}")
+        # Retry: refused for a succeeded task, new (201) then the same (200) for a cancelled one.
+        check(await client.post(f"/v1/tasks/{task_id}/retry"), "/v1/tasks/{task_id}/retry")
+        check(await client.post(f"/v1/tasks/{plain_id}/cancel"), "/v1/tasks/{task_id}/cancel")
+        retry = check(await client.post(f"/v1/tasks/{plain_id}/retry"), "/v1/tasks/{task_id}/retry")
+        assert retry["data"]["retried_from"] == plain_id
+        check(await client.post(f"/v1/tasks/{plain_id}/retry"), "/v1/tasks/{task_id}/retry")
+        check(await client.post("/v1/tasks/" + "0" * 32 + "/retry"), "/v1/tasks/{task_id}/retry")
+        listed = check(await client.get("/v1/tasks", params={"state": "queued,cancelled"}), "/v1/tasks")
+        assert {t["waiting_reason"] for t in listed["data"]} == {"NO_CAPABLE_WORKER", None}
+        check(await client.get("/v1/tasks", params={"priority_min": 5, "priority_max": 1}), "/v1/tasks")
+        for route in ("/v1/tasks/bulk-cancel", "/v1/tasks/bulk-retry"):
+            bulk = {"filter": {"task_ids": [task_id, plain_id]}, "limit": 1}
+            component("BulkRequest").validate(bulk)
+            first = check(await client.post(route, json=bulk), route)
+            check(await client.post(route, json={**bulk, "cursor": first["next_cursor"]}), route)
+            check(await client.post(route, json={"filter": {}}), route)
+            check(await client.post(route, json={"filter": {"queue_id": other.queue_id}}), route)
 
         queue = check(await client.post("/v1/queues", json={"name": "second", "max_concurrency": 2}), "/v1/queues")
         queue_id = queue["data"]["queue_id"]

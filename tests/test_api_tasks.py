@@ -67,6 +67,7 @@ async def test_accepted_task_detail(running_node, db):
         "updated_at",
         "plan_id",
         "plan_version",
+        "retried_from",
     }
     assert len(task["task_id"]) == 32 and task["queue_id"] == tenant.queue_id
     assert (task["handler"], task["handler_version"], task["payload_version"]) == ("object.prepare", "v1", "v1")

@@ -401,7 +401,9 @@ LIST_CASES = [
     ("queue_id malformed", "queue_id=xyz", "queue_id"),
     ("cursor garbage", "cursor=not-a-cursor", "cursor"),
     ("unknown parameter", "order=asc", "order"),
-    ("repeated parameter", "state=queued&state=running", "state"),
+    # state, priority and task_ids may be repeated (a list); the others are given once.
+    ("repeated parameter", f"queue_id={'a' * 32}&queue_id={'b' * 32}", "queue_id"),
+    ("repeated limit", "limit=1&limit=2", "limit"),
 ]
 
 

@@ -99,3 +99,185 @@ def test_profile_summary_from_collapsed_stacks():
     assert "claim (store/dispatch.py)" in frames and not any(f.startswith("run ") for f in frames)
     components = {r["frame"]: r["percent"] for r in summary["components"]}
     assert components["MySQL driver (trio_mysql)"] == 60.0 and components["json"] == 10.0
+
+
+# -- issue 27: durability settings, R and H, columns per durability, Worker shapes -----
+
+
+def test_durability_choices_and_plans(capsys):
+    from bench.__main__ import build_parser
+    from bench.durability import DEV, PROD, plan
+
+    parser = build_parser()
+    assert parser.parse_args(["s0", "--durability", " Both "]).durability == "both"
+    assert parser.parse_args(["s0"]).durability is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["s0", "--durability", "fast"])
+    assert "argument --durability: 'fast' is not one of prod, dev, both, server" in capsys.readouterr().err
+    # A scenario with a column per durability runs at both; one without runs at prod alone.
+    assert plan(None, default="both", columns=True) == (PROD, DEV)
+    assert plan("both", default="prod", columns=False) == (PROD,)
+    assert plan(None, default="prod", columns=True) == (PROD,)
+    assert plan("dev", default="both", columns=True) == (DEV,)
+    (no_binlog,) = plan("prod", default="both", columns=True, prod_binlog=False)
+    assert no_binlog.flush_log_at_trx_commit == 1 and not no_binlog.binlog
+    (server,) = plan("server", default="both", columns=True)
+    assert not server.private
+
+
+def test_durability_server_options_follow_docs_operations():
+    from bench.durability import DEV, PROD, check_settings, of_server
+
+    prod = PROD.server_args()
+    assert "--innodb-flush-log-at-trx-commit=1" in prod
+    assert {"--sync-binlog=1", "--binlog-format=ROW"} <= set(prod) and any(a.startswith("--log-bin") for a in prod)
+    dev = DEV.server_args()
+    assert "--innodb-flush-log-at-trx-commit=2" in dev and not any("binlog" in a or "log-bin" in a for a in dev)
+    assert (PROD.pg_synchronous_commit, DEV.pg_synchronous_commit) == ("on", "off")
+    good = {"innodb_flush_log_at_trx_commit": 1, "log_bin": 1, "sync_binlog": 1, "binlog_format": "ROW"}
+    assert check_settings(PROD, good) == []
+    problems = check_settings(PROD, {**good, "innodb_flush_log_at_trx_commit": 2, "sync_binlog": 0})
+    assert len(problems) == 2 and "not 1" in problems[0]
+    assert check_settings(DEV, {"innodb_flush_log_at_trx_commit": 2, "log_bin": 0}) == []
+    seen = of_server({"innodb_flush_log_at_trx_commit": "2", "log_bin": "0", "sync_binlog": "0"})
+    assert (seen.name, seen.pg_synchronous_commit, seen.private) == ("dev", "off", False)
+
+
+def test_units_convert_costs_into_r_and_h():
+    from bench.units import Units, cost, per_trip_us
+
+    units = Units(r_us=200.0, h_us=2000.0, healthz_per_s=300.0, r_trips=5000, h_requests=900)
+    assert units.r(500.0) == pytest.approx(2.5) and units.h(3000.0) == pytest.approx(1.5)
+    assert cost(500.0, units) == "500 us = 2.50 R"
+    assert cost(3000.0, units, in_h=True) == "3,000 us = 15.0 R = 1.50 H"
+    assert "H = 2,000 us = 10.0 R" in units.describe()
+    no_h = Units(r_us=200.0)
+    assert math.isnan(no_h.h(100.0)) and no_h.describe().endswith("H not measured")
+    # JSON (NaN written as null) and back.
+    assert Units.from_json({**units.to_json(), "unknown": 1}) == units
+    assert math.isnan(Units.from_json({"r_us": 1.0, "h_us": None}).h_us)
+    # R: the median of the rounds' CPU per trip, so one disturbed round does not move it.
+    assert per_trip_us([[0.1, 1000], [0.5, 1000], [0.12, 1000]]) == pytest.approx(120.0)
+    assert math.isnan(per_trip_us([]))
+
+
+def test_grid_puts_durabilities_side_by_side():
+    from bench.grids import grid, grid_table
+
+    prod = grid(["system"], ["tasks/s", "R"], [["orbit", 1000.0, 2.5], ["huey", 90.0, 1.0]], "prod", title="t")
+    single = grid_table(prod).splitlines()
+    assert single[0] == "t" and single[1].split() == ["system", "tasks/s", "R"]
+    both = {**prod, "rows": {**prod["rows"], "dev": [["orbit", 1500.0, 2.0], ["pgqueuer", 3000.0, 0.5]]}}
+    lines = grid_table(both).splitlines()
+    assert lines[1].split() == ["system", "tasks/s", "[prod]", "tasks/s", "[dev]", "R", "[prod]", "R", "[dev]"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[3:]}
+    assert rows["orbit"] == ["1,000", "1,500", "2.50", "2.00"]
+    assert rows["huey"] == ["90.0", "-", "1.00", "-"] and rows["pgqueuer"] == ["-", "3,000", "-", "0.500"]
+    with pytest.raises(ValueError, match="has 2 cells, not 3"):
+        grid(["system"], ["tasks/s", "R"], [["orbit", 1.0]], "prod")
+    # Too wide for a column per durability: a row per durability under each key instead.
+    values = [f"v{i}" for i in range(6)]
+    wide = grid(["system"], values, [["orbit", *range(6)]], "prod")
+    wide["rows"]["dev"] = [["orbit", *range(10, 16)], ["huey", *range(20, 26)]]
+    lines = grid_table(wide).splitlines()
+    assert lines[0].split() == ["system", "durability", *values]
+    assert [line.split()[:3] for line in lines[2:]] == [
+        ["orbit", "prod", "0"],
+        ["orbit", "dev", "10"],
+        ["huey", "prod", "-"],
+        ["huey", "dev", "20"],
+    ]
+
+
+def test_reports_of_two_durabilities_combine_into_one():
+    from bench.grids import combine_reports, figures_at, grid, grid_table
+
+    def report(name, rate, notes):
+        return {
+            "scenario": "s1",
+            "figures": {"rate": rate},
+            "grids": [grid(["system"], ["tasks/s"], [["orbit", rate]], name)],
+            "tables": ["statements"],
+            "targets": [Target.at_least("Orbit >= pgqueuer", rate / 100, 1.0)],
+            "notes": notes,
+            "profiles": {"node": {"samples": 1}},
+            "durability": {"name": name},
+        }
+
+    combined = combine_reports(
+        {"prod": report("prod", 90.0, ["shared", "sync on"]), "dev": report("dev", 150.0, ["shared", "sync off"])}
+    )
+    assert combined["figures"] == {"rate": 90.0} and figures_at(combined, "dev") == {"rate": 150.0}
+    assert [t.name for t in combined["targets"]] == ["[prod] Orbit >= pgqueuer", "[dev] Orbit >= pgqueuer"]
+    assert [t.verdict for t in combined["targets"]] == ["MISSED", "met"]
+    assert combined["notes"] == ["shared", "[prod] sync on", "[dev] sync off"]
+    assert set(combined["profiles"]) == {"node [prod]", "node [dev]"}
+    assert combined["tables"] == ["[prod]\nstatements", "[dev]\nstatements"]
+    assert "tasks/s [dev]" in grid_table(combined["grids"][0])
+    assert [d["name"] for d in combined["durability"]] == ["prod", "dev"]
+    alone = combine_reports({"prod": report("prod", 90.0, [])})
+    assert figures_at(alone, "prod") == {"rate": 90.0} and figures_at(alone, "dev") is None
+    broken = report("dev", 1.0, [])
+    broken["grids"] = []
+    with pytest.raises(ValueError, match="different numbers of grids"):
+        combine_reports({"prod": report("prod", 90.0, []), "dev": broken})
+
+
+def test_worker_shapes_are_bounded_by_the_pace():
+    from bench.s1 import Shape, parse_shapes
+
+    shapes = parse_shapes("64,1,16", "10,0", connections=8)
+    assert [(s.capacity, s.handler) for s in shapes] == [
+        (1, "no-op"),
+        (1, "10 ms"),
+        (16, "no-op"),
+        (16, "10 ms"),
+        (64, "no-op"),
+        (64, "10 ms"),
+    ]
+    # Capacity 1: 8 connections x 4 claims/s x 1 task = 32 tasks/s, so 30 s hold 960 tasks.
+    assert Shape(1, 0, 8).tasks(20_000, 30.0) == 960
+    assert Shape(64, 0, 8).tasks(20_000, 30.0) == 20_000
+    assert Shape(64, 0, 8).tasks(10, 30.0) == 512  # at least one full claim per connection
+    with pytest.raises(ValueError, match="--capacities '0,16'"):
+        parse_shapes("0,16", "0", connections=8)
+    with pytest.raises(ValueError, match="integers expected"):
+        parse_shapes("16", "ten", connections=8)
+
+
+def test_s1_targets_are_ratios_in_r_and_to_peers_at_prod():
+    from bench.s1 import orbit_targets
+    from bench.units import Units
+
+    units = Units(r_us=100.0)
+    shapes = [
+        {"capacity": 64, "handler_ms": 0, "connections": 8, "node_cpu_us_per_task": 250.0},
+        {"capacity": 64, "handler_ms": 10, "connections": 8, "node_cpu_us_per_task": 900.0},
+        {"capacity": 16, "handler_ms": 0, "connections": 8, "node_cpu_us_per_task": 280.0},
+    ]
+    orbit = {"tasks_per_s": 1000.0, "pacing_bound_tasks_per_s": 2048.0}
+    peers = {"pgqueuer": {"tasks_per_s": 2000.0, "concurrency": 128}, "huey": {"tasks_per_s": 200.0}}
+    floor = {"tasks_per_s": 1500.0}
+    targets = {t.name: t for t in orbit_targets(orbit, floor, peers, shapes, units)}
+    assert targets["S1 node CPU per executed task, capacity 64"].value == pytest.approx(2.5)
+    assert targets["S1 node CPU per executed task, capacity 64"].verdict == "MISSED"
+    assert targets["S1 node CPU per executed task, capacity 16"].verdict == "met"
+    assert targets["S1 Orbit >= pgqueuer"].verdict == "MISSED"
+    assert targets["S1 Orbit / huey at its best"].verdict == "met"
+    dev = {t.name for t in orbit_targets(orbit, floor, peers, shapes, units, against_peers=False)}
+    assert not any("pgqueuer" in name or "huey" in name for name in dev)
+
+
+def test_http_targets_are_ratios_to_r_and_h():
+    from bench.http import http_targets
+    from bench.units import Units
+
+    units = Units(r_us=200.0, h_us=1500.0)
+    healthz = {"node_cpu_us_per_request": 1500.0, "requests_per_s": 400.0}
+    submit = {"node_cpu_us_per_request": 2100.0, "requests_per_s": 260.0}
+    healthz_r, submit_h, rate = http_targets(healthz, submit, units)
+    assert (healthz_r.value, healthz_r.verdict) == (pytest.approx(7.5), "met")
+    assert (submit_h.value, submit_h.verdict) == (pytest.approx(1.4), "met")
+    assert (rate.value, rate.verdict) == (pytest.approx(0.65), "met")
+    slow = http_targets(healthz, {"node_cpu_us_per_request": 3000.0, "requests_per_s": 200.0}, units)
+    assert [t.verdict for t in slow] == ["met", "MISSED", "MISSED"]

@@ -11,12 +11,13 @@ import trio
 import trio.testing
 
 from orbit_node.claims import ClaimRequest
-from orbit_node.config import Dsn, NodeConfig, SchedulerLimits
+from orbit_node.config import NodeConfig, SchedulerLimits
 from orbit_node.dispatch.pool import ClaimPool, PoolClosed
 from orbit_node.dispatch.scheduler import FairScheduler, cache_key
+from orbit_node.dsn import Dsn
 from orbit_node.store.tenancy import Principal
 from orbit_node.workers import protocol as p
-from orbit_node.workers.connection import ConnectionClosed, WorkerConnection
+from orbit_node.workers.connection import WorkerConnection, WorkerConnectionClosed
 
 CAPS = frozenset({("h", "v1", "v1")})
 
@@ -223,7 +224,7 @@ class MemoryTransport:
         try:
             return await self.to_node_recv.receive()
         except trio.EndOfChannel:
-            raise ConnectionClosed("peer closed") from None
+            raise WorkerConnectionClosed("peer closed") from None
 
     async def send(self, text: str) -> None:
         self.sent.append(text)

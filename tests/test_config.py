@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from orbit_node.config import Dsn, NodeConfig, SchedulerLimits
+from orbit_node.config import SDK_VARIABLES, SETTING_VARIABLES, NodeConfig, SchedulerLimits, settings, settings_table
+from orbit_node.dsn import Dsn
 from orbit_node.errors import ConfigError
 
 
@@ -112,3 +115,43 @@ def test_a_bad_orbit_shards_entry_is_named(text, words):
     assert info.value.field == "ORBIT_SHARDS"
     assert info.value.message.startswith("ORBIT_SHARDS: ") and words in info.value.message
     assert "secret" not in info.value.message
+
+
+def test_the_readme_settings_table_is_the_one_the_declarations_give():
+    """Each setting is declared once (orbit_node/config.py); the README shows what that says."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    begin = readme.index("<!-- settings:")
+    block = readme[readme.index("\n", begin) + 1 : readme.index("<!-- /settings -->")].rstrip("\n")
+    assert block == settings_table(), "README's settings table differs: paste `python -m orbit_node.config`"
+
+
+def test_every_declared_variable_is_known_parsed_and_named_in_its_errors():
+    known = {s.env for s in settings()}
+    assert known | SDK_VARIABLES == SETTING_VARIABLES
+    base = {"ORBIT_MYSQL_DSN": "mysql://r@h/d"}
+    numbers = [s.env for s in settings() if s.env.endswith(("_S", "_BYTES", "_SIZE", "_MESSAGES"))]
+    assert len(numbers) == 11
+    for env in numbers:
+        with pytest.raises(ConfigError) as info:
+            NodeConfig.from_env({**base, env: "x"})
+        assert (info.value.field, info.value.message) == (env, f"{env}: expected a number, got 'x'")
+        with pytest.raises(ConfigError) as info:
+            NodeConfig.from_env({**base, env: "-1"})
+        assert info.value.field == env and info.value.message.startswith(f"{env} must ")
+    config = NodeConfig.from_env(
+        {
+            **base,
+            "ORBIT_DB_POOL_SIZE": "20",
+            "ORBIT_RUN_LEASE_S": "90.5",
+            "ORBIT_CONSOLE": " OFF ",
+            "ORBIT_LOG_LEVEL": "DEBUG",
+            "ORBIT_METRICS": "open",
+            "ORBIT_METRICS_ADDR": "0.0.0.0:9100",
+            "ORBIT_TLS_CERT": "",
+        }
+    )
+    assert (config.db_pool_size, config.run_lease_s, config.console, config.log_level) == (20, 90.5, False, "debug")
+    assert (config.metrics_host, config.metrics_port, config.tls_cert) == ("0.0.0.0", 9100, None)
+    with pytest.raises(ConfigError) as info:
+        NodeConfig.from_env({**base, "ORBIT_CONSOLE": "maybe"})
+    assert info.value.field == "ORBIT_CONSOLE"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import httpx
 import pytest
@@ -135,7 +136,7 @@ async def test_buttons_follow_the_scopes_and_the_node_refuses_what_they_do_not_a
         odd = await client.post(f"/console/queues/{q1}/pause", data={FORM: token, "paused": "1"})
         assert odd.status_code == 400 and "paused: not a field of this form" in odd.text
         away = await client.post(f"/console/queues/{q1}/pause", data={FORM: token, "back": "https://evil.example/"})
-        assert away.headers["location"] == "/console?done=paused"
+        assert away.headers["location"] == f"/console/queues/{q1}?done=paused"
     assert [await state_of(db, t) for t in (one, two)] == ["queued", "queued"]
     assert [(r["action"], r["queue_id"]) for r in await audit_rows(db)] == [("queue.pause", q1)]
 
@@ -428,47 +429,67 @@ async def test_queues_holding_due_tasks_no_connected_worker_can_run_are_marked(r
 # -- task search and paging ---------------------------------------------------------------------
 
 
-async def test_tasks_are_found_by_the_beginning_of_their_id_and_paged_past_the_newest(running_node, db):
+async def test_tasks_are_found_by_the_beginning_of_their_id_filtered_and_paged_past_the_newest(running_node, db):
     tenant = await make_tenant(db, queues=("q1", "q2"))
     owner = seed_tenant(tenant)
-    await seed.bulk_insert_tasks(db, owner, 30, id_prefix="abcdef01")
-    await seed.bulk_insert_tasks(db, owner, 3, id_prefix="abcdef02")
-    await seed.bulk_insert_tasks(db, seed_tenant(tenant, "q2"), 2, id_prefix="abcdef00")
-    failed = await seed.insert_task(db, owner, task_id="abcdef01" + "f" * 24)
+    # Ids begin with their acceptance time in milliseconds (ids.time_ordered_id): these
+    # begin with this minute's, the one after and the one before.
+    minute = int(time.time() * 1000) >> 16
+    now, later, earlier = (f"{minute + n:08x}" for n in (0, 1, -1))
+    await seed.bulk_insert_tasks(db, owner, 30, id_prefix=now)
+    await seed.bulk_insert_tasks(db, owner, 3, id_prefix=later, handler="report")
+    await seed.bulk_insert_tasks(db, seed_tenant(tenant, "q2"), 2, id_prefix=earlier, priority=7)
+    failed = await seed.insert_task(db, owner, task_id=now + "f" * 24)
     await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET state = 'failed' WHERE task_id = %s", (failed,)))
 
     def ids(html: str) -> list[str]:
-        return re.findall(r'<tr data-task-id="(\w+)">', html)
+        return re.findall(r'<tr data-task-id="(\w+)"', html)
 
     async with console(running_node) as client:
         await sign_in(client, tenant.token)
-        first = await client.get("/console/tasks", params={"task_id": "ABCDEF01 "})
+        first = await client.get("/console/tasks", params={"task_id": now.upper() + " "})
         assert first.status_code == 200
-        shown = ids(first.text)
-        expected = [failed] + [f"abcdef01{n:024x}" for n in range(29, -1, -1)]
-        assert shown == expected[:25]
-        # The refresh asks for the same search.
-        assert 'data-live="/console/tasks?task_id=abcdef01&amp;fragment=live"' in first.text
+        # Newest first (created_at, then id): the failed task was written last.
+        expected = [failed] + [f"{now}{n:024x}" for n in range(29, -1, -1)]
+        assert ids(first.text) == expected[:25]
+        # The refresh asks for the same search; a queued task says why it waits.
+        assert f'data-live="/console/tasks?task_id={now}&amp;fragment=live"' in first.text
+        assert 'data-code="NO_CAPABLE_WORKER">NO_CAPABLE_WORKER</span>' in first.text
         older = re.search(r'<a id="older-tasks" href="([^"]+)">', first.text)
         assert older and 'id="newest-tasks"' not in first.text
         second = await client.get(older.group(1).replace("&amp;", "&"))
         assert ids(second.text) == expected[25:] and 'id="older-tasks"' not in second.text
         assert 'id="newest-tasks"' in second.text
 
-        assert ids((await client.get("/console/tasks?task_id=abcdef0")).text)[:3] == [
-            f"abcdef02{n:024x}" for n in (2, 1, 0)
+        async def found(**params) -> list[str]:
+            page = await client.get("/console/tasks", params=params)
+            assert page.status_code == 200, (params, page.text)
+            return ids(page.text)
+
+        shorter = await found(task_id=now[:6])
+        assert len(shorter) == 25 and shorter[0] == failed and all(t.startswith(now[:6]) for t in shorter)
+        assert await found(task_id=now, state="failed") == [failed]
+        assert await found(handler="report") == [f"{later}{n:024x}" for n in (2, 1, 0)]
+        assert await found(queue_id=tenant.queues["q2"]) == [f"{earlier}{n:024x}" for n in (1, 0)]
+        assert await found(priority_min="7") == [f"{earlier}{n:024x}" for n in (1, 0)]
+        assert await found(state=["failed", "queued"], handler="report", priority_max="0") == [
+            f"{later}{n:024x}" for n in (2, 1, 0)
         ]
-        assert ids((await client.get("/console/tasks?task_id=abcdef01&state=failed")).text) == [failed]
-        q2 = await client.get("/console/tasks", params={"queue_id": tenant.queues["q2"]})
-        assert ids(q2.text) == [f"abcdef00{n:024x}" for n in (1, 0)]
+        assert await found(created_before="2000-01-01T00:00") == []
+        assert len(await found(created_after="2000-01-01T00:00")) == 25
+        failed_view = await client.get("/console/failed")
+        assert ids(failed_view.text) == [failed] and 'aria-current="page">Failed</a>' in failed_view.text
+
         whole = await client.get(f"/console/tasks?task_id={failed}")
         assert (whole.status_code, whole.headers["location"]) == (303, f"/console/tasks/{failed}")
         for query, field in (
             ("task_id=xyz", "task_id"),
             ("task_id=" + "a" * 33, "task_id"),
-            ("before=abc", "before"),
+            ("cursor=abc", "cursor"),
             ("state=done", "state"),
+            ("priority_min=5&priority_max=3", "priority_max"),
+            ("created_after=yesterday", "created_after"),
             ("queue_id=" + "0" * 32, "queue_id"),
         ):
             bad = await client.get("/console/tasks?" + query)
-            assert bad.status_code == 400 and f'id="search-error">{field}: ' in bad.text, query
+            assert bad.status_code == 400 and f'id="search-error">{field}: ' in bad.text, (query, bad.text[-600:])

@@ -11,10 +11,11 @@ from datetime import datetime
 import pytest
 import trio
 
-from orbit_node.config import Dsn
 from orbit_node.db import Database
-from orbit_node.db.pool import is_dropped, per_row_statement
+from orbit_node.db.driver import is_dropped
 from orbit_node.db.queries import parse_blocks
+from orbit_node.db.tx import per_row_statement
+from orbit_node.dsn import Dsn
 from orbit_node.errors import DatabaseError, Unavailable
 
 from .helpers import running_statements, wait_until
@@ -112,6 +113,57 @@ async def test_transactions_read_committed_by_default_repeatable_read_when_asked
     finally:
         await one.aclose()
         await other.aclose()
+
+
+async def test_a_transaction_opens_with_its_first_statement_and_costs_one_round_trip_more(dsn):
+    """START TRANSACTION (and another isolation level) travel in front of the body's first
+    statement: two statements and the commit are three round trips; what the body wrote
+    before a failing statement is rolled back, and a body that runs nothing sends nothing."""
+    db = Database(dsn, size=1)
+    try:
+        await opens_with_first_statement(db)
+    finally:
+        await db.aclose()
+
+
+async def opens_with_first_statement(db):
+    await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY, v INT) ENGINE=InnoDB"))
+    counts = {}
+
+    async def two_statements(tx):
+        counts["before"] = tx.commands
+        await tx.execute_raw("INSERT INTO t VALUES (1, 1)")
+        rows = await tx.fetchall_raw("SELECT v FROM t")
+        counts["after"] = tx.commands
+        return rows
+
+    async def commands(tx):
+        return tx.commands
+
+    for isolation in ("READ COMMITTED", "REPEATABLE READ"):
+        await db.run(lambda tx: tx.execute_raw("DELETE FROM t"))
+        start = await db.run(commands)
+        assert await db.transaction(two_statements, isolation=isolation) == [{"v": 1}]
+        # The body's two statements, the first carrying the opening; then the commit.
+        assert counts["after"] - counts["before"] == 2, isolation
+        assert await db.run(commands) - start == 3, isolation
+
+    async def fails_second(tx):
+        await tx.execute_raw("INSERT INTO t VALUES (2, 2)")
+        await tx.execute_raw("INSERT INTO t VALUES (1, 1)")  # duplicate key
+
+    with pytest.raises(DatabaseError):
+        await db.transaction(fails_second)
+    assert await db.run(lambda tx: tx.fetchall_raw("SELECT id FROM t ORDER BY id")) == [{"id": 1}]
+
+    async def nothing(tx):
+        counts["idle"] = tx.commands
+        return "done"
+
+    before = await db.run(commands)
+    assert await db.transaction(nothing) == "done"
+    # No opening, no commit: only the reads of the figure itself went out.
+    assert await db.run(commands) == before
 
 
 async def test_cancelled_transaction_leaves_no_broken_connection_in_the_pool(db):

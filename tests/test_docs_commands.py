@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import trio
 
 from orbit_node.services import default_services
 
-from .helpers import REPO, bootstrap
+from .helpers import BIN, REPO, bootstrap
 from .nodeutil import run_node
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -100,21 +101,37 @@ async def test_shell_blocks_run_as_written(document, docs_node, dsn, tmp_path):
 
 
 async def test_sdk_quick_start_runs_as_written(docs_node, dsn, tmp_path):
+    """The Worker module under ``orbit-worker`` in one process, the producer in another:
+    the producer prints what its task returned, and SIGTERM drains the Worker (exit 0)."""
     running, creds, address = docs_node
     text = (REPO / "docs" / "sdk.md").read_text()
-    quick_start = text.split("## Quick start", 1)[1]
-    program = blocks_in(quick_start)[0]
-    path = tmp_path / "quickstart.py"
-    path.write_text(program)
+    quick_start = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    worker_module, producer = blocks_in(quick_start)
+    assert "orbit-worker greeting_worker:worker`" in quick_start and "python greet.py`" in quick_start
+    (tmp_path / "greeting_worker.py").write_text(worker_module)
+    (tmp_path / "greet.py").write_text(producer)
     env = environment(dsn, address)
     del env["ORBIT_MYSQL_DSN"], env["ORBIT_HTTP_ADDR"]  # a client needs neither
     env["ORBIT_CREDENTIALS_FILE"] = str(creds)
     with trio.fail_after(60):
-        result = await trio.run_process(
-            [sys.executable, str(path)], cwd=REPO, env=env, capture_stdout=True, capture_stderr=True, check=False
+        worker = await trio.lowlevel.open_process(
+            [str(BIN / "orbit-worker"), "greeting_worker:worker"], cwd=tmp_path, env=env
         )
+        try:
+            result = await trio.run_process(
+                [sys.executable, "greet.py"],
+                cwd=tmp_path,
+                env=env,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            status = await worker.wait()
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout.decode() == "succeeded {'greeting': 'hello, Ada'}\n"
+    assert status == 0
 
 
 def blocks_in(text: str) -> list[str]:

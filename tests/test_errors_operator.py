@@ -21,8 +21,9 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
-from orbit_node.config import Dsn, NodeConfig
+from orbit_node.config import NodeConfig
 from orbit_node.db import Database, migrate
+from orbit_node.dsn import Dsn
 
 from .conftest import server_dsn
 from .faults.nodeproc import free_port

@@ -53,7 +53,7 @@ async def test_kill_of_the_claim_session_rolls_back_and_the_node_reconnects_by_i
     owner, token = await tenant_with_token(db)
     task_id = await seed.insert_task(db, owner)
     async with run_node(node_config, services=default_services()) as running:
-        store = running.node.state.services.store
+        store = running.node.state.services.shards.main.store
         pool = running.node.state.services.pool
         reserved, resume = trio.Event(), trio.Event()
 
@@ -165,7 +165,7 @@ async def test_a_black_holed_database_connection_does_not_wedge_the_node(node_co
         open_fault_proxy(dsn.host, dsn.port) as proxy,
         run_node(attrs.evolve(config, dsn=proxy.dsn_for(dsn)), services=default_services()) as node,
     ):
-        sweeper_passes = node.node.state.services.sweeper
+        sweeper_passes = node.node.state.services.shards.main.sweeper
         with trio.fail_after(30):
             async with raw_worker(node.base_url, token) as w:
                 await w.hello([owner.queue_id])
@@ -348,7 +348,7 @@ async def test_recovery_racing_a_workers_finish_settles_the_attempt_once(node_co
         # The node's own sweeper passes once at start, then stays out of the race.
         config = attrs.evolve(node_config, sweep_interval_s=3600)
         async with run_node(config, services=default_services()) as running:
-            node_store: DispatchStore = running.node.state.services.store
+            node_store: DispatchStore = running.node.state.services.shards.main.store
             later = DispatchStore.from_config(later_db if first == "finish" else db, node_config)
             (node_store if first == "finish" else later).hook = hook
             with trio.fail_after(60):

@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from orbit_node.db import Database
-from orbit_node.db.pool import is_dropped
+from orbit_node.db.driver import is_dropped
 from orbit_node.errors import Unavailable
 
 from .faults.clock import LaterDatabase

@@ -183,7 +183,7 @@ async def test_a_scripted_workload_shows_exactly_its_counts(node_config, db):
             assert value(m, "orbit_db_pool_size") == config.db_pool_size
 
             # The same turns reach the database, where every node's are seen together.
-            turns = running.node.state.services.turns
+            turns = running.node.state.services.shards.main.turns
             await turns.flush()
             rows = await db.run(
                 lambda tx: tx.fetchall_raw(
@@ -268,7 +268,7 @@ async def test_recovered_leases_and_replayed_transactions_are_counted(node_confi
     await seed.expire_lease(db, reservation.task_id)
     with trio.fail_after(TEST_TIMEOUT_S):
         async with run_node(config, services=default_services()) as running:
-            sweeper = running.node.state.services.sweeper
+            sweeper = running.node.state.services.shards.main.sweeper
             # The second pass that ends from now began after the lease had expired.
             await sweeper.wait_for_pass()
             await sweeper.wait_for_pass()

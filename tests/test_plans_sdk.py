@@ -50,7 +50,7 @@ async def test_the_sdk_manages_a_plan_whose_tasks_a_running_node_creates(node_co
                 )
                 assert (plan.active_version, plan.next_fire_at, plan.paused) == (1, None, False)
                 await set_next_fire(db, plan.plan_id, t0)
-                trigger = running.node.state.services.plans
+                trigger = running.node.state.services.shards.main.trigger
                 while trigger.totals.tasks_created < 10:
                     await trigger.wait_for_pass()
 

@@ -339,11 +339,11 @@ async def test_the_plan_service_of_a_node_creates_due_tasks(db, node_config):
     node = Node(node_config, services=ServiceSet(plans=True))
     with trio.fail_after(TEST_TIMEOUT_S):
         async with trio.open_nursery() as nursery:
-            trigger = await nursery.start(node.state.services.plans.run)
+            trigger = await nursery.start(node.state.services.shards.main.trigger.run)
             while trigger.passes < 1:
                 await trigger.wait_for_pass()
             nursery.cancel_scope.cancel()
-    assert node.state.services.plans is trigger
+    assert node.state.services.shards.main.trigger is trigger
     assert trigger.totals.tasks_created == 5
     assert [r["available_at"] for r in await plan_tasks(db, plan.plan_id)] == [t0 + seconds(5 * k) for k in range(5)]
 

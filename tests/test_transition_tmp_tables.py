@@ -14,7 +14,7 @@ import shutil
 from datetime import datetime
 
 from orbit_node.db import QUERIES, Database, migrate
-from orbit_node.db.pool import per_row_statement
+from orbit_node.db.tx import per_row_statement
 from orbit_node.store.ownership import FinishItem, Outcome
 
 from .seed import TaskSpec, attempt_rows, claim_request, dispatch_store, expire_lease, insert_tasks, task_row, tenant

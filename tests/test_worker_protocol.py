@@ -92,7 +92,7 @@ def test_good_inbound_messages_parse_and_match_the_schema(message):
 
 @pytest.mark.parametrize("text,code,field", BAD_INBOUND)
 def test_bad_inbound_messages_are_refused_with_a_code_and_the_schema_agrees(text, code, field):
-    with pytest.raises(p.ProtocolError) as info:
+    with pytest.raises(p.MessageRefused) as info:
         p.parse_message(text)
     assert info.value.code == code
     if field is not None:
@@ -107,7 +107,7 @@ def test_bad_inbound_messages_are_refused_with_a_code_and_the_schema_agrees(text
 
 @pytest.mark.parametrize("message", GOOD_INBOUND, ids=lambda m: m["type"])
 def test_a_binary_frame_is_refused_whatever_it_holds_and_closes_the_connection(message):
-    with pytest.raises(p.ProtocolError) as info:
+    with pytest.raises(p.MessageRefused) as info:
         p.parse_message(json.dumps(message).encode())
     assert (info.value.code, info.value.close_code) == ("MALFORMED_MESSAGE", p.CLOSE_PROTOCOL)
     assert "binary" in info.value.message
@@ -174,6 +174,6 @@ def test_message_ids_are_parsed_and_echoed_in_acks():
     ack = p.ack("start", [{"task_id": TASK, "ok": True}], msg.id)
     validate_message(ack, direction="node")
     assert ack["id"] == "m-7"
-    with pytest.raises(p.ProtocolError) as info:
+    with pytest.raises(p.MessageRefused) as info:
         p.parse_message(json.dumps({"type": "renew", "id": "bad id!", "tasks": [{"task_id": TASK, "token": TOKEN}]}))
     assert info.value.field == "id"

@@ -74,7 +74,7 @@ async def test_worker_disconnecting_mid_task_task_comes_back_after_lease_expiry_
     owner = await seed.tenant(db)
     token = await token_for(db, owner)
     task_id = await seed.insert_task(db, owner)
-    store = full_node.node.state.services.store
+    store = full_node.node.state.services.shards.main.store
     with trio.fail_after(20):
         async with raw_worker(full_node.base_url, token) as w:
             await w.hello([owner.queue_id])

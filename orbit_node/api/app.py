@@ -10,7 +10,7 @@ from werkzeug import exceptions as http_exceptions
 from werkzeug.exceptions import HTTPException
 
 from ..errors import InvalidArgument, NotFound, OrbitError, PayloadTooLarge
-from . import auth, envelope, explain, plans, queues, tasks, validation
+from . import auth, envelope, explain, plans, queues, task_actions, tasks, validation
 from .asgi import ClosingHTTPConnection
 from .console.views import blueprint as console_blueprint
 from .metrics import begin_request, observe_response
@@ -32,6 +32,7 @@ def v1_blueprint() -> Blueprint:
     v1 = Blueprint("v1", __name__, url_prefix="/v1")
     v1.before_request(auth.authenticate)
     v1.register_blueprint(tasks.bp)
+    v1.register_blueprint(task_actions.bp)
     v1.register_blueprint(queues.bp)
     v1.register_blueprint(explain.blueprint)
     v1.register_blueprint(plans.bp)

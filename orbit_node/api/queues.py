@@ -10,6 +10,7 @@ from .. import rules
 from ..store.tenancy import Queue
 from . import envelope, validation
 from .auth import principal, readable_queues, require_all_queues, require_queue_read, shard
+from .tasks import announce
 
 bp = Blueprint("queues", __name__)
 
@@ -81,7 +82,12 @@ async def pause_queue(queue_id: str):
 async def resume_queue(queue_id: str):
     namespace_id = _manage(queue_id)
     rules.no_fields(await validation.json_object(required=False))
-    return envelope.ok(queue_json(await shard().tenancy.set_queue_paused(namespace_id, queue_id, False)))
+    where = shard()
+    queue = await where.tenancy.set_queue_paused(namespace_id, queue_id, False)
+    # Claims that found the queue paused try again now, on every node, instead of when
+    # their empty-result cache entry expires.
+    announce(where, [(queue_id, None, None)])
+    return envelope.ok(queue_json(queue))
 
 
 @bp.patch("/queues/<queue_id>/controls")

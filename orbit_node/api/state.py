@@ -68,6 +68,7 @@ class NodeState:
             shutdown_requested=shutdown_requested if shutdown_requested is not None else trio.Event(),
             run=run,
         )
+        services.report_to(metrics)
         return cls(
             config=config,
             db=db,

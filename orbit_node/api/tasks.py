@@ -1,4 +1,6 @@
-"""Routes of /v1/tasks: submit (idempotent), detail, list, cancel."""
+"""Routes of /v1/tasks: submit (idempotent), detail, list (filtered), cancel.
+
+Retry and the bulk actions are ``api/task_actions.py``."""
 
 from __future__ import annotations
 
@@ -12,18 +14,18 @@ from .. import logs, rules
 from ..errors import OrbitError, PermissionDenied
 from ..services import Shard
 from ..store.acceptance import Submission
-from ..store.tasks import Accepted, Task, TaskSummary
+from ..store.task_rows import Task, TaskSummary
+from ..store.tasks import Accepted
 from ..store.tenancy import Principal
+from ..task_query import FILTER_FIELDS, LIST_FIELDS, TaskCursor, filter_from_query
 from ..wire import stored_json
 from . import envelope, validation
 from .auth import node_state, require_any, shard
 
 bp = Blueprint("tasks", __name__)
 
-# Query parameters of GET /v1/tasks.
-LIST_PARAMS = ("queue_id", "state", "limit", "cursor")
-# Cursor kind of task listings (a queue cursor is refused here).
-CURSOR_KIND = "t1"
+# Query parameters of GET /v1/tasks: the filter's fields and the page's.
+LIST_PARAMS = (*FILTER_FIELDS, "limit", "cursor")
 
 
 _stored_json = stored_json
@@ -50,6 +52,7 @@ def summary_json(task: TaskSummary) -> dict[str, Any]:
         cancel_requested=task.cancel_requested,
         created_at=envelope.timestamp(task.created_at),
         finished_at=envelope.timestamp(task.finished_at),
+        retried_from=task.retried_from,
     )
     return data
 
@@ -84,7 +87,7 @@ async def submit_task():
     who.require("tasks:submit", new.queue_id)
     state = node_state()
     where = state.shard(who)
-    accepted = await where.tasks.submit(who.namespace_id, key, new)
+    accepted = await where.submits.accept(who.namespace_id, key, new)
     logs.bind(queue_id=new.queue_id, task_id=accepted.task.task_id)
     if accepted.created:
         announce(where, [arrival(new, accepted.task)])
@@ -186,33 +189,37 @@ async def get_task(task_id: str):
     return envelope.ok(task_json(task))
 
 
-async def check_queue_filter(who: Principal, queue_id: str | None) -> None:
-    """A listing's ``queue_id`` filter: well formed, readable (tasks:read), a queue of the namespace."""
+async def check_queue_filter(who: Principal, queue_id: str | None, scope: str = "tasks:read") -> None:
+    """A ``queue_id`` filter: well formed, within the credential's ``scope``, a queue of the namespace."""
     if queue_id is not None:
         rules.path_id(queue_id, "queue_id")
-        who.require("tasks:read", queue_id)
+        who.require(scope, queue_id)
         await shard().tenancy.get_queue(who.namespace_id, queue_id)
+
+
+def cursor_text(cursor: TaskCursor | None) -> str | None:
+    return None if cursor is None else cursor.encode()
 
 
 @bp.get("/tasks")
 async def list_tasks():
+    """Summaries newest first by (created_at, task_id), filtered (docs/api.md, "Listing"),
+    each with the ``waiting_reason`` of a queued task that something holds back."""
     who = require_any("tasks:read")
-    params = validation.query(LIST_PARAMS)
-    queue_id = params.get("queue_id")
-    state = validation.state(params)
-    before = validation.decode_cursor(CURSOR_KIND, params)
-    limit = validation.limit(params)
-    await check_queue_filter(who, queue_id)
-    page = await shard().tasks.list(
-        who.namespace_id,
-        queue_ids=who.queue_filter("tasks:read"),
-        queue_id=queue_id,
-        state=state,
-        before=before,
-        limit=limit,
+    params = validation.query_lists(LIST_PARAMS, repeatable=LIST_FIELDS)
+    found = filter_from_query(params)
+    single = {name: values[0] for name, values in params.items()}
+    after = TaskCursor.decode(single["cursor"]) if "cursor" in single else None
+    limit = validation.limit(single)
+    await check_queue_filter(who, found.queue_id)
+    tasks = shard().tasks
+    page = await tasks.search(
+        who.namespace_id, found, queue_ids=who.queue_filter("tasks:read"), after=after, limit=limit
     )
+    waiting = await tasks.waiting_reasons(who.namespace_id, page.tasks)
     return envelope.ok(
-        [summary_json(t) for t in page.tasks], next_cursor=validation.encode_cursor(CURSOR_KIND, page.last)
+        [{**summary_json(t), "waiting_reason": waiting.get(t.task_id)} for t in page.tasks],
+        next_cursor=cursor_text(page.next_cursor),
     )
 
 

@@ -19,12 +19,8 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..errors import InvalidArgument, PayloadTooLarge, UnsupportedMediaType
 from ..ids import is_hex32
-from ..rules import IDEMPOTENCY_KEY, kind, parse_json, show
-from ..store.tasks import STATES
-
-LIST_LIMIT_DEFAULT = 100
-LIST_LIMIT_MAX = 500
-
+from ..rules import IDEMPOTENCY_KEY, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, kind, parse_json, show
+from ..task_query import STATES
 
 # -- the request -------------------------------------------------------------------
 
@@ -124,6 +120,20 @@ def query(allowed: Iterable[str]) -> dict[str, str]:
         if len(values) > 1:
             raise InvalidArgument(f"{key}: given more than once", field=key)
         result[key] = values[0]
+    return result
+
+
+def query_lists(allowed: Iterable[str], repeatable: Iterable[str]) -> dict[str, list[str]]:
+    """The query parameters, each with its values: the ``repeatable`` ones may be given
+    several times, the others once; unknown ones are refused."""
+    allowed, repeatable = set(allowed), set(repeatable)
+    result: dict[str, list[str]] = {}
+    for key, values in request.args.lists():
+        if key not in allowed:
+            raise InvalidArgument(f"{key}: unknown query parameter", field=key)
+        if len(values) > 1 and key not in repeatable:
+            raise InvalidArgument(f"{key}: given more than once", field=key)
+        result[key] = values
     return result
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,7 +19,7 @@ import trio
 
 from ..config import parse_addr
 from ..db import Database
-from ..errors import InvalidArgument, NotFound, OrbitError
+from ..errors import InvalidArgument, OrbitError
 from ..ids import is_hex32
 from ..rules import MAX_WEIGHT, MIN_WEIGHT, fairness_weight
 from ..rules import QUEUE_NAME as NAME
@@ -28,7 +27,16 @@ from ..store.dispatch import DispatchStore
 from ..store.operations import OperationsStore
 from ..store.tenancy import ALL_QUEUES, NODE_SCOPES, SCOPES, TenancyStore
 from . import admin_audit
-from .common import Parser, database_from_env, fail, print_json, run_command
+from .admin_tasks import (
+    QUEUE_ACTIONS,
+    TASK_ACTIONS,
+    add_queue_actions,
+    add_task_actions,
+    resolve_queue,
+    run_queue_action,
+    run_task_action,
+)
+from .common import Parser, add_json, console, database_from_env, fail, print_json, run_command, table
 from .ready import wait_until_served
 
 BASE_SCOPES = ("queues:manage", "tasks:submit", "tasks:read", "tasks:cancel")
@@ -148,15 +156,6 @@ def parse_scope(text: str) -> tuple[str, str | list[str]]:
     return name, names
 
 
-async def resolve_queue(tenancy: TenancyStore, namespace_id: str, name_or_id: str):
-    try:
-        return await tenancy.get_queue_by_name(namespace_id, name_or_id)
-    except NotFound:
-        if is_hex32(name_or_id):
-            return await tenancy.get_queue(namespace_id, name_or_id)
-        raise NotFound(f"--scope: no queue named {name_or_id!r} in this namespace", field="queue") from None
-
-
 async def namespace_queues(tenancy: TenancyStore, namespace_id: str) -> dict[str, str]:
     queues: dict[str, str] = {}
     after = ""
@@ -217,24 +216,6 @@ def _grant_text(grants: dict[str, Any]) -> str:
     return ", ".join(f"{scope} ({extent(scope, grant)})" for scope, grant in grants.items())
 
 
-def _console():
-    from rich.console import Console
-
-    # Piped output keeps whole rows (scripts should prefer --json).
-    return Console() if sys.stdout.isatty() else Console(width=200, color_system=None)
-
-
-def _table(title: str, columns: list[str], rows: list[list[Any]]):
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*("-" if v is None else str(v) for v in row))
-    return table
-
-
 def _quota_value(text: str) -> int | None:
     if text.strip().lower() in ("none", "unlimited"):
         return None
@@ -245,10 +226,6 @@ def _quota_value(text: str) -> int | None:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'none', got {text!r}")
     return value
-
-
-def _add_json(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -299,20 +276,20 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--output", type=Path, help="write a credentials file (mode 0600) instead of printing the token"
     )
-    _add_json(create)
+    add_json(create)
     revoke = cred.add_parser("revoke", help="revoke a credential at once (idempotent)")
     revoke.add_argument("credential_id", metavar="CREDENTIAL_ID")
-    _add_json(revoke)
+    add_json(revoke)
     clist = cred.add_parser("list", help="list an application's credentials (never their secrets)")
     clist.add_argument("--application", required=True)
     clist.add_argument("--namespace")
-    _add_json(clist)
+    add_json(clist)
 
     app = sub.add_parser(
         "application", help="list applications, set quota or fairness weight, suspend or resume"
     ).add_subparsers(dest="action", required=True, metavar="ACTION")
     alist = app.add_parser("list", help="applications with their quota, state and live tasks")
-    _add_json(alist)
+    add_json(alist)
     acreate = app.add_parser(
         "create",
         help="create an application and a namespace of it (idempotent)",
@@ -323,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     acreate.add_argument("application", metavar="APPLICATION")
     acreate.add_argument("--namespace", default="default", help="namespace to create (default: default)")
     acreate.add_argument("--environment", default="production", help="its environment (default: production)")
-    _add_json(acreate)
+    add_json(acreate)
     quota = app.add_parser(
         "quota",
         help="set an application's quota (only the options given change)",
@@ -333,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     quota.add_argument("application", metavar="APPLICATION")
     quota.add_argument("--max-concurrent", type=_quota_value, default=UNCHANGED, metavar="N|none")
     quota.add_argument("--max-starts-per-second", type=_quota_value, default=UNCHANGED, metavar="N|none")
-    _add_json(quota)
+    add_json(quota)
     weight = app.add_parser(
         "weight",
         help="set an application's fairness weight (1-100, default 1)",
@@ -343,31 +320,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     weight.add_argument("application", metavar="APPLICATION")
     weight.add_argument("weight", metavar="WEIGHT", help=f"an integer from {MIN_WEIGHT} to {MAX_WEIGHT}")
-    _add_json(weight)
+    add_json(weight)
     for action, text in (
         ("suspend", "no new reservations for the application (running tasks go on)"),
         ("resume", "let the application's tasks be reserved again"),
     ):
         gate = app.add_parser(action, help=text)
         gate.add_argument("application", metavar="APPLICATION")
-        _add_json(gate)
+        add_json(gate)
 
-    queue = sub.add_parser("queue", help="list queues with their backlog").add_subparsers(
+    queue = sub.add_parser("queue", help="list queues with their backlog, pause or resume one").add_subparsers(
         dest="action", required=True, metavar="ACTION"
     )
     qlist = queue.add_parser("list", help="queues with backlog by state and queued tasks by priority level")
     qlist.add_argument("--application")
     qlist.add_argument("--namespace", help="needs --application")
-    _add_json(qlist)
+    add_json(qlist)
+    add_queue_actions(queue)
 
-    task = sub.add_parser("task", help="show a task").add_subparsers(dest="action", required=True, metavar="ACTION")
+    task = sub.add_parser("task", help="show, list, cancel or retry tasks").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
     show = task.add_parser("show", help="a task of any namespace with its attempts")
     show.add_argument("task_id", metavar="TASK_ID")
-    _add_json(show)
+    add_json(show)
+    add_task_actions(task)
 
     explain = sub.add_parser("explain", help="why a task is (not) being dispatched right now")
     explain.add_argument("task_id", metavar="TASK_ID")
-    _add_json(explain)
+    add_json(explain)
 
     database = sub.add_parser("database", help="the servers of ORBIT_MYSQL_DSN").add_subparsers(
         dest="action", required=True, metavar="ACTION"
@@ -380,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--host HOST:PORT records that server in the cluster, and every node follows within a second.",
     )
     writer.add_argument("--host", metavar="HOST:PORT", help="record this server (as spelled in ORBIT_MYSQL_DSN)")
-    _add_json(writer)
+    add_json(writer)
 
     top = sub.add_parser(
         "top",
@@ -477,8 +458,8 @@ async def _credential(db: Database, args) -> None:
         if args.json:
             print_json(rows)
         else:
-            _console().print(
-                _table(
+            console().print(
+                table(
                     f"credentials of {args.application}" + (f"/{args.namespace}" if args.namespace else ""),
                     ["credential_id", "namespace", "name", "scopes", "created_at", "revoked_at"],
                     [
@@ -524,8 +505,8 @@ async def _application(db: Database, args) -> None:
         if args.json:
             print_json(apps)
         else:
-            _console().print(
-                _table(
+            console().print(
+                table(
                     "applications",
                     [
                         "application",
@@ -594,6 +575,9 @@ def _text(value: int | None) -> str:
 
 
 async def _queue(db: Database, args) -> None:
+    if args.action in QUEUE_ACTIONS:
+        await run_queue_action(db, args)
+        return
     if args.namespace and not args.application:
         fail("--namespace needs --application", 2)
     queues = await OperationsStore(db).queue_backlogs(application=args.application, namespace=args.namespace)
@@ -616,8 +600,8 @@ async def _queue(db: Database, args) -> None:
                 levels or "-",
             ]
         )
-    _console().print(
-        _table(
+    console().print(
+        table(
             "queues",
             [
                 "application",
@@ -642,6 +626,9 @@ def _task_id(value: str) -> str:
 
 
 async def _task(db: Database, args) -> None:
+    if args.action in TASK_ACTIONS:
+        await run_task_action(db, args)
+        return
     _task_id(args.task_id)
     task = await OperationsStore(db).task(args.task_id)
     if args.json:
@@ -654,8 +641,8 @@ async def _task(db: Database, args) -> None:
             value = json.dumps(value, ensure_ascii=False, default=str)
         print(f"{key:<{width}}  {'-' if value is None else value}")
     print()
-    _console().print(
-        _table(
+    console().print(
+        table(
             f"attempts ({len(history)})",
             ["attempt", "outcome", "node", "connection", "reserved_at", "started_at", "finished_at", "error"],
             [
@@ -723,8 +710,8 @@ async def _database(db: Database, args) -> None:
         print("recorded writer: none (each node writes to the first server it reaches)")
     else:
         print(f"recorded writer: {record['host']} (by {record['changed_by']} at {record['changed_at']})")
-    _console().print(
-        _table(
+    console().print(
+        table(
             "servers",
             ["host", "answers", "this command writes to", "error"],
             [[s["host"], "yes" if s["answers"] else "no", "yes" if s["writer"] else "", s["error"]] for s in servers],
@@ -745,7 +732,7 @@ async def _top(db: Database, args) -> None:
     try:
         await run_top(
             OperationsStore(db),
-            _console(),
+            console(),
             interval_s=args.interval,
             iterations=iterations,
             as_json=args.json,

@@ -13,7 +13,7 @@ from ..db import Database
 from ..ids import is_hex32
 from ..store.audit import MAX_LIMIT, AuditRecord, AuditStore
 from ..store.operations import OperationsStore
-from .common import fail, print_json
+from .common import add_json, console, fail, print_json, table
 
 # Records listed when --limit is not given.
 DEFAULT_LIMIT = 50
@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     listing.add_argument("--credential", metavar="CREDENTIAL_ID", help="only the records of this credential")
     listing.add_argument("--limit", type=int, default=DEFAULT_LIMIT, metavar="N", help=f"at most N (1 to {MAX_LIMIT})")
     listing.add_argument("--before", type=int, metavar="AUDIT_ID", help="only records older than this one")
-    listing.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+    add_json(listing)
 
 
 async def run(db: Database, args: argparse.Namespace) -> None:
@@ -62,10 +62,8 @@ async def run(db: Database, args: argparse.Namespace) -> None:
     if args.json:
         print_json({"records": [r.as_json() for r in page.records], "next_before": page.last})
         return
-    from .admin import _console, _table
-
-    _console().print(
-        _table(
+    console().print(
+        table(
             f"audit ({len(page.records)} records, newest first)",
             ["id", "at", "application / namespace", "credential", "action", "target", "changed", "outcome"],
             [

@@ -9,8 +9,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ..config import Dsn, check_environment, parse_shards
+from ..config import check_environment
 from ..db import Database
+from ..dsn import Dsn, parse_shards
 from ..errors import ConfigError, OrbitError
 
 
@@ -71,3 +72,25 @@ def run_command(fn: Callable[[], Any]) -> Any:
 
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+
+
+def console():
+    from rich.console import Console
+
+    # Piped output keeps whole rows (scripts should prefer --json).
+    return Console() if sys.stdout.isatty() else Console(width=200, color_system=None)
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]):
+    from rich.table import Table
+
+    shown = Table(title=title, title_justify="left")
+    for column in columns:
+        shown.add_column(column)
+    for row in rows:
+        shown.add_row(*("-" if v is None else str(v) for v in row))
+    return shown

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from ..config import DsnHost
+from ..dsn import DsnHost
 
 
 @attrs.define

@@ -10,7 +10,9 @@
   by cancellation, is closed rather than returned: its protocol state is unknown. An
   idle connection the server has closed meanwhile (restart, ``wait_timeout``) is noticed
   before reuse, without a round trip, so it never costs a request.
-* Driver errors are translated at this boundary into ``orbit_node.errors`` types.
+* Driver errors are translated at this boundary into ``orbit_node.errors`` types
+  (``driver.py``: error numbers, the session set-up, the connection class); statements
+  run through ``Tx`` (``tx.py``).
 * A DSN with several hosts (a MariaDB Galera cluster) is written through one server at a
   time, chosen by the rules of ``hosts.py``: the first reachable in order, the next when
   it is lost, an earlier one only when the ``database_writer`` record says so. Every new
@@ -24,16 +26,12 @@
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import random
-import re
-import select
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from datetime import datetime
 from typing import Any, TypeVar
 
 import attrs
@@ -41,12 +39,26 @@ import trio
 import trio_mysql
 import trio_mysql.converters
 import trio_mysql.cursors
-from trio_mysql.constants import FIELD_TYPE
+from trio_mysql.constants import CLIENT
 
-from ..config import Dsn, DsnHost
-from ..errors import DatabaseError, InvalidArgument, OrbitError, SchemaNotReady, Unavailable
+from ..dsn import Dsn, DsnHost
+from ..errors import InvalidArgument, OrbitError, Unavailable
+from .driver import (
+    CONNECTION_ERRNOS,
+    CONVERSIONS,
+    REPLAYABLE_ERRNOS,
+    SCHEMA_ERRNOS,
+    SESSION_SETUP,
+    UNKNOWN_VARIABLE_ERRNO,
+    WSREP_NOT_READY_ERRNO,
+    DriverConnection,
+    errno_of,
+    hard_close,
+    is_dropped,
+    translate,
+)
 from .hosts import HostOrder
-from .queries import QUERIES
+from .tx import Tx
 
 T = TypeVar("T")
 
@@ -55,24 +67,6 @@ log = logging.getLogger("orbit.db")
 # Server notes such as "table already exists" (CREATE ... IF NOT EXISTS) are not errors.
 warnings.filterwarnings("ignore", category=trio_mysql.Warning)
 
-# Errors after which the same transaction may simply be run again. On Galera a
-# certification failure at COMMIT, and a local transaction aborted by a replicated one,
-# are reported as 1213 (deadlock) too.
-REPLAYABLE_ERRNOS = frozenset({1213, 1205, 1020})
-# Galera: "WSREP has not yet prepared node for application use" - the server is not in the
-# primary component (partitioned, joining, desynced) and ran nothing. The writer moves on
-# and the transaction is replayed on the next server.
-WSREP_NOT_READY_ERRNO = 1047
-# The server has no such variable (MySQL has no wsrep_sync_wait): no barrier to take.
-UNKNOWN_VARIABLE_ERRNO = 1193
-# Client/server errors meaning the connection (or the server) is gone.
-CONNECTION_ERRNOS = frozenset({1040, 1053, 1152, 1158, 1159, 1160, 1161, 1927, 2002, 2003, 2006, 2013, 2014, 2055})
-# Server refusals of the configured user: access denied (to the server, the database, a
-# table or column), host not allowed.
-ACCESS_DENIED_ERRNOS = frozenset({1044, 1045, 1130, 1142, 1143})
-UNKNOWN_DATABASE_ERRNO = 1049
-# A table or column the node's statements need is missing: the schema is not the node's.
-SCHEMA_ERRNOS = frozenset({1054, 1146})
 # Replays of one transaction before the conflict is reported as an error.
 MAX_REPLAYS = 8
 # Base of the jittered pause between replays; small, conflicts clear in milliseconds.
@@ -84,269 +78,9 @@ ROLLBACK_TIMEOUT_S = 2.0
 # a transaction costs no extra round trip for it.
 DEFAULT_ISOLATION = "READ COMMITTED"
 
-# The statements the driver's executemany joins into multi-row INSERTs (any other is run
-# once per row, which Tx.execute_rows refuses).
-MULTI_ROW_INSERT = trio_mysql.cursors.RE_INSERT_VALUES
-# A statement that takes values per row (per_row_statement): ``{column}`` is a per-row
-# value, ``key IN %(row_keys)s`` names the rows.
-PER_ROW_COLUMN = re.compile(r"\{([a-z_]+)\}")
-PER_ROW_KEY = re.compile(r"(\w+)\s+IN\s+%\(row_keys\)s", re.IGNORECASE)
-
-SESSION_SETUP = (
-    "SET time_zone = '+00:00', "
-    "sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
-)
-
-
-def decode_datetime(text: str | bytes) -> datetime | str | None:
-    """A DATETIME/TIMESTAMP column value: ``datetime.fromisoformat`` (C) reads the server's
-    text form; anything it does not know goes to the driver's own (slower) converter."""
-    if isinstance(text, (bytes, bytearray)):
-        text = text.decode("ascii")
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        return trio_mysql.converters.convert_datetime(text)
-
-
-# The driver's conversions, with the fast DATETIME reader: rows carry several timestamps
-# each, and parsing them was the largest single cost of reading a row.
-CONVERSIONS = {
-    **trio_mysql.converters.conversions,
-    FIELD_TYPE.DATETIME: decode_datetime,
-    FIELD_TYPE.TIMESTAMP: decode_datetime,
-}
-
-
-def _close_stream(stream: Any) -> None:
-    """Close the OS socket under a trio stream (a TLS stream wraps a socket stream)."""
-    while stream is not None and not hasattr(stream, "socket"):
-        stream = getattr(stream, "transport_stream", None)
-    if stream is not None:
-        try:
-            stream.socket.close()
-        except Exception:
-            pass
-
-
-class DriverConnection(trio_mysql.connections.Connection):
-    """trio-mysql's connection, closing its socket when it gives the connection up.
-
-    The driver's own ``_force_close`` (run by ``close()``, and by the driver itself when a
-    read is interrupted, e.g. by a cancellation, or the server is lost) calls ``close()``
-    on a ``trio.SocketStream``, which has none, swallows the error and forgets the stream:
-    the socket then stays open until the garbage collector finds the stream, and the
-    server keeps the session, its open transaction and its row locks alive. A claim
-    cancelled while it waits for the server would hold its rows for as long.
-    """
-
-    _sock: Any
-    _closed: bool
-
-    def _force_close(self) -> None:
-        _close_stream(self._sock)
-        self._sock = None
-        self._closed = True
-
-    __del__ = _force_close
-
-
-def hard_close(conn) -> None:
-    """Close a driver connection's socket now: the server rolls its transaction back at once."""
-    conn.close()
-
-
-def is_dropped(conn) -> bool:
-    """An idle connection whose socket has anything to read is not fit for reuse.
-
-    A healthy idle MySQL session never sends unprompted, so readable means the server
-    closed it (restart, ``wait_timeout``, ``KILL``: EOF, RST or a farewell error packet).
-    Checked without a round trip, before every reuse, with ``poll`` (``select.select``
-    refuses descriptors of 1024 and above, which a busy process hands out).
-    """
-    stream = getattr(conn, "_sock", None)
-    if stream is None:
-        return True
-    try:
-        fd = stream.socket.fileno()
-        if fd < 0:
-            return True
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLPRI)
-        # Any event counts: data or EOF (POLLIN), an error or hang-up (always reported),
-        # a descriptor that is no longer open (POLLNVAL).
-        return bool(poller.poll(0))
-    except (OSError, ValueError):
-        return True
-
-
-def errno_of(exc: BaseException) -> int | None:
-    if isinstance(exc, trio_mysql.MySQLError) and exc.args and isinstance(exc.args[0], int):
-        return exc.args[0]
-    return None
-
-
-def translate(exc: BaseException) -> Exception:
-    """Turn a driver or socket error into the node's own error type.
-
-    What an operator must fix (the server unreachable, the user refused, the database
-    missing, the schema not migrated) becomes ``Unavailable`` with its ``cause``; the
-    driver's words stay in the message, which goes to the log and never to a caller."""
-    errno = errno_of(exc)
-    if (
-        errno in CONNECTION_ERRNOS
-        or errno == WSREP_NOT_READY_ERRNO
-        or isinstance(exc, (OSError, trio.BrokenResourceError, trio.ClosedResourceError))
-    ):
-        return Unavailable(f"database unavailable: {exc}", cause="unreachable")
-    if errno in ACCESS_DENIED_ERRNOS:
-        return Unavailable(f"database refused the configured user: {exc}", cause="access_denied")
-    if errno == UNKNOWN_DATABASE_ERRNO:
-        return Unavailable(f"database does not exist: {exc}", cause="unknown_database")
-    if errno in SCHEMA_ERRNOS:
-        return SchemaNotReady(f"database schema is not the one this node needs (run orbit-migrate up): {exc}")
-    if isinstance(exc, trio_mysql.MySQLError):
-        message = exc.args[1] if len(exc.args) > 1 else str(exc)
-        return DatabaseError(f"database error {errno}: {message}", errno=errno)
-    return DatabaseError(f"database error: {exc!r}")
-
-
-def per_row_statement(
-    template: str, rows: Mapping[Any, Mapping[str, Any]], params: Mapping[str, Any], *, name: str = "<sql>"
-) -> tuple[str, dict[str, Any]]:
-    """The text and parameters of a statement that takes a value per row.
-
-    ``template`` names its rows ``key IN %(row_keys)s`` (the keys of ``rows``) and each
-    per-row value ``{column}``; a row's values lack none but may leave one out (NULL).
-    ``{column}`` becomes the value most rows have, one parameter, and when some rows differ,
-    ``CASE key WHEN <row> THEN <its value> ... ELSE <that value> END`` with a branch for each
-    of them only. So a single-table UPDATE by primary key takes per-row values without
-    joining a table of them (a multi-table UPDATE needs an internal temporary table), and
-    the server compares each row with as few branches as the values allow.
-    """
-    found = PER_ROW_KEY.search(template)
-    if found is None:
-        raise ValueError(f"query {name!r} does not name its rows with `key IN %(row_keys)s`")
-    key = found.group(1)
-    columns = set(PER_ROW_COLUMN.findall(template))
-    unknown = {column for values in rows.values() for column in values} - columns
-    if unknown:
-        raise ValueError(f"query {name!r} has no per-row column {sorted(unknown)!r}")
-    keys = list(rows)
-    values: dict[str, Any] = {**params, "row_keys": tuple(keys)}
-    expressions: dict[str, str] = {}
-    for column in columns:
-        by_row = [rows[k].get(column) for k in keys]
-        common = collections.Counter(by_row).most_common(1)[0][0]
-        values[f"_{column}"] = common
-        branches = []
-        for i, value in enumerate(by_row):
-            if value != common:
-                values[f"_row_{i}"], values[f"_{column}_{i}"] = keys[i], value
-                branches.append(f"WHEN %(_row_{i})s THEN %(_{column}_{i})s")
-        expressions[column] = (
-            f"CASE {key} {' '.join(branches)} ELSE %(_{column})s END" if branches else f"%(_{column})s"
-        )
-    return PER_ROW_COLUMN.sub(lambda m: expressions[m.group(1)], template), values
-
-
-@attrs.define(eq=False)
-class Tx:
-    """The handle a transaction body (or a single autocommit statement) works through."""
-
-    _conn: Any
-
-    async def _run(self, name: str, params: Mapping[str, Any] | Sequence[Any] | None):
-        sql = QUERIES[name]
-        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
-        await cursor.execute(sql, params)
-        return cursor
-
-    async def fetchall(self, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-        cursor = await self._run(name, params)
-        return list(await cursor.fetchall())
-
-    async def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-        cursor = await self._run(name, params)
-        return await cursor.fetchone()
-
-    async def fetchrow(self, name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The row of a statement that always returns one (an aggregate, or a row this
-        transaction wrote or locked); no row is a DatabaseError naming the statement."""
-        row = await self.fetchone(name, params)
-        if row is None:
-            raise DatabaseError(f"database error: {name} returned no row")
-        return row
-
-    async def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int:
-        """Run a named statement and return the number of rows it affected."""
-        cursor = await self._run(name, params)
-        return cursor.rowcount
-
-    async def execute_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
-        """Run a named ``INSERT ... VALUES (%(a)s, ...)`` for every row, as multi-row INSERTs.
-
-        The driver escapes each row's parameters like any other statement's and joins the
-        value lists into as few statements as its size limit allows (all inside the
-        caller's transaction). A statement that is not a plain INSERT with a VALUES list of
-        placeholders only would be run row by row: it is refused instead. Returns the rows
-        affected.
-        """
-        if not rows:
-            return 0
-        sql = QUERIES[name]
-        if not MULTI_ROW_INSERT.match(sql):
-            raise ValueError(f"query {name!r} is not an INSERT whose VALUES list holds only placeholders")
-        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
-        await cursor.executemany(sql, rows)
-        return cursor.rowcount
-
-    async def execute_per_row(
-        self, name: str, rows: Mapping[str, Mapping[str, Any]], params: Mapping[str, Any] | None = None
-    ) -> int:
-        """Run the named statement ``name`` with values per row (``per_row_statement``): ``rows``
-        maps each row's key to its values. Returns the rows affected."""
-        if not rows:
-            return 0
-        sql, values = per_row_statement(QUERIES[name], rows, params or {}, name=name)
-        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
-        await cursor.execute(sql, values)
-        return cursor.rowcount
-
-    async def fetchall_union(
-        self, branch: str, tail: str, branches: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
-    ) -> list[dict[str, Any]]:
-        """Named query ``branch`` once per item of ``branches`` joined with UNION ALL, then
-        ``tail``. ``{i}`` in the branch's text numbers its own parameters: the keys of
-        ``branches[i]`` are passed as ``<key>_<i>``; ``params`` are shared by all."""
-        template = QUERIES[branch]
-        sql = " UNION ALL ".join(template.replace("{i}", str(i)) for i in range(len(branches)))
-        values = dict(params)
-        for i, branch_params in enumerate(branches):
-            values.update({f"{key}_{i}": value for key, value in branch_params.items()})
-        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
-        await cursor.execute(f"{sql} {QUERIES[tail]}", values)
-        return list(await cursor.fetchall())
-
-    async def execute_raw(self, sql: str, params: Any = None) -> int:
-        """Run literal SQL. Only the migration runner and test fixtures use this."""
-        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
-        await cursor.execute(sql, params)
-        return cursor.rowcount
-
-    async def fetchall_raw(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
-        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
-        await cursor.execute(sql, params)
-        return list(await cursor.fetchall())
-
-    @property
-    def thread_id(self) -> int:
-        """The server's id of this connection (for ``KILL`` in fault tests)."""
-        return self._conn.server_thread_id[0]
-
 
 @attrs.frozen
-class PoolStatistics:
+class DatabasePoolStatistics:
     size: int
     open: int
     idle: int
@@ -386,9 +120,9 @@ class Database:
         """The server new connections go to."""
         return self.order.writer
 
-    def statistics(self) -> PoolStatistics:
+    def statistics(self) -> DatabasePoolStatistics:
         in_use = self.size - self._slots.value
-        return PoolStatistics(self.size, self._open, len(self._idle), in_use, self.replays)
+        return DatabasePoolStatistics(self.size, self._open, len(self._idle), in_use, self.replays)
 
     async def _open_to(self, host: DsnHost):
         conn = DriverConnection(
@@ -401,6 +135,9 @@ class Database:
             charset="utf8mb4",
             use_unicode=True,
             autocommit=True,
+            # A transaction's opening travels with its first statement (``Tx``). Every
+            # statement's values are escaped by the driver; none is built from input text.
+            client_flag=CLIENT.MULTI_STATEMENTS,
             connect_timeout=self.connect_timeout_s,
             init_command=SESSION_SETUP,
             conv=CONVERSIONS,
@@ -658,12 +395,15 @@ class Database:
             try:
                 async with self.connection() as conn:
                     try:
+                        # Opened in front of the body's first statement (``Tx``); another
+                        # isolation level is for this transaction only, the session's stays.
+                        opening: tuple[str, ...] = ("START TRANSACTION",)
                         if isolation != DEFAULT_ISOLATION:
-                            # For the next transaction only; the session default stays.
-                            await conn.query(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
-                        await conn.begin()
-                        result = await fn(Tx(conn))
-                        await conn.commit()
+                            opening = (f"SET TRANSACTION ISOLATION LEVEL {isolation}", *opening)
+                        tx = Tx(conn, opening)
+                        result = await fn(tx)
+                        if tx.opened:
+                            await conn.commit()
                         return result
                     except (trio_mysql.MySQLError, OrbitError) as exc:
                         # A statement failed or the body gave up: roll back before the

@@ -33,7 +33,7 @@ class PoolClosed(Exception):
 
 
 @attrs.frozen
-class PoolStatistics:
+class ClaimPoolStatistics:
     claims_with_tasks: int
     claims_empty: int
     claims_failed: int
@@ -215,9 +215,9 @@ class ClaimPool:
                         exc,
                     )
 
-    def statistics(self) -> PoolStatistics:
+    def statistics(self) -> ClaimPoolStatistics:
         s = self.scheduler.statistics()
-        return PoolStatistics(
+        return ClaimPoolStatistics(
             claims_with_tasks=self._counts["tasks"],
             claims_empty=self._counts["empty"],
             claims_failed=self._counts["error"],

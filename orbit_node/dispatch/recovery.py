@@ -19,7 +19,7 @@ import attrs
 from ..periodic import PeriodicService
 from ..store.dispatch import DispatchStore
 from ..store.ownership import RecoveryStats
-from ..store.transitions import Requeued
+from ..store.recovery import Requeued
 
 log = logging.getLogger("orbit.recovery")
 

@@ -1,22 +1,25 @@
 """Python SDK: a trio-native client of the task interface (``OrbitClient``: tasks, queues,
-plans) and the automatic Worker (``Worker``: run handlers for the tasks of queues).
+plans, waiting for tasks) and the automatic Worker (``Worker``: run handlers for the
+tasks of queues; ``Worker.serve`` / ``orbit-worker`` as a process of its own). Every
+failure it raises is an ``OrbitClientError``.
 
     from orbit_node.sdk import OrbitClient, PermanentError, SubmitTaskRequest, Worker, WorkerTask
 
 The guide is ``docs/sdk.md``.
 """
 
-from ..errors import ConfigError
 from .client import (
     AlreadyExistsError,
     ApiError,
     Backoff,
     BatchItemResult,
+    ConfigError,
     Credentials,
     FailedPreconditionError,
     IdempotencyConflictError,
     InternalError,
     InvalidArgumentError,
+    InvalidRequestError,
     NotFoundError,
     OrbitClient,
     OrbitClientError,
@@ -40,8 +43,10 @@ from .client import (
     UnauthenticatedError,
     UnavailableError,
     UnsupportedMediaTypeError,
+    WaitTimeoutError,
     credentials_from_env,
 )
+from .filters import BulkItem, BulkResult, TaskFilter
 from .worker import Handler, PermanentError, Worker, WorkerRejected, WorkerTask
 
 __all__ = [
@@ -49,6 +54,8 @@ __all__ = [
     "ApiError",
     "Backoff",
     "BatchItemResult",
+    "BulkItem",
+    "BulkResult",
     "ConfigError",
     "Credentials",
     "FailedPreconditionError",
@@ -56,6 +63,7 @@ __all__ = [
     "IdempotencyConflictError",
     "InternalError",
     "InvalidArgumentError",
+    "InvalidRequestError",
     "NotFoundError",
     "OrbitClient",
     "OrbitClientError",
@@ -74,12 +82,14 @@ __all__ = [
     "SubmitResult",
     "SubmitTaskRequest",
     "Task",
+    "TaskFilter",
     "TaskSummary",
     "TaskTemplate",
     "TransportError",
     "UnauthenticatedError",
     "UnavailableError",
     "UnsupportedMediaTypeError",
+    "WaitTimeoutError",
     "Worker",
     "WorkerRejected",
     "WorkerTask",

@@ -8,9 +8,11 @@
         results = await client.submit_many([("prepare-002", request_2), ("prepare-003", request_3)])
         [r.status for r in results]                        # 201, 200, 409, 400, ... per item
 
-Every error the server reports is raised as an ``ApiError`` subclass carrying the
-server's ``code``, ``field`` and ``request_id``. Timeouts are the caller's: wrap a
-call in ``trio.fail_after(...)`` / ``trio.move_on_after(...)``.
+Everything the client raises is an ``OrbitClientError``: every error the server
+reports is an ``ApiError`` subclass carrying the server's ``code``, ``field`` and
+``request_id``; a request that cannot be sent (a payload holding a ``set``) is an
+``InvalidRequestError`` naming the field. Timeouts are the caller's: wrap a call in
+``trio.fail_after(...)`` / ``trio.move_on_after(...)``, or give ``wait`` its ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Self, TypeVar
@@ -26,7 +28,10 @@ from typing import Any, ClassVar, Generic, Self, TypeVar
 import attrs
 import httpx
 
-from ..errors import ConfigError, OrbitError
+from .. import errors
+from ..errors import OrbitError
+from .encoding import NotJson, encode
+from .filters import BulkItem, BulkResult, TaskFilter
 
 T = TypeVar("T")
 
@@ -40,9 +45,45 @@ MAX_BATCH_TASKS = 1000
 
 
 class OrbitClientError(OrbitError):
-    """Root of the errors this client raises."""
+    """Root of the errors the SDK raises (the client's and the Worker's)."""
 
     code = "CLIENT_ERROR"
+    # ``http_status`` is how the node answers one of its own errors; an error the SDK
+    # raises is not answered by anyone (``ApiError.status`` is what the node answered).
+    http_status: int | None = None  # type: ignore[assignment]
+
+
+# OrbitClientError's http_status (None) comes first in the MRO, as meant.
+class ConfigError(OrbitClientError, errors.ConfigError):  # type: ignore[misc]
+    """Bad configuration of the SDK: a credentials file or ``ORBIT_CREDENTIALS_FILE``
+    missing or incomplete, a queue name the namespace does not have. ``field`` names
+    the setting. Also an ``orbit_node.errors.ConfigError``."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class InvalidRequestError(OrbitClientError, ValueError):
+    """A request the client would not send: a value that is not JSON (a ``set``, an
+    object, NaN) or an argument out of range. ``field`` names it by its path
+    (``payload.tags``, ``requests[3].payload.when``, ``task_ids[0]``); nothing was sent.
+    (``InvalidArgumentError`` is the node's refusal of a request it received.)"""
+
+    code = "INVALID_ARGUMENT"
+
+
+class WaitTimeoutError(OrbitClientError):
+    """``wait`` / ``as_finished`` ran out of time: ``unfinished`` maps each task id that
+    had not reached a terminal state to the state last read (None if it could not be
+    read); ``finished`` holds the tasks that did, in the order they were seen finished.
+    The last read failure the wait rode out (the node unreachable, 503), if any, is the
+    ``__cause__``."""
+
+    code = "WAIT_TIMEOUT"
+
+    def __init__(self, message: str, *, unfinished: Mapping[str, str | None], finished: list[Task]):
+        super().__init__(message)
+        self.unfinished = dict(unfinished)
+        self.finished = list(finished)
 
 
 class TransportError(OrbitClientError):
@@ -138,6 +179,15 @@ ERRORS_BY_CODE: dict[str, type[ApiError]] = {
 }
 
 
+def _encode(value: Any, path: str) -> str:
+    """``value`` as JSON text, or an ``InvalidRequestError`` naming the first part that is
+    not JSON (``path`` names ``value`` itself; empty for a request body)."""
+    try:
+        return encode(value, path)
+    except NotJson as exc:
+        raise InvalidRequestError(f"{exc}; nothing was sent", field=exc.field) from None
+
+
 def api_error(error: Mapping[str, Any], status: int, request_id: str | None) -> ApiError:
     """The ``ApiError`` subclass of an error object of the envelope (or of a batch item)."""
     code = str(error.get("code", "UNKNOWN"))
@@ -157,7 +207,7 @@ def _rfc3339(value: datetime) -> str:
 
 def _aware(instance: Any, attribute: attrs.Attribute[datetime | None], value: datetime | None) -> None:
     if value is not None and (value.tzinfo is None or value.utcoffset() is None):
-        raise ValueError(f"{attribute.name} must be a timezone-aware datetime")
+        raise InvalidRequestError(f"{attribute.name}: must be a timezone-aware datetime", field=attribute.name)
 
 
 def _segment(value: str) -> str:
@@ -337,6 +387,11 @@ class TaskSummary(_FromJson):
     cancel_requested: bool
     created_at: datetime = _time_field()
     finished_at: datetime | None = _time_field(optional=True)
+    # The task this one retries (``retry_task``), else None.
+    retried_from: str | None = None
+    # Listings only: why a queued task waits (QUEUE_PAUSED, APPLICATION_SUSPENDED,
+    # NO_CAPABLE_WORKER, NOT_DUE, QUOTA, RESOURCE_KEY_HELD), else None.
+    waiting_reason: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -518,14 +573,17 @@ class OrbitClient:
         event_hooks: Mapping[str, list[Callable[..., Any]]] | None = None,
     ):
         self.url = url.rstrip("/")
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
-            transport=transport,
-            event_hooks=dict(event_hooks or {}),
-            # Timeouts are cancel scopes set by the caller (trio.fail_after around a call).
-            timeout=None,
-        )
+        try:
+            self._http = httpx.AsyncClient(
+                base_url=self.url,
+                headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+                transport=transport,
+                event_hooks=dict(event_hooks or {}),
+                # Timeouts are cancel scopes set by the caller (trio.fail_after around a call).
+                timeout=None,
+            )
+        except httpx.InvalidURL as exc:
+            raise ConfigError(f"url: not a node URL ({exc}): {url!r}", field="url") from None
 
     @classmethod
     def from_credentials(cls, credentials: Credentials, *, url: str | None = None, **kwargs: Any) -> OrbitClient:
@@ -554,20 +612,31 @@ class OrbitClient:
         path: str,
         *,
         body: Mapping[str, Any] | None = None,
+        content: bytes | None = None,
         params: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> tuple[int, dict[str, Any]]:
-        """Send one request; returns (status, envelope) or raises the server's error."""
+        """Send one request; returns (status, envelope) or raises the server's error.
+
+        ``body`` is encoded here (a value that is not JSON is an ``InvalidRequestError``
+        naming its path, and nothing is sent); ``content`` is a body encoded already."""
         request_headers = dict(headers or {})
-        content = None
         if body is not None:
-            content = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+            content = _encode(body, "").encode("utf-8")
+        if content is not None:
             request_headers["Content-Type"] = "application/json"
         query = {k: v for k, v in (params or {}).items() if v is not None}
         try:
             response = await self._http.request(method, path, content=content, params=query, headers=request_headers)
         except httpx.TransportError as exc:
             raise TransportError(f"{method} {path}: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            # Not a transport failure: the answer could not be decoded (or redirected on and on).
+            raise ProtocolError(f"{method} {path}: {exc!r}") from exc
+        except httpx.InvalidURL as exc:
+            raise InvalidRequestError(
+                f"{method} {path}: not a valid URL ({exc}); nothing was sent", field="url"
+            ) from None
         try:
             document = json.loads(response.content)
         except ValueError:
@@ -616,15 +685,21 @@ class OrbitClient:
         return=minimal``): ``task`` is then None and ``task_id``/``state`` say what was
         accepted. It is the cheaper way to submit many tasks that are not read back.
         """
-        if not 1 <= batch_size <= MAX_BATCH_TASKS:
-            raise ValueError(f"batch_size must be from 1 to {MAX_BATCH_TASKS}")
-        items = [{"idempotency_key": key, **request.to_json()} for key, request in requests]
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH_TASKS:
+            raise InvalidRequestError(
+                f"batch_size: expected 1 to {MAX_BATCH_TASKS}, got {batch_size!r}", field="batch_size"
+            )
+        # Every item is encoded before the first batch is sent: one that is not JSON
+        # (named by its place in ``requests``) stops the call before anything is accepted.
+        items = [
+            _encode({"idempotency_key": key, **request.to_json()}, f"requests[{index}]")
+            for index, (key, request) in enumerate(requests)
+        ]
         results: list[BatchItemResult] = []
         headers = None if return_tasks else {"Prefer": "return=minimal"}
         for start in range(0, len(items), batch_size):
-            _, document = await self._call(
-                "POST", "/v1/tasks/batch", body={"tasks": items[start : start + batch_size]}, headers=headers
-            )
+            content = '{"tasks":[' + ",".join(items[start : start + batch_size]) + "]}"
+            _, document = await self._call("POST", "/v1/tasks/batch", content=content.encode("utf-8"), headers=headers)
             request_id = document.get("request_id")
             for item in document["data"]["results"]:
                 status = int(item["status"])
@@ -646,21 +721,107 @@ class OrbitClient:
         self,
         *,
         queue_id: str | None = None,
-        state: str | None = None,
+        state: str | Sequence[str] | None = None,
+        filter: TaskFilter | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page[TaskSummary]:
-        """One page of summaries, newest first."""
-        _, document = await self._call(
-            "GET", "/v1/tasks", params={"queue_id": queue_id, "state": state, "limit": limit, "cursor": cursor}
-        )
+        """One page of summaries, newest first by (created_at, task_id); ``filter`` (and the
+        ``queue_id`` / ``state`` shortcuts) narrow it. A queued task says why it waits
+        (``waiting_reason``). Pass ``page.next_cursor`` as ``cursor``, with the same filter."""
+        params = {} if filter is None else filter.to_params()
+        if queue_id is not None:
+            params["queue_id"] = queue_id
+        if state is not None:
+            params["state"] = state if isinstance(state, str) else ",".join(state)
+        _, document = await self._call("GET", "/v1/tasks", params={**params, "limit": limit, "cursor": cursor})
         return Page.from_document(TaskSummary, document)
+
+    async def iter_tasks(
+        self, filter: TaskFilter | None = None, *, page_size: int | None = None
+    ) -> AsyncIterator[TaskSummary]:
+        """Every task ``filter`` matches, newest first, a page (``page_size``, 1-500) at a time."""
+        cursor = None
+        while True:
+            page = await self.list_tasks(filter=filter, limit=page_size, cursor=cursor)
+            for task in page.items:
+                yield task
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     async def cancel_task(self, task_id: str) -> Task:
         """Queued: cancelled at once. Reserved/running: cancel requested; the Worker's handler is
         cancelled and the task ends ``cancelled``. A task that finished otherwise: ``FailedPreconditionError``."""
         _, document = await self._call("POST", f"/v1/tasks/{_segment(task_id)}/cancel")
         return Task.from_json(document["data"])
+
+    async def retry_task(self, task_id: str) -> SubmitResult:
+        """Run a failed, cancelled or expired task again, as a new task linked to it
+        (``retried_from``); ``created`` is False when it was retried before (the same new
+        task). Any other state: ``FailedPreconditionError``."""
+        status, document = await self._call("POST", f"/v1/tasks/{_segment(task_id)}/retry")
+        return SubmitResult(Task.from_json(document["data"]), created=status == 201)
+
+    async def bulk_cancel(
+        self, filter: TaskFilter, *, limit: int | None = None, cursor: str | None = None
+    ) -> BulkResult:
+        """Cancel the next ``limit`` (at most 1,000) tasks ``filter`` matches, newest first; go on
+        with ``cursor=result.next_cursor`` until it is None (``iter_bulk_cancel`` does)."""
+        return await self._bulk("cancel", filter, limit, cursor)
+
+    async def bulk_retry(
+        self, filter: TaskFilter, *, limit: int | None = None, cursor: str | None = None
+    ) -> BulkResult:
+        """Retry the next ``limit`` (at most 1,000) tasks ``filter`` matches, newest first; go on
+        with ``cursor=result.next_cursor`` until it is None (``iter_bulk_retry`` does)."""
+        return await self._bulk("retry", filter, limit, cursor)
+
+    async def iter_bulk_cancel(self, filter: TaskFilter, *, limit: int | None = None) -> AsyncIterator[BulkResult]:
+        """``bulk_cancel`` call after call, following the cursor until no more tasks match."""
+        async for result in self._bulk_pages("cancel", filter, limit):
+            yield result
+
+    async def iter_bulk_retry(self, filter: TaskFilter, *, limit: int | None = None) -> AsyncIterator[BulkResult]:
+        """``bulk_retry`` call after call, following the cursor until no more tasks match."""
+        async for result in self._bulk_pages("retry", filter, limit):
+            yield result
+
+    async def _bulk_pages(self, action: str, filter: TaskFilter, limit: int | None) -> AsyncIterator[BulkResult]:
+        cursor = None
+        while True:
+            result = await self._bulk(action, filter, limit, cursor)
+            yield result
+            if result.next_cursor is None:
+                return
+            cursor = result.next_cursor
+
+    async def _bulk(self, action: str, filter: TaskFilter, limit: int | None, cursor: str | None) -> BulkResult:
+        body: dict[str, Any] = {"filter": filter.to_json()}
+        if limit is not None:
+            body["limit"] = limit
+        if cursor is not None:
+            body["cursor"] = cursor
+        _, document = await self._call("POST", f"/v1/tasks/bulk-{action}", body=body)
+        data, request_id = document["data"], document.get("request_id")
+        items = [
+            BulkItem(
+                task_id=item["task_id"],
+                outcome=item["outcome"],
+                state=item["state"],
+                retry_task_id=item.get("retry_task_id"),
+                # A refusal is the error the single route would raise (409 FAILED_PRECONDITION).
+                error=api_error(item["error"], 409, request_id) if "error" in item else None,
+            )
+            for item in data["results"]
+        ]
+        return BulkResult(
+            changed=data["changed"],
+            unchanged=data["unchanged"],
+            refused=data["refused"],
+            items=items,
+            next_cursor=document.get("next_cursor"),
+        )
 
     # -- plans
 
@@ -777,6 +938,37 @@ class OrbitClient:
             if value is not _UNSET
         }
         if not body:
-            raise ValueError("set_queue_controls: name max_concurrency and/or max_starts_per_second")
+            raise InvalidRequestError(
+                "set_queue_controls: name max_concurrency and/or max_starts_per_second", field="max_concurrency"
+            )
         _, document = await self._call("PATCH", f"/v1/queues/{_segment(queue_id)}/controls", body=body)
         return Queue.from_json(document["data"])
+
+    # -- waiting for tasks
+
+    def as_finished(self, task_ids: Iterable[str], timeout_s: float | None = None) -> AsyncIterator[Task]:
+        """Each task of ``task_ids`` once it reached a terminal state (succeeded, failed,
+        cancelled, expired), in the order they are seen finished:
+        ``async for task in client.as_finished(ids, timeout_s=60): ...``.
+
+        Polls ``GET /v1/tasks/{id}`` for every unfinished task, 0.1 s after the first
+        round then doubling to one round every 2 s (docs/sdk.md, "Waiting for tasks", has
+        the cost). ``timeout_s`` (None: no bound) ends it with ``WaitTimeoutError``
+        naming the tasks not finished. A read the node could not answer (unreachable,
+        503, 429) is tried again next round; any other refusal (``NotFoundError`` for an
+        unknown id, ...) is raised at once. Ids that are not 32-hex are an
+        ``InvalidRequestError`` naming ``task_ids[i]``; a repeated id is waited for once."""
+        from .waiting import as_finished  # waiting builds on this module
+
+        return as_finished(self, task_ids, timeout_s)
+
+    async def wait(self, task_ids: Iterable[str], timeout_s: float | None = None) -> list[Task]:
+        """Wait until every task of ``task_ids`` reached a terminal state; the tasks, in
+        the order of ``task_ids`` (each id once). ``WaitTimeoutError`` after ``timeout_s``
+        names the unfinished ones (``.unfinished``) and holds the finished (``.finished``).
+        Polls as ``as_finished`` does."""
+        from .waiting import task_id_list
+
+        order = task_id_list(task_ids)
+        tasks = {task.task_id: task async for task in self.as_finished(order, timeout_s)}
+        return [tasks[task_id] for task_id in order]

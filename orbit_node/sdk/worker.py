@@ -8,7 +8,9 @@
     async def prepare(task: WorkerTask):
         return {"echo": task.payload}
 
-    async with trio.open_nursery() as nursery:
+    sys.exit(trio.run(worker.serve))      # a process of its own (or: orbit-worker module:worker)
+
+    async with trio.open_nursery() as nursery:  # or inside a program of yours
         await nursery.start(worker.run)   # returns once the node welcomed the Worker
         ...
         await worker.drain()              # finish what runs, disconnect; worker.drained is True
@@ -32,7 +34,8 @@ The user's guide is ``docs/sdk.md``. In short:
   in a worker thread (``trio.to_thread.run_sync``), at most ``capacity`` at once.
 * A cancel from the node (cancellation requested, deadline passed) cancels the
   handler's scope: an async handler sees ``trio.Cancelled`` at its next checkpoint.
-* A lost connection is re-established with jittered exponential backoff; a node that
+* A lost connection is re-established with jittered exponential backoff (on the next
+  node URL, given several: ``connect.py``); a node that
   answers nothing (heartbeats included) for its announced heartbeat timeout counts as
   lost, even if the network never reset the connection, and so does one that sends no
   welcome within ``welcome_timeout_s`` of the connection. Handlers
@@ -42,135 +45,49 @@ The user's guide is ``docs/sdk.md``. In short:
 
 from __future__ import annotations
 
-import errno
 import inspect
-import itertools
 import json
 import logging
-import random
-import socket
 import ssl
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from typing import Any
 
-import attrs
-import httpx
 import trio
-from trio_websocket import (
-    ConnectionClosed,
-    ConnectionRejected,
-    ConnectionTimeout,
-    DisconnectionTimeout,
-    HandshakeError,
-    open_websocket_url,
-)
+from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from .. import __version__
-from ..errors import ConfigError
-from ..ids import is_hex32
-from .client import Credentials, OrbitClient, PermissionDeniedError, credentials_from_env
+from . import serving
+from .client import ConfigError, Credentials, OrbitClientError, credentials_from_env
+from .connect import (
+    DISCONNECT_TIMEOUT_S,
+    NodeSilent,
+    Rotation,
+    WorkerRejected,
+    describe_failure,
+    hello_refused,
+    node_urls,
+    refusal,
+    resolve_queues,
+    ws_url,
+)
+from .handlers import (
+    ENDS,
+    TERMINAL_ENDS,
+    H,
+    Handler,
+    PermanentError,
+    WorkerTask,
+    check_result,
+    failed,
+    is_async,
+    stopped,
+    task_end,
+)
+from .session import UNDECIDED, Session, until_decided
+
+__all__ = ["Handler", "PermanentError", "Worker", "WorkerRejected", "WorkerTask"]
 
 log = logging.getLogger("orbit.sdk.worker")
-
-# Reconnect backoff: first pause and cap.
-RECONNECT_INITIAL_S = 0.1
-RECONNECT_MAX_S = 5.0
-# Bound on the WebSocket closing handshake: a node that cannot be reached (packets
-# dropped, no RST) must not hold a reconnect for trio-websocket's 60 s.
-DISCONNECT_TIMEOUT_S = 2.0
-
-
-# The protocol's bound on the tasks of one start/renew/finish/release message.
-MAX_TASKS_PER_MESSAGE = 1000
-# Ack codes of a transition the node could not decide (its database out of reach, its
-# queue of transitions full): nothing changed, the connection still holds the task, and
-# the same transition is sent again.
-UNDECIDED = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED"})
-# Pause before an undecided Start or Finish is sent again: first, and cap (doubling).
-UNDECIDED_RETRY_INITIAL_S = 0.25
-UNDECIDED_RETRY_MAX_S = 2.0
-# The protocol's bound on a Finish error message.
-MAX_ERROR_MESSAGE = 4096
-
-
-class NodeSilent(Exception):
-    """Nothing came from the node within a bound (the welcome timeout after the hello, its
-    announced heartbeat timeout afterwards): the connection is dead."""
-
-
-class PermanentError(Exception):
-    """Raise from a handler to fail the task at once, without retry.
-
-    The stored error is ``{"message": "<TypeName>: <message>", "code": code}`` (the
-    type name is the raised class, so a subclass names itself; an exception chained
-    with ``raise ... from exc`` is appended as ``(caused by <TypeName>: <message>)``).
-    ``code`` is optional, at most 128 characters.
-    """
-
-    def __init__(self, message: str, *, code: str | None = None):
-        super().__init__(message)
-        self.code = code
-
-
-class WorkerRejected(Exception):
-    """The node refused the Worker: at the HTTP handshake (bad or revoked credential,
-    missing ``workers:connect``) or its ``hello`` (queue not found, no
-    ``workers:consume``, invalid value). Retrying cannot help, so ``Worker.run`` raises it.
-
-    ``status`` is the handshake's HTTP status, or None when the hello was refused;
-    ``code``, ``field`` and ``message`` are the node's error.
-    """
-
-    def __init__(self, message: str, *, status: int | None, code: str, field: str | None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.field = field
-
-
-@attrs.frozen
-class WorkerTask:
-    """What a handler receives: one attempt of a task, as accepted, frozen."""
-
-    #: The task's 32-hex id.
-    task_id: str
-    #: The 32-hex id of the queue it was submitted to.
-    queue_id: str
-    #: The (handler, handler_version, payload_version) the handler was registered for.
-    handler: str
-    handler_version: str
-    payload_version: str
-    #: The submitted payload (any JSON value; integers of any size are exact).
-    payload: Any
-    #: This attempt's number, from 1; ``max_attempts`` is the task's limit.
-    attempt: int
-    max_attempts: int
-    #: 0 (default) to 9.
-    priority: int = 0
-    #: RFC 3339 UTC time after which the task no longer runs, or None.
-    deadline: str | None = None
-    #: The task's resource key (at most one task per key runs at a time), or None.
-    resource_key: str | None = None
-
-
-#: A handler: ``async def`` or plain ``def``, taking a ``WorkerTask``, returning the result.
-Handler = Callable[[WorkerTask], Any]
-H = TypeVar("H", bound=Handler)
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    """An ``async def`` function, a partial of one, or an object whose ``__call__`` is one."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
-
-
-def _describe(exc: BaseException) -> str:
-    """``TypeName: message`` (and its cause), cut to the protocol's bound."""
-    text = f"{type(exc).__name__}: {exc}"
-    cause = exc.__cause__
-    if cause is not None:
-        text += f" (caused by {type(cause).__name__}: {cause})"
-    return text[:MAX_ERROR_MESSAGE]
 
 
 def _leaf(group: BaseExceptionGroup) -> BaseException:
@@ -191,182 +108,12 @@ def _leaf(group: BaseExceptionGroup) -> BaseException:
     return leaves[0]
 
 
-def _os_failure(exc: OSError, host: str, target: str) -> str:
-    """Why a connection attempt failed, from the socket error(s): trio's "all attempts to
-    connect failed" carries each address's own error as its cause."""
-    group = exc.__cause__
-    errors = [e for e in group.exceptions if isinstance(e, OSError)] if isinstance(group, BaseExceptionGroup) else []
-    reasons: list[str] = []
-    for error in errors or [exc]:
-        if error.errno == errno.ECONNREFUSED:
-            reason = f"connection refused to {target}"
-        elif isinstance(error, socket.gaierror):
-            reason = f"cannot resolve {host}: {error.strerror}"
-        elif error.strerror:
-            reason = f"cannot connect to {target}: {error.strerror}"
-        else:
-            reason = str(error) or f"cannot connect to {target}: {type(error).__name__}"
-        if reason not in reasons:
-            reasons.append(reason)
-    return "; ".join(reasons)
-
-
-def _refusal(status: int | None, body: bytes) -> WorkerRejected:
-    """A ``WorkerRejected`` from a handshake refusal's error envelope (or its raw body)."""
-    try:
-        document = json.loads(body)
-        error = document["error"]
-        code, message, field = str(error["code"]), str(error["message"]), error.get("field")
-    except (ValueError, KeyError, TypeError):
-        text = body[:300].decode(errors="replace") or "no body"
-        return WorkerRejected(
-            f"the node refused the connection (HTTP {status}): {text}", status=status, code="UNKNOWN", field=None
-        )
-    return WorkerRejected(
-        f"the node refused the connection (HTTP {status} {code}): {message}", status=status, code=code, field=field
-    )
-
-
-def _hello_refused(message: Mapping[str, Any]) -> WorkerRejected:
-    """A ``WorkerRejected`` for the node's answer to a hello that is not a welcome."""
-    if message.get("type") != "error":
-        return WorkerRejected(
-            f"the node answered the hello with {message.get('type')!r}, expected 'welcome'",
-            status=None,
-            code="PROTOCOL",
-            field=None,
-        )
-    code, field = str(message.get("code")), message.get("field")
-    text = f"the node refused the Worker's hello ({code}"
-    text += f" at {field}): " if isinstance(field, str) else "): "
-    text += str(message.get("message"))
-    if isinstance(field, str) and field.startswith("queues"):
-        text += " (a queue is its 32-hex queue_id, or a name resolved by Worker.from_env / queue_names)"
-    return WorkerRejected(text, status=None, code=code, field=field if isinstance(field, str) else None)
-
-
-@attrs.define(eq=False)
-class _Session:
-    """One live connection: sending, and matching acks to requests by message id."""
-
-    ws: Any
-    welcome: dict[str, Any]
-    # trio time of the last message from the node (heartbeat answers included).
-    last_heard: float = attrs.field(factory=trio.current_time)
-    _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
-    _waiting: dict[str, trio.MemorySendChannel[list[dict[str, Any]]]] = attrs.field(factory=dict)
-    running: dict[str, tuple[str, trio.CancelScope]] = attrs.field(factory=dict)
-    # Why the node asked to stop a task (``cancel_requested`` or ``deadline``), by task id:
-    # set by a ``cancel`` (or a refused renew), read when the handler's report is built.
-    # A cancel for a task whose handler has not begun yet waits here and stops it at once.
-    cancels: dict[str, str] = attrs.field(factory=dict)
-    # Handlers started or about to start (between the start ack and the handler).
-    busy: int = 0
-    idle: trio.Event = attrs.field(factory=trio.Event)
-    # Start and finish messages sent, by kind (the Worker's counters).
-    sent: dict[str, int] = attrs.field(factory=lambda: {"start": 0, "finish": 0})
-    starts: _Batcher = attrs.field(init=False)
-    finishes: _Batcher = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self.starts = _Batcher(self, "start", self.sent)
-        self.finishes = _Batcher(self, "finish", self.sent)
-
-    def enter(self) -> None:
-        self.busy += 1
-        self.idle = trio.Event()
-
-    def leave(self) -> None:
-        self.busy -= 1
-        if self.busy == 0:
-            self.idle.set()
-
-    async def send(self, message: dict[str, Any]) -> None:
-        await self.ws.send_message(json.dumps(message, separators=(",", ":")))
-
-    async def request(self, kind: str, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Send a start/renew/finish/release and wait for its ack's results."""
-        message_id = f"m{next(self._ids)}"
-        send, recv = trio.open_memory_channel[list[dict[str, Any]]](1)
-        self._waiting[message_id] = send
-        try:
-            await self.send({"type": kind, "id": message_id, "tasks": tasks})
-            return await recv.receive()
-        finally:
-            self._waiting.pop(message_id, None)
-
-    def resolve(self, ack: dict[str, Any]) -> None:
-        message_id = ack.get("id")
-        send = self._waiting.pop(message_id, None) if isinstance(message_id, str) else None
-        if send is not None:
-            send.send_nowait(ack["results"])
-
-
-@attrs.define(eq=False)
-class _Batcher:
-    """Coalesces the start (or finish) items of many tasks into one message.
-
-    ``submit`` queues items and waits for their own results. ``run`` sends what is queued
-    once the tick in which it was queued is over, waits for the ack, and meanwhile lets
-    new items queue up for the next message (so one message is in flight per kind)."""
-
-    session: _Session
-    kind: str
-    # Messages sent per kind, shared with the Worker (a figure for tests and benchmarks).
-    sent: dict[str, int]
-    _queued: list[tuple[dict[str, Any], trio.MemorySendChannel[dict[str, Any] | None]]] = attrs.field(factory=list)
-    _wake: trio.Event = attrs.field(factory=trio.Event)
-
-    async def submit(self, items: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
-        """Queue ``items``; returns each one's result (None if the ack did not name it)."""
-        waits = []
-        for item in items:
-            send, recv = trio.open_memory_channel[dict[str, Any] | None](1)
-            self._queued.append((item, send))
-            waits.append(recv)
-        self._wake.set()
-        return [await recv.receive() for recv in waits]
-
-    async def run(self) -> None:
-        while True:
-            await self._wake.wait()
-            # Whatever else is ready to run in this tick queues its items first.
-            await trio.lowlevel.checkpoint()
-            batch, self._queued = self._queued[:MAX_TASKS_PER_MESSAGE], self._queued[MAX_TASKS_PER_MESSAGE:]
-            if not self._queued:
-                self._wake = trio.Event()
-            self.sent[self.kind] += 1
-            results = await self.session.request(self.kind, [item for item, _ in batch])
-            by_id = {r.get("task_id"): r for r in results}
-            for item, send in batch:
-                send.send_nowait(by_id.get(item["task_id"]))
-
-
-async def _until_decided(batcher: _Batcher, items: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
-    """Submit ``items``; the ones the node answers ``UNDECIDED`` are submitted again after a
-    pause (doubling up to ``UNDECIDED_RETRY_MAX_S``) until each has an answer that decides
-    it. The session's end (the connection lost) stops the retries."""
-    results: list[dict[str, Any] | None] = [None] * len(items)
-    waiting = list(range(len(items)))
-    pause = UNDECIDED_RETRY_INITIAL_S
-    while True:
-        answers = await batcher.submit([items[i] for i in waiting])
-        again = []
-        for index, answer in zip(waiting, answers, strict=True):
-            results[index] = answer
-            if answer is not None and not answer.get("ok") and answer.get("code") in UNDECIDED:
-                again.append(index)
-        if not again:
-            return results
-        waiting = again
-        await trio.sleep(pause)
-        pause = min(pause * 2, UNDECIDED_RETRY_MAX_S)
-
-
 class Worker:
     """An automatic Worker: one WebSocket connection to a node, serving registered handlers.
 
-    ``url`` is the node's ``http(s)://`` address, ``token`` a credential with
+    ``url`` is the node's ``http(s)://`` address, or several nodes' addresses: the
+    Worker connects to one at a time and moves to the next when one is down, full or
+    shutting down (``connect.py`` has the rule). ``token`` is a credential with
     ``workers:connect`` and ``workers:consume`` for each queue. ``queues`` names the
     queues served, each by its 32-hex ``queue_id`` or by name: a name is looked up in
     ``queue_names`` (the credentials file's ``queues`` map; ``from_env`` and
@@ -379,14 +126,20 @@ class Worker:
     ``welcome_timeout_s`` bounds the wait for the node's welcome after the hello (a node
     that accepts the connection and never answers is then a lost connection, retried).
 
-    Counters for callers: ``completed`` and ``failed`` (tasks this Worker finished and
-    the node accepted), ``connections`` (sessions welcomed), ``messages_sent``
-    (``start`` / ``finish`` messages), and ``drained`` (``run`` ended by ``drain()``).
+    Counters, each counting Finishes the node accepted from this Worker, by where they
+    left the task: ``completed`` (succeeded), ``failed`` (failed for good), ``cancelled``,
+    ``expired``, ``finished`` (the four together: tasks that ended here), ``retried``
+    (a failed attempt; the task went back to its queue). Also ``connections`` (sessions
+    welcomed), ``messages_sent`` (``start`` / ``finish`` messages) and ``drained``
+    (``run`` ended by ``drain()``).
+
+    ``serve()`` runs it as a process of its own: SIGINT/SIGTERM drain it, a second
+    signal stops it, and it returns the process's exit status (``serving.py``).
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         token: str,
         queues: Sequence[str],
         *,
@@ -407,7 +160,8 @@ class Worker:
         for name, seconds in (("connect_timeout_s", connect_timeout_s), ("welcome_timeout_s", welcome_timeout_s)):
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
                 raise ValueError(f"{name}: expected a positive number of seconds, got {seconds!r}")
-        self.url = url
+        self.urls = node_urls(url)
+        self._rotation = Rotation(self.urls)
         self._token = token
         self.queues = list(queues)
         self.capacity = capacity
@@ -425,43 +179,88 @@ class Worker:
         self._drained = False
         self._drain_requested = trio.Event()
         self._stopped = trio.Event()
-        self._completed = 0
-        self._failed = 0
+        # The cancel scope of a connection attempt not yet welcomed (a drain ends it).
+        self._connecting: trio.CancelScope | None = None
+        self._ends = dict.fromkeys(ENDS, 0)
         self._connections = 0
         self._messages_sent = {"start": 0, "finish": 0}
         self._progress = trio.Event()
 
     def __repr__(self) -> str:
-        return f"Worker(url={self.url!r}, queues={self.queues!r}, capacity={self.capacity})"
+        url = self.url if len(self.urls) == 1 else self.urls
+        return f"Worker(url={url!r}, queues={self.queues!r}, capacity={self.capacity})"
+
+    @property
+    def url(self) -> str:
+        """The node URL connected to, or to be tried next (one of ``urls``)."""
+        return self._rotation.current
 
     # -- construction from a credentials file
 
     @classmethod
     def from_credentials(
-        cls, credentials: Credentials, queues: Sequence[str], *, url: str | None = None, **kwargs: Any
+        cls,
+        credentials: Credentials,
+        queues: Sequence[str],
+        *,
+        url: str | Sequence[str] | None = None,
+        **kwargs: Any,
     ) -> Worker:
-        """A Worker with the file's token and url (``url`` overrides it); queue names
-        resolve through the file's ``queues`` map."""
+        """A Worker with the file's token and url (``url``, one or several, overrides it);
+        queue names resolve through the file's ``queues`` map."""
         return cls(url or credentials.url, credentials.token, queues, queue_names=credentials.queues, **kwargs)
 
     @classmethod
-    def from_env(cls, queues: Sequence[str], *, env: Mapping[str, str] | None = None, **kwargs: Any) -> Worker:
+    def from_env(
+        cls,
+        queues: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        url: str | Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> Worker:
         """Like ``OrbitClient.from_env``: ORBIT_CREDENTIALS_FILE (required) and ORBIT_URL
-        (overrides the file's url). ``kwargs`` are the constructor's (``capacity``, ...)."""
-        credentials, url = credentials_from_env(env)
-        return cls.from_credentials(credentials, queues, url=url, **kwargs)
+        (overrides the file's url); ``url`` (one or several) overrides both. ``kwargs``
+        are the constructor's (``capacity``, ...)."""
+        credentials, env_url = credentials_from_env(env)
+        return cls.from_credentials(credentials, queues, url=url or env_url, **kwargs)
 
     # -- counters
 
     @property
     def completed(self) -> int:
-        """Tasks this Worker finished as succeeded (the node accepted the Finish)."""
-        return self._completed
+        """Tasks that ended ``succeeded`` by a Finish of this Worker."""
+        return self._ends["completed"]
 
     @property
     def failed(self) -> int:
-        """Tasks this Worker finished as failed or cancelled (the node accepted the Finish)."""
-        return self._failed
+        """Tasks that ended ``failed`` by a Finish of this Worker: a ``PermanentError``, or a
+        failure of their last attempt. A failed attempt that is retried is not counted here
+        (see ``retried``)."""
+        return self._ends["failed"]
+
+    @property
+    def cancelled(self) -> int:
+        """Tasks that ended ``cancelled`` by a Finish of this Worker (their handler was
+        stopped because a cancel was requested)."""
+        return self._ends["cancelled"]
+
+    @property
+    def expired(self) -> int:
+        """Tasks that ended ``expired`` by a Finish of this Worker (a failed attempt past the
+        task's deadline, or whose retry could not start before it)."""
+        return self._ends["expired"]
+
+    @property
+    def retried(self) -> int:
+        """Failed attempts after which the node put the task back in its queue (it runs
+        again, here or elsewhere): attempts, not tasks."""
+        return self._ends["retried"]
+
+    @property
+    def finished(self) -> int:
+        """Tasks that ended by a Finish of this Worker: ``completed + failed + cancelled + expired``."""
+        return sum(self._ends[end] for end in TERMINAL_ENDS)
 
     @property
     def connections(self) -> int:
@@ -514,7 +313,7 @@ class Worker:
             raise TypeError(f"handler for {name!r}: expected a function, got {type(fn).__name__}")
         key = (name, handler_version, payload_version)
         self._handlers[key] = fn
-        if _is_async(fn):
+        if is_async(fn):
             self._sync.discard(key)
         else:
             self._sync.add(key)
@@ -522,20 +321,18 @@ class Worker:
     # -- waiting
 
     async def wait_completed(self, count: int) -> None:
-        """Wait until ``count`` tasks finished successfully through this Worker."""
-        while self._completed < count:
+        """Wait until ``completed`` reaches ``count``."""
+        while self.completed < count:
             await self._progress.wait()
 
     async def wait_finished(self, count: int) -> None:
-        """Wait until ``count`` tasks finished through this Worker, succeeded or not."""
-        while self._completed + self._failed < count:
+        """Wait until ``finished`` reaches ``count``: tasks that ended through this Worker,
+        succeeded or not (retried attempts do not count)."""
+        while self.finished < count:
             await self._progress.wait()
 
-    def _finished(self, succeeded: bool) -> None:
-        if succeeded:
-            self._completed += 1
-        else:
-            self._failed += 1
+    def _finished(self, report: Mapping[str, Any], result: Mapping[str, Any], attempt: int, max_attempts: int) -> None:
+        self._ends[task_end(report, result, attempt, max_attempts)] += 1
         self._progress.set()
         self._progress = trio.Event()
 
@@ -546,134 +343,90 @@ class Worker:
 
         Returns once ``run`` has ended. Bound it with ``trio.move_on_after`` if handlers
         may run long; cancelling ``run`` afterwards abandons them (their tasks come back
-        when their lease expires)."""
+        when their lease expires). A Worker still connecting stops at once."""
+        self.request_drain()
+        await self._stopped.wait()
+
+    def request_drain(self) -> None:
+        """Start a drain without waiting for it (``drain`` waits): what a signal handler calls."""
         self._draining = True
         self._drain_requested.set()
-        await self._stopped.wait()
+        if self._connecting is not None:
+            self._connecting.cancel()
+
+    async def serve(self) -> int:
+        """Run as a process of its own until a signal: the first SIGINT/SIGTERM drains
+        the Worker, a second one stops it at once. Returns the exit status (each end is
+        logged in one line, a failure with its traceback): 0 drained, 1 any unexpected
+        failure, 2 bad configuration (``ConfigError``), 3 rejected (``WorkerRejected``),
+        128 + the signal's number when a second signal stopped it. Run it as
+        ``sys.exit(trio.run(worker.serve))`` in the main thread; ``orbit-worker
+        module:worker`` does that."""
+        return await serving.serve(self)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until drained, reconnecting with backoff when the connection is lost.
 
         With ``nursery.start(worker.run)``, returns once the first session is welcomed.
-        Raises ``WorkerRejected`` when the node refuses the credential or the hello,
-        ``ConfigError`` when a queue name cannot be resolved, ``ValueError`` without
-        handlers."""
+        Raises (itself, never inside an exception group) ``WorkerRejected`` when the node
+        refuses the credential or the hello, ``ConfigError`` when a queue name cannot be
+        resolved or no handler is registered."""
         if not self._handlers:
-            raise ValueError("register at least one handler before running the Worker")
-        backoff = RECONNECT_INITIAL_S
+            raise ConfigError("handlers: register at least one handler before running the Worker", field="handlers")
         # Reported once, by the first session that got a welcome (a later one must not
         # report again, whether or not the first ended cleanly).
         status = [task_status]
         try:
-            if self._queue_ids is None:
-                self._queue_ids = await self._resolve_queues()
             self._threads = trio.CapacityLimiter(self.capacity)
             while not self._draining:
+                url = self._rotation.current
                 welcomed = self._connections
                 try:
                     try:
-                        await self._session(status)
+                        await self._attempt(url, status)
                     except BaseExceptionGroup as group:
                         # Nurseries wrap what ended the session; act on the exception itself
                         # (keeping its own cause, which may say why).
                         leaf = _leaf(group)
                         raise leaf from leaf.__cause__
-                    backoff = RECONNECT_INITIAL_S
-                except WorkerRejected:
+                except (WorkerRejected, ConfigError):
                     raise
-                except (OSError, ConnectionClosed, HandshakeError, trio.BrokenResourceError, NodeSilent) as exc:
+                except (
+                    OSError,
+                    ConnectionClosed,
+                    HandshakeError,
+                    trio.BrokenResourceError,
+                    NodeSilent,
+                    OrbitClientError,
+                ) as exc:
                     if self._draining:
                         break
-                    pause = backoff * random.uniform(0.5, 1.0)
+                    pause = self._rotation.failed()
                     what = "worker connection lost" if self._connections > welcomed else "worker could not connect"
-                    log.warning("%s (%s); reconnecting in %.1f s", what, self._failure(exc), pause)
-                    await trio.sleep(pause)
-                    backoff = min(backoff * 2, RECONNECT_MAX_S)
+                    where = f" to {self._rotation.current}" if len(self.urls) > 1 else ""
+                    reason = describe_failure(exc, url, self.connect_timeout_s)
+                    log.warning("%s (%s); reconnecting%s in %.1f s", what, reason, where, pause)
+                    with trio.move_on_after(pause):
+                        await self._drain_requested.wait()
             self._drained = self._draining
         finally:
             self._stopped.set()
 
-    def _failure(self, exc: BaseException) -> str:
-        """Why a connection failed or ended, in words, naming the node's address."""
-        parts = urlsplit(self._ws_url())
-        host = parts.hostname or ""
-        port = parts.port or (443 if parts.scheme == "wss" else 80)
-        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if isinstance(exc, ConnectionTimeout):
-            return f"no connection to {target} within {self.connect_timeout_s:g} s"
-        if isinstance(exc, DisconnectionTimeout):
-            return f"no closing handshake from {target} within {DISCONNECT_TIMEOUT_S:g} s"
-        if isinstance(exc, ConnectionRejected):
-            return str(_refusal(exc.status_code, exc.body or b""))
-        if isinstance(exc, HandshakeError) and isinstance(exc.__cause__, OSError):
-            return _os_failure(exc.__cause__, host, target)
-        if isinstance(exc, OSError):
-            return _os_failure(exc, host, target)
-        if isinstance(exc, ConnectionClosed):
-            reason = exc.reason
-            if reason is None:
-                return f"the connection to {target} closed"
-            said = f": {reason.reason}" if reason.reason else ""
-            return f"the connection to {target} closed ({reason.code} {reason.name}{said})"
-        if isinstance(exc, trio.BrokenResourceError):
-            cause = exc.__cause__ or exc.__context__
-            why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
-            return f"the connection to {target} broke{why}"
-        return str(exc) or type(exc).__name__
-
-    async def _resolve_queues(self) -> list[str]:
-        """Queue ids for ``queues``: the names map first, then 32-hex ids, then a lookup."""
-        resolved: list[str | None] = []
-        for value in self.queues:
-            if value in self._queue_names:
-                resolved.append(self._queue_names[value])
-            elif is_hex32(value):
-                resolved.append(value)
-            else:
-                resolved.append(None)
-        if all(queue_id is not None for queue_id in resolved):
-            return [q for q in resolved if q is not None]
-        by_name = await self._list_queue_names()
-        ids: list[str] = []
-        for index, (value, queue_id) in enumerate(zip(self.queues, resolved, strict=True)):
-            if queue_id is None:
-                if value not in by_name:
-                    raise ConfigError(
-                        f"queues[{index}]: no queue named {value!r} in this credential's namespace "
-                        f"(known: {', '.join(sorted(by_name)) or 'none'})",
-                        field=f"queues[{index}]",
+    async def _attempt(self, url: str, status: list[trio.TaskStatus[None]]) -> None:
+        """One connection to ``url`` (after looking queue names up there, the first time).
+        A drain requested before the welcome ends it quietly."""
+        with trio.CancelScope() as connecting:
+            self._connecting = connecting
+            try:
+                if self._draining:
+                    return
+                if self._queue_ids is None:
+                    self._queue_ids = await resolve_queues(
+                        self.queues, self._queue_names, url, self._token, self.ssl_context
                     )
-                queue_id = by_name[value]
-            ids.append(queue_id)
-        return ids
-
-    async def _list_queue_names(self) -> dict[str, str]:
-        verify: ssl.SSLContext | bool = self.ssl_context if self.ssl_context is not None else True
-        transport = httpx.AsyncHTTPTransport(verify=verify)
-        names: dict[str, str] = {}
-        async with OrbitClient(self.url, self._token, transport=transport) as client:
-            cursor: str | None = None
-            while True:
-                try:
-                    page = await client.list_queues(limit=100, cursor=cursor)
-                except PermissionDeniedError:
-                    raise ConfigError(
-                        "queues: a queue name needs the credentials file's queues map or a credential that may "
-                        "list queues (tasks:read or queues:manage); pass queue ids instead",
-                        field="queues",
-                    ) from None
-                names.update((queue.name, queue.queue_id) for queue in page.items)
-                if page.next_cursor is None:
-                    return names
-                cursor = page.next_cursor
-
-    def _ws_url(self) -> str:
-        base = self.url.rstrip("/")
-        if base.startswith("https://"):
-            base = "wss://" + base[len("https://") :]
-        elif base.startswith("http://"):
-            base = "ws://" + base[len("http://") :]
-        return base + "/v1/workers/connect"
+                await self._session(url, status)
+            finally:
+                self._connecting = None
 
     def _hello(self) -> dict[str, Any]:
         return {
@@ -687,11 +440,11 @@ class Worker:
             "client": {"name": self.client_name, "version": __version__},
         }
 
-    async def _session(self, status: list[trio.TaskStatus[None]]) -> None:
+    async def _session(self, url: str, status: list[trio.TaskStatus[None]]) -> None:
         headers = [(b"authorization", f"Bearer {self._token}".encode())]
         try:
             async with open_websocket_url(
-                self._ws_url(),
+                ws_url(url),
                 self.ssl_context,
                 extra_headers=headers,
                 connect_timeout=self.connect_timeout_s,
@@ -706,9 +459,12 @@ class Worker:
                     raise NodeSilent(f"no welcome from the node within {self.welcome_timeout_s:g} s of the hello")
                 welcome = json.loads(answer)
                 if welcome.get("type") != "welcome":
-                    raise _hello_refused(welcome)
+                    raise hello_refused(welcome)
+                # Welcomed: a drain now finishes what runs instead of ending the attempt.
+                self._connecting = None
+                self._rotation.welcomed()
                 self._connections += 1
-                session = _Session(ws, welcome, sent=self._messages_sent)
+                session = Session(ws, welcome, sent=self._messages_sent)
                 if status:
                     status.pop().started()
                 async with trio.open_nursery() as nursery:
@@ -722,10 +478,10 @@ class Worker:
         except HandshakeError as exc:
             code = getattr(exc, "status_code", None)
             if code in (400, 401, 403):
-                raise _refusal(code, getattr(exc, "body", b"") or b"") from None
+                raise refusal(code, getattr(exc, "body", b"") or b"") from None
             raise
 
-    async def _receive(self, session: _Session, nursery: trio.Nursery) -> None:
+    async def _receive(self, session: Session, nursery: trio.Nursery) -> None:
         while True:
             try:
                 message = json.loads(await session.ws.get_message())
@@ -749,21 +505,21 @@ class Worker:
                 log.warning("node refused a message: %s %s", message.get("code"), message.get("message"))
 
     @staticmethod
-    def _cancel(session: _Session, task_id: str, reason: str) -> None:
+    def _cancel(session: Session, task_id: str, reason: str) -> None:
         """Stop the handler of ``task_id`` (or, if it has not begun, stop it as it begins)."""
         session.cancels[task_id] = reason
         running = session.running.get(task_id)
         if running is not None:
             running[1].cancel()
 
-    async def _start_and_run(self, session: _Session, tasks: list[dict[str, Any]]) -> None:
+    async def _start_and_run(self, session: Session, tasks: list[dict[str, Any]]) -> None:
         refs = [{"task_id": t["task_id"], "token": t["token"]} for t in tasks]
         session.enter()
         try:
             if self._draining:
                 await session.request("release", refs)
                 return
-            results = await _until_decided(session.starts, refs)
+            results = await until_decided(session.starts, refs)
             async with trio.open_nursery() as nursery:
                 for t, result in zip(tasks, results, strict=False):
                     if result is not None and result.get("ok"):
@@ -783,20 +539,8 @@ class Worker:
             result = await result
         return result
 
-    async def _run_one(self, session: _Session, raw: dict[str, Any]) -> None:
-        task = WorkerTask(
-            task_id=raw["task_id"],
-            queue_id=raw["queue_id"],
-            handler=raw["handler"],
-            handler_version=raw["handler_version"],
-            payload_version=raw["payload_version"],
-            payload=raw["payload"],
-            attempt=raw["attempt"],
-            max_attempts=raw["max_attempts"],
-            priority=raw.get("priority", 0),
-            deadline=raw.get("deadline"),
-            resource_key=raw.get("resource_key"),
-        )
+    async def _run_one(self, session: Session, raw: dict[str, Any]) -> None:
+        task = WorkerTask.from_dispatch(raw)
         key = (task.handler, task.handler_version, task.payload_version)
         report: dict[str, Any] = {"task_id": task.task_id, "token": raw["token"]}
         with trio.CancelScope() as scope:
@@ -805,38 +549,21 @@ class Worker:
                 scope.cancel()  # the cancel came before the handler began
             try:
                 result = await self._call(key, task)
-                json.dumps(result)  # must be JSON: a failure here is the handler's
+                check_result(result)
                 report.update(outcome="succeeded", result=result)
-            except PermanentError as exc:
-                report.update(
-                    outcome="failed",
-                    retryable=False,
-                    error={"message": _describe(exc), **({"code": exc.code} if exc.code else {})},
-                )
             except Exception as exc:
-                report.update(outcome="failed", retryable=True, error={"message": _describe(exc)})
+                report.update(failed(exc))
         if scope.cancelled_caught:
-            if session.cancels.get(task.task_id) == "deadline":
-                # Retryable: the node settles a task past its deadline as expired.
-                report.update(
-                    outcome="failed",
-                    retryable=True,
-                    error={"message": "stopped: the task's deadline passed", "code": "DEADLINE_EXCEEDED"},
-                )
-            else:
-                # The node settles a failed attempt of a task whose cancel was requested as cancelled.
-                report.update(
-                    outcome="failed", retryable=False, error={"message": "cancelled by the node", "code": "CANCELLED"}
-                )
+            report.update(stopped(session.cancels.get(task.task_id)))
         try:
-            (result,) = await _until_decided(session.finishes, [report])
+            (result,) = await until_decided(session.finishes, [report])
         finally:
             session.running.pop(task.task_id, None)
             session.cancels.pop(task.task_id, None)
         if result is not None and result.get("ok"):
-            self._finished(report["outcome"] == "succeeded")
+            self._finished(report, result, task.attempt, task.max_attempts)
 
-    async def _heartbeats(self, session: _Session) -> None:
+    async def _heartbeats(self, session: Session) -> None:
         """Send a heartbeat every interval; a node silent for its heartbeat timeout is gone
         (the network may drop packets without ever resetting the connection)."""
         timeout = session.welcome["heartbeat_timeout_s"]
@@ -846,7 +573,7 @@ class Worker:
                 raise NodeSilent(f"nothing from the node for {timeout:g} s")
             await session.send({"type": "heartbeat"})
 
-    async def _renewals(self, session: _Session) -> None:
+    async def _renewals(self, session: Session) -> None:
         while True:
             await trio.sleep(session.welcome["run_lease_s"] / 3)
             refs = [{"task_id": task_id, "token": token} for task_id, (token, _) in session.running.items()]
@@ -858,12 +585,12 @@ class Worker:
                     if running is not None:
                         running[1].cancel()
 
-    async def _drain_watch(self, session: _Session, nursery: trio.Nursery) -> None:
+    async def _drain_watch(self, session: Session, nursery: trio.Nursery) -> None:
         await self._drain_requested.wait()
         await session.send({"type": "drain"})
         await self._finish_then_close(session)
 
-    async def _finish_then_close(self, session: _Session) -> None:
+    async def _finish_then_close(self, session: Session) -> None:
         if session.busy:
             await session.idle.wait()
         await session.ws.aclose()

@@ -24,8 +24,12 @@ from .tenancy import Principal
 VIA_CONSOLE = "console"
 # The actions recorded (audit_records.action).
 TASK_CANCEL = "task.cancel"
+TASK_RETRY = "task.retry"
 QUEUE_PAUSE = "queue.pause"
 QUEUE_RESUME = "queue.resume"
+# Actions on the tasks a filter matches (Entry.filter holds it).
+TASKS_BULK_CANCEL = "tasks.bulk_cancel"
+TASKS_BULK_RETRY = "tasks.bulk_retry"
 # Above every audit id (BIGINT UNSIGNED AUTO_INCREMENT): the "before" of a first page.
 LIST_START = 2**64 - 1
 # The most records one listing returns.

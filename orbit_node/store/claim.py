@@ -24,7 +24,7 @@ from ..ids import is_hex32
 from ..rules import MAX_PRIORITY
 from .ownership import LIVE_STATES, At, Reservation
 from .quota import Budget, epoch_second, quota_budget, window_after
-from .tasks import PRIORITY_STEP_S
+from .task_rows import PRIORITY_STEP_S
 from .transitions import ATTEMPTS_ERROR, CANCELLED_ERROR, DEADLINE_ERROR, TaskRow, Writes
 
 # A claim re-reads candidates of a queue at most this often when rows it picked were

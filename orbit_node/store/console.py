@@ -11,6 +11,7 @@ of a queue's due tasks.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
@@ -18,14 +19,42 @@ import attrs
 from ..db import Database, Tx
 from ..errors import NotFound
 from ..ids import is_hex32
-from .explain import _capable_connections
-from .tasks import PRIORITY_STEP_S
+from ..task_query import EPOCH, TaskCursor, TaskFilter
+from .explain import capable_connections, live_connections
+from .search import TaskSearchPage, _params
+from .task_rows import PRIORITY_STEP_S, TaskSummary
 
 # The stored values of a task the console shows (tasks' JSON text columns).
 VALUES = ("payload", "result", "error")
-# The most (queue, capability) groups of due tasks checked against the connected
-# Workers per read: each costs one read of the namespace's registered connections.
-MAX_CAPABILITY_GROUPS = 50
+# The most (queue, capability) groups of due tasks checked against the connected Workers
+# per read (the groups with the most due tasks; the rest are not reported).
+MAX_CAPABILITY_GROUPS = 200
+
+
+# The digits of a task id that hold its acceptance time (milliseconds, ids.time_ordered_id).
+TIME_DIGITS = 12
+# How far a task's created_at (the database clock) may be from the time its id begins with
+# (the accepting node's clock) for a search by id prefix to find it.
+CLOCK_MARGIN = timedelta(minutes=10)
+# The datetimes the database keeps (DATETIME's range).
+FIRST, LAST = datetime(1000, 1, 1), datetime(9999, 12, 31, 23, 59, 59)
+
+
+def prefix_window(prefix: str) -> tuple[datetime, datetime]:
+    """The acceptance times of the task ids that start with ``prefix`` (hex), widened by
+    ``CLOCK_MARGIN`` on each side, within the database's range."""
+    digits = prefix[:TIME_DIGITS]
+    low = int(digits.ljust(TIME_DIGITS, "0"), 16)
+    high = int(digits.ljust(TIME_DIGITS, "f"), 16) + 1
+    try:
+        start = max(FIRST, EPOCH + timedelta(milliseconds=low) - CLOCK_MARGIN)
+    except OverflowError:
+        start = LAST
+    try:
+        end = min(LAST, EPOCH + timedelta(milliseconds=high) + CLOCK_MARGIN)
+    except OverflowError:
+        end = LAST
+    return start, end
 
 
 @attrs.frozen
@@ -132,11 +161,12 @@ class ConsoleStore:
                 {"queue_ids": tuple(queue_ids), "priority_step_s": PRIORITY_STEP_S, "limit": MAX_CAPABILITY_GROUPS},
             )
             found = []
+            connections = await live_connections(tx, namespace_id) if groups else []
             for group in groups:
                 # The explanation's check, for a task of this capability: a key stands
                 # for any resource key (only whether the task names one matters).
-                task = {**group, "namespace_id": namespace_id, "resource_key": "" if group["keyed"] else None}
-                if await _capable_connections(tx, task) == 0:
+                task = {**group, "resource_key": "" if group["keyed"] else None}
+                if capable_connections(connections, task) == 0:
                     found.append(
                         Stranded(
                             queue_id=group["queue_id"],
@@ -150,3 +180,36 @@ class ConsoleStore:
             return found
 
         return await self.db.transaction(body, isolation="REPEATABLE READ")
+
+    async def search_prefix(
+        self,
+        namespace_id: str,
+        prefix: str,
+        found: TaskFilter,
+        *,
+        queue_ids: Sequence[str] | None,
+        after: TaskCursor | None,
+        limit: int,
+    ) -> TaskSearchPage:
+        """``TaskStore.search`` for the tasks whose id starts with ``prefix`` (1 to 31
+        lowercase hex digits): the same filter, order and cursor."""
+        if found.matches_nothing or (queue_ids is not None and not queue_ids):
+            return TaskSearchPage([], None)
+        params = _params(namespace_id, found, queue_ids, after, limit)
+        start, end = prefix_window(prefix)
+        if found.created_after is not None:
+            start = max(start, found.created_after)
+        if found.created_before is not None:
+            end = min(end, found.created_before)
+        params.update(
+            created_after=start,
+            created_before=end,
+            id_low=prefix,
+            id_high=prefix + "g",
+            any_state=not found.states,
+            states=found.states or ("",),
+        )
+        rows = await self.db.fetchall("console_task_prefix", params)
+        tasks = [TaskSummary.from_row(r) for r in rows[:limit]]
+        last = tasks[-1] if len(rows) > limit else None
+        return TaskSearchPage(tasks, None if last is None else TaskCursor(last.created_at, last.task_id))

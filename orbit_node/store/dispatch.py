@@ -30,15 +30,14 @@ from ..db import Database
 from .claim import run_claim
 from .explain import read_explanation
 from .ownership import FinishItem, Hook, Outcome, OwnershipLost, RecoveryStats, Reservation, TransitionResult
+from .recovery import Requeued, run_recovery
 from .transitions import (
     RECOVERY_BATCH,
-    Requeued,
     TransitionPart,
     TransitionRules,
     finish_key,
     pair_key,
     recorded_finishes,
-    run_recovery,
     run_transitions,
 )
 

@@ -9,9 +9,11 @@ Worker able to run the task) and counts the due tasks ahead of it in dispatch or
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
+
+import attrs
 
 from ..db import Database, Tx
 from ..errors import NotFound
@@ -40,9 +42,10 @@ async def read_explanation(db: Database, namespace_id: str, task_id: str) -> dic
 
     async def body(tx: Tx) -> dict[str, Any]:
         row = await tx.fetchone("explain_task", {"task_id": task_id, "namespace_id": namespace_id})
-        if row is None:
+        gates = [] if row is None else await queue_gates(tx, namespace_id, [row["queue_id"]])
+        if row is None or not gates:
             raise NotFound(f"task {task_id} not found", field="task_id")
-        return await _explain(tx, row)
+        return await _explain(tx, {**gates[0], **row})
 
     return await db.transaction(body, isolation="REPEATABLE READ")
 
@@ -93,22 +96,13 @@ async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
         reasons.append(_because("DEADLINE_PASSED", "the deadline passed; it will be settled as expired"))
     if task["attempts"] >= task["max_attempts"]:
         reasons.append(_because("OUT_OF_ATTEMPTS", "no attempts are left; it will be settled as failed"))
-    if task["available_at"] > now:
-        due_in = (task["available_at"] - now).total_seconds()
-        reasons.append(_because("NOT_DUE", f"not due for another {due_in:.3f} s", due_in_s=due_in))
-    if task["queue_paused"]:
-        reasons.append(_because("QUEUE_PAUSED", f"queue {task['queue_name']!r} is paused"))
-    if task["app_suspended"]:
-        reasons.append(_because("APPLICATION_SUSPENDED", "the application is suspended"))
-    reasons.extend(await _quota_reasons(tx, task))
+    reasons.extend(gate_reasons(task))
+    reasons.extend(await quota_reasons(tx, task))
     if task["resource_key"] is not None:
-        keys = await tx.fetchall(
-            "claim_key_state", {"namespace_id": task["namespace_id"], "keys": (task["resource_key"],)}
-        )
-        if keys and not key_free(keys[0]):
-            holder = keys[0]["holder_task_id"]
+        holder = (await held_keys(tx, task["namespace_id"], [task["resource_key"]])).get(task["resource_key"])
+        if holder is not None:
             reasons.append(_because("RESOURCE_KEY_HELD", f"resource key held by task {holder}", holder_task_id=holder))
-    capable = await _capable_connections(tx, task)
+    capable = capable_connections(await live_connections(tx, task["namespace_id"]), task)
     explanation["capable_connections"] = capable
     if capable == 0:
         reasons.append(
@@ -143,7 +137,40 @@ async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
     return explanation
 
 
-async def _quota_reasons(tx: Tx, task: Mapping[str, Any]) -> list[dict[str, Any]]:
+async def queue_gates(tx: Tx, namespace_id: str, queue_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """Of each queue of the namespace among ``queue_ids``: its gates and quotas, its
+    application's, and the database clock (``now``, ``now_s``)."""
+    if not queue_ids:
+        return []
+    return await tx.fetchall("explain_queue_gates", {"namespace_id": namespace_id, "queue_ids": tuple(queue_ids)})
+
+
+def gate_reasons(task: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A queued task's due time and its queue's and application's gates (``queue_gates``
+    merged with the task's ``available_at``)."""
+    reasons = []
+    now: datetime = task["now"]
+    if task["available_at"] > now:
+        due_in = (task["available_at"] - now).total_seconds()
+        reasons.append(_because("NOT_DUE", f"not due for another {due_in:.3f} s", due_in_s=due_in))
+    if task["queue_paused"]:
+        reasons.append(_because("QUEUE_PAUSED", f"queue {task['queue_name']!r} is paused"))
+    if task["app_suspended"]:
+        reasons.append(_because("APPLICATION_SUSPENDED", "the application is suspended"))
+    return reasons
+
+
+async def held_keys(tx: Tx, namespace_id: str, keys: Sequence[str]) -> dict[str, str]:
+    """Of these resource keys, those a live task holds: key -> the holder's task id."""
+    if not keys:
+        return {}
+    rows = await tx.fetchall("claim_key_state", {"namespace_id": namespace_id, "keys": tuple(sorted(set(keys)))})
+    return {row["resource_key"]: row["holder_task_id"] for row in rows if not key_free(row)}
+
+
+async def quota_reasons(tx: Tx, task: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The application quota and queue controls that admit no more reservations now (of a
+    ``queue_gates`` row, with or without a task's columns)."""
     reasons = []
     for scope, max_concurrent, max_starts, window_s, window_count, count_query, key in (
         (
@@ -197,20 +224,45 @@ async def _quota_reasons(tx: Tx, task: Mapping[str, Any]) -> list[dict[str, Any]
     return reasons
 
 
-async def _capable_connections(tx: Tx, task: Mapping[str, Any]) -> int:
-    """Worker connections of live nodes that could take this task (queue, capability, key support)."""
-    wanted = [task["handler"], task["handler_version"], task["payload_version"]]
-    count = 0
-    for conn in await tx.fetchall("explain_workers", {"namespace_id": task["namespace_id"], "stale_s": WORKER_STALE_S}):
+@attrs.frozen
+class Connection:
+    """A Worker connection of a live node, as an explanation needs it."""
+
+    queues: tuple[str, ...]
+    # (handler, handler_version, payload_version) it declared.
+    capabilities: frozenset[tuple[str, str, str]]
+    resource_key_support: bool
+
+
+async def live_connections(tx: Tx, namespace_id: str) -> list[Connection]:
+    """Worker connections of the namespace registered by live nodes (an unreadable
+    registry row counts as no connection: it informs, never decides)."""
+    found = []
+    for conn in await tx.fetchall("explain_workers", {"namespace_id": namespace_id, "stale_s": WORKER_STALE_S}):
         if not conn["alive"]:
-            continue
-        if task["resource_key"] is not None and not conn["resource_key_support"]:
             continue
         try:
             queues = json.loads(conn["queues"])
             capabilities = json.loads(conn["capabilities"])
+            found.append(
+                Connection(
+                    tuple(queues),
+                    frozenset(tuple(c) for c in capabilities if isinstance(c, list) and len(c) == 3),
+                    bool(conn["resource_key_support"]),
+                )
+            )
         except (TypeError, ValueError):
             continue
-        if task["queue_id"] in queues and any(list(c) == wanted for c in capabilities if isinstance(c, list)):
-            count += 1
-    return count
+    return found
+
+
+def capable_connections(connections: Sequence[Connection], task: Mapping[str, Any]) -> int:
+    """How many of ``connections`` could take this task (queue, capability, key support)."""
+    wanted = (task["handler"], task["handler_version"], task["payload_version"])
+    return sum(
+        1
+        for conn in connections
+        if task["queue_id"] in conn.queues
+        and wanted in conn.capabilities
+        and (task["resource_key"] is None or conn.resource_key_support)
+    )

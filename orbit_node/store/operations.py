@@ -19,7 +19,7 @@ from ..errors import InvalidArgument, NotFound
 from ..ids import is_hex32
 from ..rules import fairness_weight
 from ..wire import rfc3339, stored_json
-from .tasks import PRIORITY_STEP_S
+from .task_rows import PRIORITY_STEP_S
 
 LIVE_STATES = ("queued", "reserved", "running")
 # A node whose heartbeat (every 10 s) is older than this is not live for operators.
@@ -229,6 +229,13 @@ class OperationsStore:
             else:
                 await self.namespace(application, namespace)
         return await self._backlogs("ops_queues", {"application": application, "namespace": namespace})
+
+    async def queue_of_id(self, queue_id: str) -> dict[str, Any]:
+        """A queue of any namespace: its id, namespace id, name, namespace and application names."""
+        row = await self.db.fetchone("ops_queue_of_id", {"queue_id": queue_id}) if is_hex32(queue_id) else None
+        if row is None:
+            raise NotFound(f"queue {queue_id} not found", field="queue")
+        return row
 
     async def namespace_backlogs(self, namespace_id: str, queue_ids: Sequence[str] | None) -> list[QueueBacklog]:
         """The backlogs of one namespace's queues: all of them (None) or those of ``queue_ids``."""

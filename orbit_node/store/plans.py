@@ -27,7 +27,7 @@ from ..ids import is_hex32, random_id, time_ordered_id
 from ..plans.definition import Definition, parse_stored
 from ..plans.schedule import due_fire_times
 from ..wire import rfc3339
-from .tasks import ER_DUP_ENTRY, LIST_START, TaskPage, TaskSummary, insert_tasks, task_row
+from .task_rows import ER_DUP_ENTRY, LIST_START, TaskPage, TaskSummary, insert_tasks, task_row
 
 log = logging.getLogger("orbit.plans")
 

@@ -1,4 +1,4 @@
-"""Tasks as the task interface sees them: acceptance (idempotent), reads, listing, cancel.
+"""Tasks as the task interface sees them: acceptance (idempotent), reads, search, cancel, retry.
 
 Acceptance (one task or a batch, one code path) runs in one transaction: it reads the
 records of its keys and its queues, decides each submission (``store/acceptance.py``),
@@ -10,100 +10,24 @@ refuse) the task the first created, so one key never creates two tasks.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+import builtins
+from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
 from ..db import Database, Tx
-from ..errors import DatabaseError, FailedPrecondition, NotFound, OrbitError
+from ..errors import DatabaseError, NotFound, OrbitError
 from ..ids import is_hex32, time_ordered_id
 from ..rules import NewTask
+from ..task_query import MAX_BULK, TaskCursor, TaskFilter
 from .acceptance import Create, Record, Repeat, Submission, decide
-
-STATES = ("queued", "reserved", "running", "succeeded", "failed", "cancelled", "expired")
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
-
-# Each priority level moves a task's dispatch ordering time this much earlier: the
-# generated column of 000012, dispatch_at = available_at - priority * 30 s. Readers that
-# take the level back from the dispatch index divide by it.
-PRIORITY_STEP_S = 30
+from .actions import BULK_ACTIONS, RETRIED, ActionOutcome, BulkOutcome, cancel_many, retry_many
+from .search import TaskSearchPage, search_tasks, waiting_reasons
+from .task_rows import ER_DUP_ENTRY, KEY_RACE_RUNS, NEW_TASK_COLUMNS, Task, TaskSummary, insert_tasks, task_row
 
 # idempotency_records.kind of client acceptance keys (plans use their own kind).
 KIND_REQUEST = "request"
-# MySQL's duplicate-key error.
-ER_DUP_ENTRY = 1062
-# Runs of one acceptance transaction that concurrent submissions of its keys may cost.
-KEY_RACE_RUNS = 5
-# The columns of a new task row that task_insert leaves to their defaults (000005).
-NEW_TASK_COLUMNS: dict[str, Any] = {
-    "state": "queued",
-    "attempts": 0,
-    "cancel_requested": 0,
-    "reserved_at": None,
-    "started_at": None,
-    "finished_at": None,
-    "result": None,
-    "error": None,
-}
-# Sorts above every 32-hex task id: the "before" bound of a listing's first page.
-LIST_START = "g"
-
-
-def _column(name: str | None = None, *, converter: Any = None) -> Any:
-    """A row-type field read from ``name`` (default: the field's own name)."""
-    return attrs.field(metadata={"column": name}, converter=converter)
-
-
-@attrs.frozen(kw_only=True)
-class TaskSummary:
-    """What a listing returns: no payload, result or error."""
-
-    task_id: str
-    queue_id: str
-    handler: str
-    handler_version: str
-    payload_version: str
-    state: str
-    priority: int = _column(converter=int)
-    available_at: datetime
-    deadline: datetime | None
-    attempts: int
-    max_attempts: int
-    resource_key: str | None
-    cancel_requested: bool = _column(converter=bool)
-    created_at: datetime
-    finished_at: datetime | None
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Any:
-        """Build from a row of the named queries (subclasses read their own columns too)."""
-        return cls(**{f.name: row[f.metadata.get("column") or f.name] for f in attrs.fields(cls)})
-
-
-@attrs.frozen(kw_only=True)
-class Task(TaskSummary):
-    """One task row. JSON columns stay text; ``payload`` parses on demand."""
-
-    application_id: str
-    namespace_id: str
-    payload_json: str = _column("payload")
-    backoff_initial_ms: int
-    backoff_max_ms: int
-    backoff_multiplier: float = _column(converter=float)
-    reserved_at: datetime | None
-    started_at: datetime | None
-    updated_at: datetime
-    result_json: str | None = _column("result")
-    error_text: str | None = _column("error")
-    plan_id: str | None
-    plan_version: int | None
-
-    @property
-    def payload(self) -> Any:
-        return json.loads(self.payload_json)
 
 
 @attrs.frozen
@@ -113,77 +37,15 @@ class Accepted:
     created: bool
 
 
-# The item type of a page: TaskSummary, or a subclass (a plan's listing gives PlanTask).
-S = TypeVar("S", bound=TaskSummary)
-
-
-@attrs.frozen
-class TaskPage(Generic[S]):
-    tasks: list[S]
-    # The last task id of this page when another page may follow, else None.
-    last: str | None
-
-
-def task_row(
-    task_id: str,
-    application_id: str,
-    namespace_id: str,
-    new: NewTask,
-    now: datetime,
-    *,
-    plan_id: str | None = None,
-    plan_version: int | None = None,
-) -> dict[str, Any]:
-    """The ``task_insert`` parameters of one accepted task.
-
-    ``now`` is the database clock read in the accepting transaction: the task's
-    created_at, and its available_at (plus the delay) unless the request names one.
-    """
-    return {
-        "task_id": task_id,
-        "application_id": application_id,
-        "namespace_id": namespace_id,
-        "queue_id": new.queue_id,
-        "handler": new.handler,
-        "handler_version": new.handler_version,
-        "payload_version": new.payload_version,
-        "payload": json.dumps(new.payload, ensure_ascii=False, allow_nan=False),
-        "priority": new.priority,
-        "available_at": now + timedelta(microseconds=new.delay_us) if new.available_at is None else new.available_at,
-        "deadline": new.deadline,
-        "max_attempts": new.max_attempts,
-        "backoff_initial_ms": new.backoff_initial_ms,
-        "backoff_max_ms": new.backoff_max_ms,
-        "backoff_multiplier": new.backoff_multiplier,
-        "resource_key": new.resource_key,
-        "plan_id": plan_id,
-        "plan_version": plan_version,
-        "created_at": now,
-    }
-
-
-async def insert_tasks(tx: Tx, namespace_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Write accepted tasks (``task_row``) and their resource keys' occupancy rows inside ``tx``.
-
-    Multi-row INSERTs; the caller has written the idempotency records first, in the same
-    transaction. The API's acceptance and a plan's fire both go through here.
-    """
-    await tx.execute_rows("task_insert", rows)
-    wanted = sorted({row["resource_key"] for row in rows if row["resource_key"] is not None})
-    if wanted:
-        present = await tx.fetchall(
-            "resource_keys_present", {"namespace_id": namespace_id, "resource_keys": tuple(wanted)}
-        )
-        have = {row["resource_key"] for row in present}
-        await tx.execute_rows(
-            "resource_key_ensure",
-            [{"namespace_id": namespace_id, "resource_key": key} for key in wanted if key not in have],
-        )
+# The filter that matches every task.
+NO_FILTER = TaskFilter()
 
 
 @attrs.define(eq=False)
 class TaskStore:
     db: Database
+    # Namespace id -> its application id (a namespace never changes application).
+    _applications: dict[str, str] = attrs.field(factory=dict, init=False)
 
     async def submit(
         self, namespace_id: str, idempotency_key: str, new: NewTask, *, kind: str = KIND_REQUEST
@@ -290,6 +152,27 @@ class TaskStore:
             raise NotFound(f"task_id: task {task_id} not found", field="task_id")
         return Task.from_row(row)
 
+    # -- finding tasks (store/search.py) -----------------------------------------------
+
+    async def search(
+        self,
+        namespace_id: str,
+        found: TaskFilter = NO_FILTER,
+        *,
+        queue_ids: Sequence[str] | None = None,
+        after: TaskCursor | None = None,
+        limit: int = 100,
+    ) -> TaskSearchPage:
+        """Up to ``limit`` summaries of the namespace's tasks that ``found`` matches, newest
+        first by (created_at, task_id), after ``after``. ``queue_ids`` None means every
+        queue of the namespace (a queue-scoped credential passes the queues it may read)."""
+        application_id = await self._application_of(namespace_id)
+        if application_id is None:
+            return TaskSearchPage([], None)
+        return await search_tasks(
+            self.db, namespace_id, application_id, found, queue_ids=queue_ids, after=after, limit=limit
+        )
+
     async def list(
         self,
         namespace_id: str,
@@ -297,27 +180,28 @@ class TaskStore:
         queue_ids: Sequence[str] | None = None,
         queue_id: str | None = None,
         state: str | None = None,
-        before: str | None = None,
         limit: int = 100,
-    ) -> TaskPage[TaskSummary]:
-        """Summaries, newest first. ``queue_ids`` None means every queue of the namespace."""
-        if queue_ids is not None and not queue_ids:
-            return TaskPage([], None)
-        rows = await self.db.fetchall(
-            "task_list",
-            {
-                "namespace_id": namespace_id,
-                "before": before or LIST_START,
-                "queue_id": queue_id,
-                "state": state,
-                "all_queues": queue_ids is None,
-                # IN () is not valid SQL; the flag above makes this list irrelevant.
-                "queue_ids": tuple(queue_ids) if queue_ids is not None else ("",),
-                "limit": limit + 1,
-            },
-        )
-        tasks = [TaskSummary.from_row(r) for r in rows[:limit]]
-        return TaskPage(tasks, tasks[-1].task_id if len(rows) > limit else None)
+    ) -> TaskSearchPage:
+        """The newest summaries (of one queue, in one state): ``search``'s first page."""
+        found = TaskFilter(queue_id=queue_id, states=() if state is None else (state,))
+        return await self.search(namespace_id, found, queue_ids=queue_ids, limit=limit)
+
+    async def waiting_reasons(self, namespace_id: str, tasks: Sequence[TaskSummary]) -> dict[str, str]:
+        """task id -> why that queued task waits (QUEUE_PAUSED, APPLICATION_SUSPENDED,
+        NO_CAPABLE_WORKER, NOT_DUE, QUOTA, RESOURCE_KEY_HELD), for those held back."""
+        return await waiting_reasons(self.db, namespace_id, tasks)
+
+    async def _application_of(self, namespace_id: str) -> str | None:
+        """The application of a namespace (a fixed fact, remembered); None if there is none."""
+        application_id = self._applications.get(namespace_id)
+        if application_id is None:
+            row = await self.db.fetchone("task_namespace_application", {"namespace_id": namespace_id})
+            if row is None:
+                return None
+            application_id = self._applications[namespace_id] = row["application_id"]
+        return application_id
+
+    # -- cancel and retry (store/actions.py) --------------------------------------------
 
     async def cancel(self, namespace_id: str, task_id: str) -> Task:
         """Queued: cancelled at once. Reserved/running: cancel requested, state kept.
@@ -325,23 +209,48 @@ class TaskStore:
         Cancelling a cancelled task returns it unchanged; a task that finished in any
         other way cannot be cancelled (FailedPrecondition).
         """
-        if not is_hex32(task_id):
+        await self._one(cancel_many, namespace_id, task_id)
+        return await self.get(namespace_id, task_id)
+
+    async def retry(self, namespace_id: str, task_id: str) -> Accepted:
+        """Retry a failed, cancelled or expired task: its new task (``created``), or the one
+        that retried it before (``created`` False). Any other state: FailedPrecondition."""
+        outcome = await self._one(retry_many, namespace_id, task_id)
+        assert outcome.retry_task_id is not None
+        return Accepted(await self.get(namespace_id, outcome.retry_task_id), created=outcome.outcome == RETRIED)
+
+    async def _one(self, action: Any, namespace_id: str, task_id: str) -> ActionOutcome:
+        outcomes = await action(self.db, namespace_id, [task_id]) if is_hex32(task_id) else []
+        if not outcomes:
             raise NotFound(f"task_id: task {task_id} not found", field="task_id")
-        params = {"namespace_id": namespace_id, "task_id": task_id}
+        if outcomes[0].error is not None:
+            raise outcomes[0].error
+        return outcomes[0]
 
-        async def body(tx: Tx) -> dict[str, Any]:
-            row = await tx.fetchone("task_lock_state", params)
-            if row is None:
-                raise NotFound(f"task_id: task {task_id} not found", field="task_id")
-            state = row["state"]
-            if state == "queued":
-                await tx.execute("task_cancel_queued", params)
-            elif state in ("reserved", "running"):
-                await tx.execute("task_request_cancel", params)
-            elif state != "cancelled":
-                raise FailedPrecondition(
-                    f"task_id: task {task_id} already finished as {state}; it cannot be cancelled", field="task_id"
-                )
-            return await tx.fetchrow("task_get", params)
+    async def cancel_many(self, namespace_id: str, task_ids: Sequence[str]) -> builtins.list[ActionOutcome]:
+        """Cancel each task (of the namespace) as ``cancel`` would; one outcome per task found."""
+        return await cancel_many(self.db, namespace_id, task_ids)
 
-        return Task.from_row(await self.db.transaction(body))
+    async def retry_many(self, namespace_id: str, task_ids: Sequence[str]) -> builtins.list[ActionOutcome]:
+        """Retry each task (of the namespace) as ``retry`` would; one outcome per task found."""
+        return await retry_many(self.db, namespace_id, task_ids)
+
+    async def bulk(
+        self,
+        action: str,
+        namespace_id: str,
+        found: TaskFilter,
+        *,
+        queue_ids: Sequence[str] | None = None,
+        after: TaskCursor | None = None,
+        limit: int = MAX_BULK,
+    ) -> BulkOutcome:
+        """``action`` ("cancel" or "retry") on the next ``limit`` tasks ``found`` matches,
+        newest first after ``after``, each as ``cancel``/``retry`` would. Unless ``found``
+        names states or task ids it takes only the states the action can change (queued,
+        reserved, running; failed, cancelled, expired)."""
+        run, default_states = BULK_ACTIONS[action]
+        if not found.task_ids:
+            found = found.with_states(default_states)
+        page = await self.search(namespace_id, found, queue_ids=queue_ids, after=after, limit=limit)
+        return BulkOutcome(await run(self.db, namespace_id, [t.task_id for t in page.tasks]), page.next_cursor)

@@ -51,7 +51,7 @@ CLEANUP_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 2.0
 
 
-class ConnectionClosed(OrbitError):
+class WorkerConnectionClosed(OrbitError):
     """The Worker connection is over; the subclasses say whose doing it was."""
 
     code = "CONNECTION_CLOSED"
@@ -61,7 +61,7 @@ class ConnectionClosed(OrbitError):
         self.reason = reason
 
 
-class ClosedByNode(ConnectionClosed):
+class ClosedByNode(WorkerConnectionClosed):
     """The node closed the connection with ``close_code`` (timeout, protocol errors, shutdown)."""
 
     def __init__(self, reason: str, *, close_code: int):
@@ -69,14 +69,14 @@ class ClosedByNode(ConnectionClosed):
         self.close_code = close_code
 
 
-class ConnectionBroken(ConnectionClosed):
+class ConnectionBroken(WorkerConnectionClosed):
     """The peer closed the WebSocket, or it broke."""
 
     code = "CONNECTION_BROKEN"
 
 
 class Transport(Protocol):
-    """The connection's WebSocket. ``receive`` raises ``ConnectionClosed`` once the peer is gone."""
+    """The connection's WebSocket. ``receive`` raises ``WorkerConnectionClosed`` once the peer is gone."""
 
     async def receive(self) -> str | bytes: ...
     async def send(self, text: str) -> None: ...
@@ -256,7 +256,7 @@ class WorkerConnection:
                 nursery.start_soon(self._shutdown_watch)
                 await self._reader()
                 nursery.cancel_scope.cancel()
-        except* ConnectionClosed:
+        except* WorkerConnectionClosed:
             pass
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S):
@@ -283,13 +283,13 @@ class WorkerConnection:
         while True:
             try:
                 data = await self.transport.receive()
-            except ConnectionClosed:
+            except WorkerConnectionClosed:
                 return
             self.last_received = trio.current_time()
             try:
                 message = p.parse_message(data)
                 await self._handle(message)
-            except p.ProtocolError as exc:
+            except p.MessageRefused as exc:
                 self.protocol_errors += 1
                 self.send(p.error(exc.code, exc.message, exc.field))
                 if exc.close_code is not None:
@@ -303,13 +303,13 @@ class WorkerConnection:
             return
         if self.core.hello is None:
             if not isinstance(message, p.Hello):
-                raise p.ProtocolError(
+                raise p.MessageRefused(
                     "OUT_OF_ORDER", "the first message must be hello", field="type", close_code=p.CLOSE_PROTOCOL
                 )
             await self._accept_hello(message)
             return
         if isinstance(message, p.Hello):
-            raise p.ProtocolError("OUT_OF_ORDER", "hello was already received", field="type")
+            raise p.MessageRefused("OUT_OF_ORDER", "hello was already received", field="type")
         if isinstance(message, p.Drain):
             self.core.worker_drain()
             self.hub.pool.leave(self.connection_id)
@@ -330,7 +330,7 @@ class WorkerConnection:
     async def _accept_hello(self, hello: p.Hello) -> None:
         for index, queue_id in enumerate(hello.queues):
             if not self.principal.allows("workers:consume", queue_id):
-                raise p.ProtocolError(
+                raise p.MessageRefused(
                     "PERMISSION_DENIED",
                     f"credential lacks workers:consume for queue {queue_id}",
                     field=f"queues[{index}]",
@@ -341,11 +341,11 @@ class WorkerConnection:
                     self.principal.namespace_id, queue_id
                 )
             except NotFound:
-                raise p.ProtocolError(
+                raise p.MessageRefused(
                     "NOT_FOUND", f"queue {queue_id} not found", field=f"queues[{index}]", close_code=p.CLOSE_POLICY
                 ) from None
             except OrbitError as exc:
-                raise p.ProtocolError("UNAVAILABLE", exc.message, close_code=p.CLOSE_INTERNAL) from None
+                raise p.MessageRefused("UNAVAILABLE", exc.message, close_code=p.CLOSE_INTERNAL) from None
         self.core.hello_received(hello, node_id=self.hub.node_id)
         await self.hub.register(self)
         config = self.hub.config
@@ -405,7 +405,7 @@ class WorkerConnection:
         async for message in self._tr_recv:
             try:
                 await self._transition(message)
-            except (p.ProtocolError, ConnectionClosed):
+            except (p.MessageRefused, WorkerConnectionClosed):
                 raise  # not the database's doing: the connection ends, as for any other error
             except OrbitError as exc:
                 # The database could not be reached: every task of the message gets a

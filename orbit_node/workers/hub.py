@@ -17,6 +17,7 @@ from ..dispatch.signals import SignalRelay
 from ..store import ownership as ds
 from ..store.tenancy import TenancyStore
 from ..store.workers import WorkerRegistryStore
+from ..wire import rfc3339
 from . import protocol as p
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ class WorkerHub:
         if result.state is not None:
             body["state"] = result.state
         if result.ok and result.lease_expires_at is not None:
-            body["lease_expires_at"] = p.timestamp(result.lease_expires_at)
+            body["lease_expires_at"] = rfc3339(result.lease_expires_at)
         if result.ok and result.outcome in (ds.Outcome.STARTED, ds.Outcome.RENEWED):
             body["cancel_requested"] = bool(result.cancel_requested or result.deadline_passed)
         return body

@@ -52,7 +52,7 @@ _TOKEN = re.compile(r"[0-9]{1,10}-[0-9a-f]{16}")
 _MESSAGE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
-class ProtocolError(OrbitError):
+class MessageRefused(OrbitError):
     """A bad inbound message. ``close_code`` set means the connection must close.
 
     ``code`` is the ``error`` frame's machine code (``INVALID_MESSAGE``, ``OUT_OF_ORDER``,
@@ -149,8 +149,8 @@ def loads_strict(text: str | bytes) -> Any:
     return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
 
 
-def _invalid(message: str, field: str) -> ProtocolError:
-    return ProtocolError("INVALID_MESSAGE", message, field=field)
+def _invalid(message: str, field: str) -> MessageRefused:
+    return MessageRefused("INVALID_MESSAGE", message, field=field)
 
 
 def _fields(obj: Mapping[str, Any], required: set[str], optional: set[str], where: str) -> None:
@@ -307,13 +307,13 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
 
 
 def parse_message(data: str | bytes) -> Message:
-    """Parse one inbound frame into a message, or raise ``ProtocolError``.
+    """Parse one inbound frame into a message, or raise ``MessageRefused``.
 
     Messages are JSON text frames; a binary frame is refused whatever it holds, and the
     connection closes (``CLOSE_PROTOCOL``).
     """
     if not isinstance(data, str):
-        raise ProtocolError(
+        raise MessageRefused(
             "MALFORMED_MESSAGE",
             "binary frames are refused: send every message as a JSON text frame",
             close_code=CLOSE_PROTOCOL,
@@ -321,13 +321,13 @@ def parse_message(data: str | bytes) -> Message:
     try:
         obj = loads_strict(data)
     except (ValueError, RecursionError) as exc:
-        raise ProtocolError("MALFORMED_MESSAGE", f"not a JSON message: {exc}") from None
+        raise MessageRefused("MALFORMED_MESSAGE", f"not a JSON message: {exc}") from None
     if not isinstance(obj, dict):
-        raise ProtocolError("MALFORMED_MESSAGE", "a message must be a JSON object")
+        raise MessageRefused("MALFORMED_MESSAGE", "a message must be a JSON object")
     kind = obj.get("type")
     parser = _PARSERS.get(kind) if isinstance(kind, str) else None
     if parser is None:
-        raise ProtocolError("UNKNOWN_TYPE", f"unknown message type {kind!r}", field="type")
+        raise MessageRefused("UNKNOWN_TYPE", f"unknown message type {kind!r}", field="type")
     return parser(obj)
 
 
@@ -364,9 +364,6 @@ def heartbeat() -> dict[str, Any]:
     return {"type": "heartbeat"}
 
 
-timestamp = rfc3339
-
-
 def dispatch_task(r: Reservation) -> dict[str, Any]:
     """One reservation as the Worker sees it; ``priority`` only when non-zero."""
     task = {
@@ -379,10 +376,10 @@ def dispatch_task(r: Reservation) -> dict[str, Any]:
         "payload": json.loads(r.payload_json),
         "attempt": r.attempt,
         "max_attempts": r.max_attempts,
-        "lease_expires_at": timestamp(r.lease_expires_at),
+        "lease_expires_at": rfc3339(r.lease_expires_at),
     }
     if r.deadline is not None:
-        task["deadline"] = timestamp(r.deadline)
+        task["deadline"] = rfc3339(r.deadline)
     if r.resource_key is not None:
         task["resource_key"] = r.resource_key
     if r.priority:

@@ -1,8 +1,8 @@
--- Who did what: one row per write an operator makes through the console (cancel a task,
--- pause or resume a queue, and the bulk actions by filter), read on the console's audit
--- page and by `orbit-admin audit list` (docs/operations.md, "The console"). A row is
--- written after the action it records, by the node that took it, on the database of the
--- application's shard. Nothing reads it to decide anything.
+-- Who did what: one row per write an operator makes through the console (cancel or retry
+-- a task, pause or resume a queue, cancel or retry the tasks a filter matches), read on
+-- the console's audit page and by `orbit-admin audit list` (docs/operations.md, "The
+-- console"). A row is written after the action it records, by the node that took it, on
+-- the database of the application's shard. Nothing reads it to decide anything.
 CREATE TABLE audit_records (
   audit_id       BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
   recorded_at    DATETIME(6)     NOT NULL DEFAULT CURRENT_TIMESTAMP(6) COMMENT 'database clock',
@@ -10,7 +10,7 @@ CREATE TABLE audit_records (
   namespace_id   CHAR(32)        NOT NULL,
   credential_id  CHAR(32)        NOT NULL COMMENT 'who: the credential the action was taken with',
   via            VARCHAR(16)     NOT NULL COMMENT 'where: console (the only writer so far)',
-  action         VARCHAR(32)     NOT NULL COMMENT 'task.cancel, queue.pause, queue.resume, ...',
+  action         VARCHAR(32)     NOT NULL COMMENT 'task.cancel, task.retry, queue.pause, queue.resume, tasks.bulk_cancel, tasks.bulk_retry',
   queue_id       CHAR(32)        NULL COMMENT 'the queue acted on or filtered by; NULL: no single queue',
   task_id        CHAR(32)        NULL COMMENT 'the task acted on, for an action on one task',
   filter         TEXT            NULL COMMENT 'JSON object: the filter of an action on many tasks',

@@ -23,8 +23,8 @@ from pathlib import Path
 import attrs
 import trio
 
-from orbit_node.config import Dsn, DsnHost
 from orbit_node.db import Database
+from orbit_node.dsn import Dsn, DsnHost
 from orbit_node.errors import OrbitError
 
 from .mariadb import START_TIMEOUT_S, PrivateMariaDB, find_bin

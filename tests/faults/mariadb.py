@@ -19,8 +19,8 @@ from pathlib import Path
 import attrs
 import trio
 
-from orbit_node.config import Dsn
 from orbit_node.db import Database
+from orbit_node.dsn import Dsn
 from orbit_node.errors import OrbitError
 
 from .nodeproc import free_port

@@ -23,7 +23,7 @@ import attrs
 import httpx
 import trio
 
-from orbit_node.config import Dsn
+from orbit_node.dsn import Dsn
 
 from ..helpers import BIN
 

@@ -13,20 +13,21 @@ saying what was done (``views.DONE``).
 from __future__ import annotations
 
 import logging
-import urllib.parse
+from collections.abc import Sequence
 
 from quart import Response, g, request
 
 from ...errors import InvalidArgument, OrbitError
 from ...store import audit as actions
+from ...store.actions import CANCEL_REQUESTED, CANCELLED
 from ...store.audit import AuditStore, Entry
-from ...store.tasks import Task
 from .views import (
     DONE_PARAM,
     FORM_TOKEN,
     UNRECORDED_PARAM,
+    answer_url,
+    back_path,
     blueprint,
-    next_path,
     page,
     principal,
     readable,
@@ -46,19 +47,20 @@ def audit_store() -> AuditStore:
     return AuditStore(shard().db)
 
 
-async def action_form(default_back: str) -> str:
-    """The console page to return to after the action (checked: a console path only)."""
-    form = await request.form
-    unknown = sorted(set(form) - ACTION_FIELDS)
+async def action_form(default_back: str, fields: frozenset[str] = ACTION_FIELDS) -> dict[str, list[str]]:
+    """The form of an action (only ``fields``), and the page to return to (``g.console_back``:
+    a console page, ``default_back`` for anything else)."""
+    form = (await request.form).to_dict(flat=False)
+    unknown = sorted(set(form) - fields)
     if unknown:
         raise InvalidArgument(f"{unknown[0]}: not a field of this form", field=unknown[0])
-    g.console_back = next_path(form.get("back") or default_back)
-    return g.console_back
+    g.console_back = back_path((form.get("back") or [""])[0], default_back)
+    return form
 
 
-async def answer(back: str, entry: Entry, done: str) -> Response:
-    """Record the action, then send the browser back with what was done."""
-    query = {DONE_PARAM: done}
+async def answer(entry: Entry, params: Sequence[tuple[str, str]], back: str | None = None) -> Response:
+    """Record the action, then send the browser back with what was done (``views.DONE``)."""
+    answered = list(params)
     try:
         await audit_store().record(entry)
     except OrbitError as exc:
@@ -69,46 +71,70 @@ async def answer(back: str, entry: Entry, done: str) -> Response:
             entry.who.credential_id,
             exc.code,
         )
-        query[UNRECORDED_PARAM] = "1"
+        answered.append((UNRECORDED_PARAM, "1"))
     log.info("console %s by credential %s: %s", entry.action, entry.who.credential_id, entry.outcome)
-    return see_other(back + "?" + urllib.parse.urlencode(query))
+    return see_other(answer_url(back or g.console_back, answered))
 
 
-def cancel_outcome(before: Task, after: Task) -> tuple[str, int]:
-    """The ``views.DONE`` word of a cancel, and how many tasks it changed (0 or 1)."""
-    if after.state == "cancelled":
-        return ("already-cancelled", 0) if before.state == "cancelled" else ("cancelled", 1)
-    if before.cancel_requested and before.state in ("reserved", "running"):
-        return "already-cancel-requested", 0
-    return "cancel-requested", 1
+# The answer (views.DONE) of a cancel of one task, by the outcome of store/actions.py.
+CANCEL_DONE = {CANCELLED: "cancelled", CANCEL_REQUESTED: "cancel-requested"}
 
 
 @blueprint.post("/tasks/<task_id>/cancel")
 async def cancel_task(task_id: str):
-    back = await action_form(f"/console/tasks/{task_id}")
+    await action_form(f"/console/tasks/{task_id}")
     who = principal()
     where = shard()
-    before = await where.tasks.get(who.namespace_id, task_id)
-    who.require("tasks:cancel", before.queue_id)
-    after = await where.tasks.cancel(who.namespace_id, task_id)
-    if where.signals is not None and after.cancel_requested and after.state in ("reserved", "running"):
+    task = await where.tasks.get(who.namespace_id, task_id)
+    who.require("tasks:cancel", task.queue_id)
+    # One decision per task, whichever way it is asked: the API's, orbit-admin's.
+    (outcome,) = await where.tasks.cancel_many(who.namespace_id, [task_id])
+    if outcome.error is not None:
+        raise outcome.error
+    if where.signals is not None and outcome.outcome == CANCEL_REQUESTED:
         # As the API's cancel: the Worker holding it hears it now, through whichever node.
         where.signals.cancel(task_id)
-    done, changed = cancel_outcome(before, after)
+    done = CANCEL_DONE.get(outcome.outcome) or (
+        "already-cancelled" if outcome.state == "cancelled" else "already-cancel-requested"
+    )
     entry = Entry(
         who=who,
         action=actions.TASK_CANCEL,
-        queue_id=after.queue_id,
+        queue_id=task.queue_id,
         task_id=task_id,
-        changed=changed,
+        changed=int(outcome.changed),
         outcome=done.replace("-", " "),
     )
-    return await answer(back, entry, done)
+    return await answer(entry, [(DONE_PARAM, done)])
+
+
+@blueprint.post("/tasks/<task_id>/retry")
+async def retry_task(task_id: str):
+    await action_form(f"/console/tasks/{task_id}")
+    who = principal()
+    where = shard()
+    task = await where.tasks.get(who.namespace_id, task_id)
+    who.require("tasks:submit", task.queue_id)
+    retried = await where.tasks.retry(who.namespace_id, task_id)
+    if retried.created and where.signals is not None:
+        # As the API's retry: Workers waiting on the queue claim it now, on every node.
+        where.signals.tasks_arrived(retried.task.queue_id)
+    done = "retried" if retried.created else "already-retried"
+    entry = Entry(
+        who=who,
+        action=actions.TASK_RETRY,
+        queue_id=task.queue_id,
+        task_id=task_id,
+        changed=int(retried.created),
+        outcome=f"{done.replace('-', ' ')} as {retried.task.task_id}",
+    )
+    # The answer is the page of the task that runs it again.
+    return await answer(entry, [(DONE_PARAM, done)], back=f"/console/tasks/{retried.task.task_id}")
 
 
 @blueprint.post("/queues/<queue_id>/<any(pause, resume):verb>")
 async def pause_or_resume(queue_id: str, verb: str):
-    back = await action_form(f"/console/queues/{queue_id}")
+    await action_form(f"/console/queues/{queue_id}")
     who = principal()
     where = shard()
     found = await where.tenancy.get_queue(who.namespace_id, queue_id)
@@ -118,7 +144,7 @@ async def pause_or_resume(queue_id: str, verb: str):
     if changed:
         await where.tenancy.set_queue_paused(who.namespace_id, found.queue_id, pause)
         if not pause and where.signals is not None:
-            # Its due tasks may be claimed at once, on every node, instead of at the next scan.
+            # As the API's resume: its due tasks may be claimed at once, on every node.
             where.signals.tasks_arrived(found.queue_id)
     done = ("paused" if pause else "resumed") if changed else ("already-paused" if pause else "already-open")
     entry = Entry(
@@ -128,7 +154,7 @@ async def pause_or_resume(queue_id: str, verb: str):
         changed=changed,
         outcome=done.replace("-", " "),
     )
-    return await answer(back, entry, done)
+    return await answer(entry, [(DONE_PARAM, done)])
 
 
 @blueprint.get("/audit")

@@ -12,6 +12,8 @@ from typing import Any, Protocol, TypeVar
 
 import attrs
 
+from ...task_query import TaskFilter
+
 # Priority levels of P3, highest first (the order claims take them in).
 PRIORITY_LEVELS = tuple(range(9, -1, -1))
 # Height in pixels of the tallest bar of a queue's priority chart.
@@ -286,3 +288,13 @@ def by_queue(items: Iterable[Q]) -> dict[str, list[Q]]:
     for item in items:
         grouped.setdefault(item.queue_id, []).append(item)
     return grouped
+
+
+def filter_times(found: TaskFilter) -> dict[str, str]:
+    """The filter's times as ``datetime-local`` inputs show them (UTC, to the second)."""
+    times = {}
+    for name in ("created_after", "created_before", "finished_after", "finished_before"):
+        value = getattr(found, name)
+        if value is not None:
+            times[name] = value.strftime("%Y-%m-%dT%H:%M:%S")
+    return times

@@ -1,5 +1,6 @@
-"""The console's task pages: the task list (search by id or its beginning, filters by
-queue and state, paging past the newest), one task's story, and its stored values whole.
+"""The console's task pages: the task list and the failed tasks (search by id or its
+beginning, the API's filters, paging past the newest, links to the bulk actions), one
+task's story, and its stored values whole.
 
 A task's page reads only the beginning of its payload, result and errors
 (``store/console.py``) and shows it laid out (``values.py``), with a link to the route
@@ -11,13 +12,15 @@ KiB (and a ``304`` while nothing changes).
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
 
 from quart import Response, request
 
 from ...errors import InvalidArgument, NotFound
-from ...ids import is_hex32
-from ...store.tasks import LIST_START, STATES
+from ...task_query import CANCELLABLE_STATES, PRIORITIES, RETRYABLE_STATES, STATES, TaskFilter
+from . import model
+from .task_filters import Query, filter_params, query_of, query_params
 from .values import ATTEMPT_PREVIEW_CHARS, ERROR_READ_CHARS, PREVIEW_CHARS, error_preview, preview
 from .views import (
     RECENT_TASKS,
@@ -33,82 +36,77 @@ from .views import (
     shard,
 )
 
-HEX = frozenset("0123456789abcdef")
-# The query parameters of the task list (any other is ignored, as a browser may add some).
-LIST_FILTERS = ("task_id", "queue_id", "state", "before")
+# The task list's panel (the task list and the failed tasks).
+PANEL = "console/panels/tasks.html"
+# Which bulk action a credential may ask for, with which scope (as the API's routes).
+BULK_SCOPES = {"cancel": "tasks:cancel", "retry": "tasks:submit"}
 
 
-def hex_prefix(value: str) -> bool:
-    return 0 < len(value) <= 32 and set(value) <= HEX
-
-
-def list_query(args: Mapping[str, str], names: Mapping[str, str]) -> dict[str, str]:
-    """The task list's filters from the query, checked; ``task_id`` may be an id's beginning.
-    Empty values count as absent. ``names``: the queues the credential reads (id -> name)."""
-    query = {name: args[name].strip().lower() for name in LIST_FILTERS if args.get(name, "").strip()}
-    if "task_id" in query and not hex_prefix(query["task_id"]):
-        raise InvalidArgument(
-            "task_id: a task id is 32 hexadecimal digits; give all of them, or its first ones", field="task_id"
-        )
-    if "before" in query and not is_hex32(query["before"]):
-        raise InvalidArgument("before: a task id (32 hexadecimal digits)", field="before")
-    if "state" in query and query["state"] not in STATES:
-        raise InvalidArgument(f"state: one of {', '.join(STATES)}", field="state")
-    if "queue_id" in query and query["queue_id"] not in names:
-        raise InvalidArgument("queue_id: not a queue you read in this namespace", field="queue_id")
-    return query
+def url(path: str, params: Sequence[tuple[str, str]]) -> str:
+    return path + ("?" + urllib.parse.urlencode(params) if params else "")
 
 
 @blueprint.get("/tasks")
 async def tasks():
+    return await task_list("Tasks")
+
+
+@blueprint.get("/failed")
+async def failed():
+    """The failed tasks, newest first, with the filters and actions of the task list."""
+    return await task_list("Failed tasks", defaults={"state": ["failed"]})
+
+
+async def task_list(title: str, *, defaults: dict[str, list[str]] | None = None) -> Response:
     who = principal()
     names = await queue_names()
+    context: dict[str, Any] = {"queue_names": names, "states": STATES, "levels": PRIORITIES, "waiting": {}, "times": {}}
     try:
-        query = list_query(request.args, names)
+        query = query_of(request.args.to_dict(flat=False), defaults=defaults)
+        if query.filter.queue_id is not None and query.filter.queue_id not in names:
+            raise InvalidArgument("queue_id: not a queue you read in this namespace", field="queue_id")
     except InvalidArgument as exc:
-        return await page(
-            "Tasks",
-            "console/panels/tasks.html",
-            status=400,
-            tasks=[],
-            queue_names=names,
-            query={},
-            states=STATES,
-            error=exc.message,
+        return await page(title, PANEL, status=400, tasks=[], query=Query(TaskFilter()), error=exc.message, **context)
+    if len(query.prefix) == 32:
+        return see_other(f"/console/tasks/{query.prefix}")
+    if query.prefix:
+        found = await console_store().search_prefix(
+            who.namespace_id, query.prefix, query.filter, queue_ids=readable(), after=query.cursor, limit=RECENT_TASKS
         )
-    prefix = query.get("task_id", "")
-    if len(prefix) == 32:
-        return see_other(f"/console/tasks/{prefix}")
-    # Ids sort by time: the newest id starting with the prefix is below prefix + "g".
-    before = min(query.get("before", LIST_START), prefix + "g" if prefix else LIST_START)
-    found = await shard().tasks.list(
-        who.namespace_id,
-        queue_ids=readable(),
-        queue_id=query.get("queue_id"),
-        state=query.get("state"),
-        before=before,
-        limit=RECENT_TASKS + 1,
-    )
-    # Newest first: the ids that start with the prefix come before every other.
-    matching = [t for t in found.tasks if t.task_id.startswith(prefix)]
-    shown = matching[:RECENT_TASKS]
-    older = None
-    if len(matching) > RECENT_TASKS:
-        older = "/console/tasks?" + urllib.parse.urlencode({**query, "before": shown[-1].task_id})
-    newest = None
-    if "before" in query:
-        newest = "/console/tasks?" + urllib.parse.urlencode({k: v for k, v in query.items() if k != "before"})
+    else:
+        found = await shard().tasks.search(
+            who.namespace_id, query.filter, queue_ids=readable(), after=query.cursor, limit=RECENT_TASKS
+        )
+    here = request.path
+    context["waiting"] = await shard().tasks.waiting_reasons(who.namespace_id, found.tasks)
+    context["times"] = model.filter_times(query.filter)
+    older = url(here, query_params(query, cursor=found.next_cursor)) if found.next_cursor else None
+    newest = url(here, query_params(query)) if query.cursor else None
+    # Bulk actions take the filter (not an id's beginning), one that names something.
+    bulk = {}
+    if not query.prefix and not query.filter.is_empty:
+        bulk = {
+            action: url(f"/console/tasks/bulk/{action}", filter_params(query.filter))
+            for action, scope in BULK_SCOPES.items()
+            if who.scopes.get(scope)
+        }
+    go_on = None
+    if request.args.get("more") in BULK_SCOPES and request.args.get("more_cursor"):
+        params = [*filter_params(query.filter), ("cursor", request.args["more_cursor"])]
+        go_on = url(f"/console/tasks/bulk/{request.args['more']}", params)
     return await page(
-        "Tasks",
-        "console/panels/tasks.html",
-        live_query=query,
-        tasks=shown,
-        queue_names=names,
+        title,
+        PANEL,
+        live_query=query_params(query, cursor=query.cursor),
+        tasks=found.tasks,
         query=query,
-        states=STATES,
         older=older,
         newest=newest,
+        bulk=bulk,
+        go_on=go_on,
+        back=url(here, query_params(query)),
         error=None,
+        **context,
     )
 
 
@@ -139,7 +137,8 @@ async def task(task_id: str):
         task=story,
         explanation=explanation,
         endpoint="console.tasks",
-        cancellable=story["state"] in ("queued", "reserved", "running") and not story["cancel_requested"],
+        cancellable=story["state"] in CANCELLABLE_STATES and not story["cancel_requested"],
+        retryable=story["state"] in RETRYABLE_STATES and story["retried_by"] is None,
     )
 
 

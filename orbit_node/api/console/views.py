@@ -21,6 +21,7 @@ import json
 import logging
 import re
 import urllib.parse
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from quart import Blueprint, Response, g, render_template, request
@@ -62,6 +63,8 @@ ENDED = {
 }
 # A page to return to after sign-in: a console path, nothing else.
 NEXT_PATH = re.compile(r"/console(/[A-Za-z0-9/_.-]*)?")
+# A page a write returns to: a console path, with a query of its own (the task list's filter).
+BACK_PATH = re.compile(r"/console(/[A-Za-z0-9/_.-]*)?(\?[A-Za-z0-9_.~%+=&:-]*)?")
 # Rows shown by listings on a page.
 RECENT_TASKS = 25
 PLAN_TASKS = 20
@@ -76,6 +79,7 @@ NAVIGATION = (
     ("console.workers", "Workers"),
     ("console.plans", "Plans"),
     ("console.tasks", "Tasks"),
+    ("console.failed", "Failed"),
     ("console.audit", "Audit"),
 )
 # What a not-found page says, by the field of the NotFound error (never its id: the page
@@ -100,10 +104,22 @@ DONE = {
     "already-paused": "The queue was already paused: nothing changed.",
     "resumed": "Queue resumed: its due tasks are dispatched again.",
     "already-open": "The queue was not paused: nothing changed.",
+    "retried": "Retried: this is the new task that runs it again (the old one keeps its state).",
+    "already-retried": "The task had been retried before: this is the task that retried it; nothing was created.",
+    "bulk-cancel": "{changed} tasks cancelled (or, running, asked to stop); {unchanged} had been already; "
+    "{refused} could not be (they had finished otherwise).",
+    "bulk-retry": "{changed} tasks retried as new tasks; {unchanged} had been retried before; {refused} could not be "
+    "(only failed, cancelled and expired tasks can).",
 }
+# The counts a bulk action's answer carries (?changed=N&unchanged=N&refused=N).
+COUNT_PARAMS = ("changed", "unchanged", "refused")
 # Set (?unrecorded=1) when the write was done but its audit record could not be written.
 UNRECORDED_PARAM = "unrecorded"
 UNRECORDED = "Its audit record could not be written (the node's log says why)."
+# A bulk action that left tasks matching: which one (?more=cancel) and its cursor.
+MORE_PARAMS = ("more", "more_cursor")
+# Parameters of a write's answer: not part of what the page shows, nor of its refresh.
+ANSWER_PARAMS = (DONE_PARAM, UNRECORDED_PARAM, *COUNT_PARAMS, *MORE_PARAMS)
 
 
 def signer() -> SessionSigner:
@@ -220,6 +236,16 @@ def next_path(value: str | None) -> str:
     return value if value and NEXT_PATH.fullmatch(value) else "/console"
 
 
+def back_path(value: str | None, default: str) -> str:
+    """The console page a write returns to (its path and query), ``default`` for anything else."""
+    return value if value and BACK_PATH.fullmatch(value) else default
+
+
+def answer_url(back: str, params: Sequence[tuple[str, str]]) -> str:
+    """``back`` with a write's answer added to its query."""
+    return back + ("&" if "?" in back else "?") + urllib.parse.urlencode(params)
+
+
 async def sign_in_page(message: str | None, next_to: str, *, error: str | None = None, status: int = 200):
     html = await render_template("console/sign_in.html", message=message, error=error, next_path=next_to)
     return Response(html, status, mimetype="text/html")
@@ -286,12 +312,18 @@ def helpers() -> dict[str, Any]:
 
 
 async def page(
-    title: str, panel: str, *, status: int = 200, live_query: dict[str, str] | None = None, **context: Any
+    title: str,
+    panel: str,
+    *,
+    status: int = 200,
+    live_query: Sequence[tuple[str, str]] | None = None,
+    refresh: bool = True,
+    **context: Any,
 ) -> Response:
     """The page ``title`` around ``panel``; with ?fragment=live the panel alone, ETag'd.
 
-    Only a 200 page refreshes itself (its script polls the panel, with the page's own
-    query, or ``live_query``). ``static_panel`` (optional) is rendered below the live one, on the page only:
+    Only a 200 page refreshes itself, unless ``refresh`` is False (its script polls the
+    panel, with the page's own query, or ``live_query``). ``static_panel`` (optional) is rendered below the live one, on the page only:
     what never changes is not sent again by each refresh. A page reached after a write
     says what the write did (``?done=``, a word of ``DONE``)."""
     if is_fragment():
@@ -305,15 +337,28 @@ async def page(
         return response
     query = live_query
     if query is None:
-        query = {k: v for k, v in request.args.items() if k not in (FRAGMENT, DONE_PARAM, UNRECORDED_PARAM)}
-    live = request.path + "?" + urllib.parse.urlencode({**query, FRAGMENT: "live"}) if status == 200 else None
+        query = [(k, v) for k, v in request.args.items(multi=True) if k not in (FRAGMENT, *ANSWER_PARAMS)]
+    live = None
+    if status == 200 and refresh:
+        live = request.path + "?" + urllib.parse.urlencode([*query, (FRAGMENT, "live")])
     context.setdefault("endpoint", request.endpoint)
     context.setdefault("static_panel", None)
-    done = DONE.get(request.args.get(DONE_PARAM, ""))
-    if done and request.args.get(UNRECORDED_PARAM):
-        done += " " + UNRECORDED
-    html = await render_template("console/page.html", title=title, panel=panel, live_url=live, done=done, **context)
+    html = await render_template(
+        "console/page.html", title=title, panel=panel, live_url=live, done=done_text(request.args), **context
+    )
     return Response(html, status, mimetype="text/html")
+
+
+def done_text(args: Mapping[str, str]) -> str | None:
+    """What a page reached after a write says it did (``DONE``, with its counts)."""
+    done = DONE.get(args.get(DONE_PARAM, ""))
+    if done is None:
+        return None
+    counts = {name: int(args[name]) if args.get(name, "").isdecimal() else 0 for name in COUNT_PARAMS}
+    done = done.format(**counts)
+    if args.get(UNRECORDED_PARAM):
+        done += " " + UNRECORDED
+    return done
 
 
 @blueprint.after_request

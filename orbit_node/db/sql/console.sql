@@ -9,7 +9,8 @@
 SELECT t.task_id, t.application_id, t.namespace_id, t.queue_id, t.handler, t.handler_version, t.payload_version,
        t.state, t.priority, t.available_at, t.dispatch_at, t.deadline, t.attempts, t.max_attempts,
        t.resource_key, t.cancel_requested, t.reserved_at, t.started_at, t.finished_at, t.plan_id, t.plan_version,
-       t.created_at, t.updated_at, q.name AS queue,
+       t.created_at, t.updated_at, q.name AS queue, t.retried_from,
+       (SELECT r.task_id FROM tasks r WHERE r.retried_from = t.task_id) AS retried_by,
        IF(%(with_payload)s, LEFT(t.payload, %(head_chars)s), NULL) AS payload_head,
        IF(%(with_payload)s, LENGTH(t.payload), NULL) AS payload_bytes,
        LEFT(t.result, %(head_chars)s) AS result_head, LENGTH(t.result) AS result_bytes,
@@ -56,4 +57,31 @@ SELECT queue_id, handler, handler_version, payload_version, keyed, COUNT(*) AS d
    AND dispatch_at <= NOW(6) - INTERVAL (priority * %(priority_step_s)s) SECOND
  GROUP BY queue_id, handler, handler_version, payload_version, keyed
  ORDER BY queue_id, due DESC
+ LIMIT %(limit)s
+
+-- Tasks whose id starts with a prefix (the console's search), with the listing's filters,
+-- newest first by (created_at, task_id) after a cursor like every listing. Task ids
+-- begin with their acceptance time in milliseconds, so the prefix bounds created_at:
+-- %(created_after)s and %(created_before)s hold the prefix's time range widened by a
+-- margin for the clocks (intersected with the filter's own range), and the scan is that
+-- range of ix_tasks_ns_created, the namespace's rows only; the id range then picks them.
+-- name: console_task_prefix
+SELECT task_id, queue_id, handler, handler_version, payload_version, state, priority,
+       available_at, deadline, attempts, max_attempts, resource_key, cancel_requested,
+       created_at, finished_at, retried_from
+  FROM tasks FORCE INDEX (ix_tasks_ns_created)
+ WHERE namespace_id = %(namespace_id)s
+   AND created_at >= %(created_after)s
+   AND created_at < %(created_before)s
+   AND task_id >= %(id_low)s
+   AND task_id < %(id_high)s
+   AND (%(after_at)s IS NULL OR created_at < %(after_at)s OR (created_at = %(after_at)s AND task_id < %(after_id)s))
+   AND (%(queue_id)s IS NULL OR queue_id = %(queue_id)s)
+   AND (%(all_queues)s OR queue_id IN %(queue_ids)s)
+   AND (%(any_state)s OR state IN %(states)s)
+   AND (%(handler)s IS NULL OR handler = %(handler)s)
+   AND (%(any_priority)s OR priority IN %(priorities)s)
+   AND (%(finished_after)s IS NULL OR finished_at >= %(finished_after)s)
+   AND (%(finished_before)s IS NULL OR finished_at < %(finished_before)s)
+ ORDER BY created_at DESC, task_id DESC
  LIMIT %(limit)s

@@ -210,7 +210,7 @@ UPDATE tasks
    SET lease_expires_at = %(lease_expires_at)s
  WHERE task_id IN %(task_ids)s
 
--- The settle statements take values per task (orbit_node.db.pool.per_row_statement):
+-- The settle statements take values per task (orbit_node.db.tx.per_row_statement):
 -- %(row_keys)s are the task ids, and {column} is the value most of them have, with a
 -- CASE task_id WHEN ... THEN ... branch for each task whose value differs. Column names
 -- are those of Writes in orbit_node/store/transitions.py.
@@ -297,22 +297,29 @@ SELECT task_id, namespace_id, queue_id, state, fencing_token, cancel_requested, 
 -- ---------------------------------------------------------------------------------
 
 -- name: explain_task
-SELECT t.task_id, t.queue_id, t.namespace_id, t.application_id, t.handler, t.handler_version,
-       t.payload_version, t.state, t.priority, t.available_at, t.dispatch_at, t.deadline,
-       t.attempts, t.max_attempts, t.resource_key, t.cancel_requested, t.owner_node_id,
-       t.connection_id, t.lease_expires_at,
-       NOW(6) AS now, UNIX_TIMESTAMP() AS now_s,
-       q.name AS queue_name, q.paused AS queue_paused, q.max_concurrency AS queue_max_concurrency,
-       q.max_starts_per_second AS queue_max_starts, q.start_window_s AS queue_window_s,
-       q.start_window_count AS queue_window_count,
+SELECT task_id, queue_id, namespace_id, application_id, handler, handler_version,
+       payload_version, state, priority, available_at, dispatch_at, deadline,
+       attempts, max_attempts, resource_key, cancel_requested, owner_node_id,
+       connection_id, lease_expires_at
+  FROM tasks
+ WHERE task_id = %(task_id)s
+   AND namespace_id = %(namespace_id)s
+
+-- The gates and quotas of queues of a namespace (with their application's) and the
+-- database clock: what an explanation, or the waiting reasons of a listing's queued
+-- tasks, hold a task against.
+-- name: explain_queue_gates
+SELECT q.queue_id, q.application_id, q.name AS queue_name, q.paused AS queue_paused,
+       q.max_concurrency AS queue_max_concurrency, q.max_starts_per_second AS queue_max_starts,
+       q.start_window_s AS queue_window_s, q.start_window_count AS queue_window_count,
        a.suspended AS app_suspended, a.max_concurrent_executions AS app_max_concurrent,
        a.max_starts_per_second AS app_max_starts, a.start_window_s AS app_window_s,
-       a.start_window_count AS app_window_count
-  FROM tasks t
-  JOIN queues q ON q.queue_id = t.queue_id
-  JOIN applications a ON a.application_id = t.application_id
- WHERE t.task_id = %(task_id)s
-   AND t.namespace_id = %(namespace_id)s
+       a.start_window_count AS app_window_count,
+       NOW(6) AS now, UNIX_TIMESTAMP() AS now_s
+  FROM queues q
+  JOIN applications a ON a.application_id = q.application_id
+ WHERE q.namespace_id = %(namespace_id)s
+   AND q.queue_id IN %(queue_ids)s
 
 -- Due queued tasks of the queue ahead of this one in dispatch order (any handler, and
 -- of this task's handler capability), counted up to %(cap)s index entries.

@@ -143,6 +143,14 @@ SELECT q.queue_id, q.name, q.paused, q.max_concurrency, q.max_starts_per_second,
    AND (%(namespace)s IS NULL OR n.name = %(namespace)s)
  ORDER BY a.name, n.name, q.name
 
+-- A queue of any namespace by its id (orbit-admin queue pause|resume QUEUE_ID).
+-- name: ops_queue_of_id
+SELECT q.queue_id, q.namespace_id, q.name, n.name AS namespace, a.name AS application
+  FROM queues q
+  JOIN namespaces n ON n.namespace_id = q.namespace_id
+  JOIN applications a ON a.application_id = q.application_id
+ WHERE q.queue_id = %(queue_id)s
+
 -- The queues of one namespace (the console: a credential sees its own namespace only),
 -- all of them or those of %(queue_ids)s.
 -- name: ops_queues_of_namespace
@@ -189,7 +197,7 @@ SELECT t.task_id, t.application_id, t.namespace_id, t.queue_id, t.handler, t.han
        t.payload, t.state, t.priority, t.available_at, t.dispatch_at, t.deadline, t.attempts, t.max_attempts,
        t.backoff_initial_ms, t.backoff_max_ms, t.backoff_multiplier, t.resource_key, t.cancel_requested,
        t.owner_node_id, t.connection_id, t.lease_expires_at, t.reserved_at, t.started_at, t.finished_at,
-       t.result, t.error, t.plan_id, t.plan_version, t.created_at, t.updated_at,
+       t.result, t.error, t.plan_id, t.plan_version, t.retried_from, t.created_at, t.updated_at,
        q.name AS queue, n.name AS namespace, n.environment, a.name AS application
   FROM tasks t
   LEFT JOIN queues q ON q.queue_id = t.queue_id

@@ -68,7 +68,7 @@ SELECT plan_id, version, definition, created_at
 -- name: plan_task_list
 SELECT task_id, queue_id, handler, handler_version, payload_version, state, priority,
        available_at, deadline, attempts, max_attempts, resource_key, cancel_requested,
-       created_at, finished_at, plan_version
+       created_at, finished_at, retried_from, plan_version
   FROM tasks FORCE INDEX (ix_tasks_plan)
  WHERE plan_id = %(plan_id)s
    AND namespace_id = %(namespace_id)s

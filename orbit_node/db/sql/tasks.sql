@@ -36,14 +36,14 @@ INSERT INTO tasks (
   task_id, application_id, namespace_id, queue_id,
   handler, handler_version, payload_version, payload, priority,
   available_at, deadline, max_attempts,
-  backoff_initial_ms, backoff_max_ms, backoff_multiplier, resource_key, plan_id, plan_version,
+  backoff_initial_ms, backoff_max_ms, backoff_multiplier, resource_key, plan_id, plan_version, retried_from,
   created_at, updated_at
 ) VALUES (
   %(task_id)s, %(application_id)s, %(namespace_id)s, %(queue_id)s,
   %(handler)s, %(handler_version)s, %(payload_version)s, %(payload)s, %(priority)s,
   %(available_at)s, %(deadline)s, %(max_attempts)s,
   %(backoff_initial_ms)s, %(backoff_max_ms)s, %(backoff_multiplier)s, %(resource_key)s, %(plan_id)s, %(plan_version)s,
-  %(created_at)s, %(created_at)s
+  %(retried_from)s, %(created_at)s, %(created_at)s
 )
 
 -- The dispatch core needs an occupancy row for every resource key a task names.
@@ -61,7 +61,8 @@ VALUES (%(namespace_id)s, %(resource_key)s)
 SELECT task_id, application_id, namespace_id, queue_id, handler, handler_version, payload_version,
        payload, state, priority, available_at, deadline, attempts, max_attempts,
        backoff_initial_ms, backoff_max_ms, backoff_multiplier, resource_key, cancel_requested,
-       reserved_at, started_at, finished_at, result, error, plan_id, plan_version, created_at, updated_at
+       reserved_at, started_at, finished_at, result, error, plan_id, plan_version, retried_from,
+       created_at, updated_at
   FROM tasks
  WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
 
@@ -69,41 +70,116 @@ SELECT task_id, application_id, namespace_id, queue_id, handler, handler_version
 SELECT task_id, application_id, namespace_id, queue_id, handler, handler_version, payload_version,
        payload, state, priority, available_at, deadline, attempts, max_attempts,
        backoff_initial_ms, backoff_max_ms, backoff_multiplier, resource_key, cancel_requested,
-       reserved_at, started_at, finished_at, result, error, plan_id, plan_version, created_at, updated_at
+       reserved_at, started_at, finished_at, result, error, plan_id, plan_version, retried_from,
+       created_at, updated_at
   FROM tasks
  WHERE namespace_id = %(namespace_id)s AND task_id IN %(task_ids)s
 
--- Newest first. Optional filters are NULL when absent (the server folds the constant
--- test away); queue-scoped credentials pass the queue ids they may read. The
--- (namespace_id, task_id) index bounds the scan to the namespace and gives the order,
--- so a page never sorts and never reads another tenant's rows.
--- name: task_list
+-- Task searches (store/search.py): summaries newest first by (created_at, task_id), after
+-- the cursor (%(after_at)s, %(after_id)s) when one is given. Every filter is NULL (or a
+-- flag) when absent, and the server folds the constant test away; queue-scoped
+-- credentials pass the queue ids they may read. Three shapes, each an index range in the
+-- page's order, so a page never sorts a namespace and never reads another tenant's rows:
+-- no state filter (ix_tasks_ns_created), one branch per state (ix_tasks_app_state, joined
+-- with UNION ALL and merged by task_search_order), named task ids (the primary key).
+-- name: task_search
 SELECT task_id, queue_id, handler, handler_version, payload_version, state, priority,
        available_at, deadline, attempts, max_attempts, resource_key, cancel_requested,
-       created_at, finished_at
-  FROM tasks FORCE INDEX (ix_tasks_ns_task)
+       created_at, finished_at, retried_from
+  FROM tasks FORCE INDEX (ix_tasks_ns_created)
  WHERE namespace_id = %(namespace_id)s
-   AND task_id < %(before)s
+   AND (%(after_at)s IS NULL OR created_at < %(after_at)s OR (created_at = %(after_at)s AND task_id < %(after_id)s))
    AND (%(queue_id)s IS NULL OR queue_id = %(queue_id)s)
-   AND (%(state)s IS NULL OR state = %(state)s)
    AND (%(all_queues)s OR queue_id IN %(queue_ids)s)
- ORDER BY task_id DESC
+   AND (%(handler)s IS NULL OR handler = %(handler)s)
+   AND (%(any_priority)s OR priority IN %(priorities)s)
+   AND (%(created_after)s IS NULL OR created_at >= %(created_after)s)
+   AND (%(created_before)s IS NULL OR created_at < %(created_before)s)
+   AND (%(finished_after)s IS NULL OR finished_at >= %(finished_after)s)
+   AND (%(finished_before)s IS NULL OR finished_at < %(finished_before)s)
+ ORDER BY created_at DESC, task_id DESC
  LIMIT %(limit)s
 
--- Cancellation locks the row first; a claim that holds it finishes, and we see its outcome.
--- name: task_lock_state
-SELECT state
+-- name: task_search_branch
+(SELECT task_id, queue_id, handler, handler_version, payload_version, state, priority,
+        available_at, deadline, attempts, max_attempts, resource_key, cancel_requested,
+        created_at, finished_at, retried_from
+   FROM tasks FORCE INDEX (ix_tasks_app_state)
+  WHERE application_id = %(application_id)s
+    AND state = %(state_{i})s
+    AND namespace_id = %(namespace_id)s
+    AND (%(after_at)s IS NULL OR created_at < %(after_at)s OR (created_at = %(after_at)s AND task_id < %(after_id)s))
+    AND (%(queue_id)s IS NULL OR queue_id = %(queue_id)s)
+    AND (%(all_queues)s OR queue_id IN %(queue_ids)s)
+    AND (%(handler)s IS NULL OR handler = %(handler)s)
+    AND (%(any_priority)s OR priority IN %(priorities)s)
+    AND (%(created_after)s IS NULL OR created_at >= %(created_after)s)
+    AND (%(created_before)s IS NULL OR created_at < %(created_before)s)
+    AND (%(finished_after)s IS NULL OR finished_at >= %(finished_after)s)
+    AND (%(finished_before)s IS NULL OR finished_at < %(finished_before)s)
+  ORDER BY created_at DESC, task_id DESC
+  LIMIT %(limit)s)
+
+-- name: task_search_order
+ORDER BY created_at DESC, task_id DESC
+LIMIT %(limit)s
+
+-- name: task_search_ids
+SELECT task_id, queue_id, handler, handler_version, payload_version, state, priority,
+       available_at, deadline, attempts, max_attempts, resource_key, cancel_requested,
+       created_at, finished_at, retried_from
+  FROM tasks FORCE INDEX (PRIMARY)
+ WHERE task_id IN %(task_ids)s
+   AND namespace_id = %(namespace_id)s
+   AND (%(any_state)s OR state IN %(states)s)
+   AND (%(after_at)s IS NULL OR created_at < %(after_at)s OR (created_at = %(after_at)s AND task_id < %(after_id)s))
+   AND (%(queue_id)s IS NULL OR queue_id = %(queue_id)s)
+   AND (%(all_queues)s OR queue_id IN %(queue_ids)s)
+   AND (%(handler)s IS NULL OR handler = %(handler)s)
+   AND (%(any_priority)s OR priority IN %(priorities)s)
+   AND (%(created_after)s IS NULL OR created_at >= %(created_after)s)
+   AND (%(created_before)s IS NULL OR created_at < %(created_before)s)
+   AND (%(finished_after)s IS NULL OR finished_at >= %(finished_after)s)
+   AND (%(finished_before)s IS NULL OR finished_at < %(finished_before)s)
+ ORDER BY created_at DESC, task_id DESC
+ LIMIT %(limit)s
+
+-- The application of a namespace (a fixed fact: the per-state search ranges start with it).
+-- name: task_namespace_application
+SELECT application_id FROM namespaces WHERE namespace_id = %(namespace_id)s
+
+-- Cancellation (one task or a bulk cancel) locks the rows first, in primary-key order; a
+-- claim or a Worker's transition that holds one finishes, and we see its outcome.
+-- name: task_lock_states
+SELECT task_id, queue_id, state, cancel_requested
   FROM tasks
- WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
+ WHERE namespace_id = %(namespace_id)s AND task_id IN %(task_ids)s
+ ORDER BY task_id
  FOR UPDATE
 
 -- name: task_cancel_queued
 UPDATE tasks
    SET state = 'cancelled', cancel_requested = 1, finished_at = NOW(6)
- WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s AND state = 'queued'
+ WHERE namespace_id = %(namespace_id)s AND task_id IN %(task_ids)s AND state = 'queued'
 
 -- A reserved or running task keeps its state; the dispatch side settles it.
 -- name: task_request_cancel
 UPDATE tasks
    SET cancel_requested = 1
- WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s AND state IN ('reserved', 'running')
+ WHERE namespace_id = %(namespace_id)s AND task_id IN %(task_ids)s AND state IN ('reserved', 'running')
+
+-- Retry (store/actions.py): the tasks to retry, what a retry copies of them, and the
+-- database clock the retries are stamped with. Not locked: a failed, cancelled or expired
+-- task never changes again, and a task in another state is refused as it is read.
+-- name: task_retry_sources
+SELECT task_id, application_id, queue_id, handler, handler_version, payload_version, payload, state,
+       priority, deadline, max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier,
+       resource_key, created_at, NOW(6) AS db_now
+  FROM tasks
+ WHERE namespace_id = %(namespace_id)s AND task_id IN %(task_ids)s
+
+-- The retries that exist already (ux_tasks_retried_from: at most one per task).
+-- name: task_retries_of
+SELECT retried_from, task_id
+  FROM tasks FORCE INDEX (ux_tasks_retried_from)
+ WHERE retried_from IN %(task_ids)s AND namespace_id = %(namespace_id)s

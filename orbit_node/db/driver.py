@@ -1,0 +1,158 @@
+"""trio-mysql as the node uses it: error numbers and their translation into
+``orbit_node.errors``, the session set-up, the fast DATETIME conversion, and a
+connection class that really closes its socket when it gives a connection up."""
+
+from __future__ import annotations
+
+import select
+from datetime import datetime
+from typing import Any
+
+import trio
+import trio_mysql
+import trio_mysql.converters
+from trio_mysql.constants import FIELD_TYPE
+
+from ..errors import DatabaseError, SchemaNotReady, Unavailable
+
+# Errors after which the same transaction may simply be run again. On Galera a
+# certification failure at COMMIT, and a local transaction aborted by a replicated one,
+# are reported as 1213 (deadlock) too.
+REPLAYABLE_ERRNOS = frozenset({1213, 1205, 1020})
+# Galera: "WSREP has not yet prepared node for application use" - the server is not in the
+# primary component (partitioned, joining, desynced) and ran nothing. The writer moves on
+# and the transaction is replayed on the next server.
+WSREP_NOT_READY_ERRNO = 1047
+# The server has no such variable (MySQL has no wsrep_sync_wait): no barrier to take.
+UNKNOWN_VARIABLE_ERRNO = 1193
+# Client/server errors meaning the connection (or the server) is gone.
+CONNECTION_ERRNOS = frozenset({1040, 1053, 1152, 1158, 1159, 1160, 1161, 1927, 2002, 2003, 2006, 2013, 2014, 2055})
+# Server refusals of the configured user: access denied (to the server, the database, a
+# table or column), host not allowed.
+ACCESS_DENIED_ERRNOS = frozenset({1044, 1045, 1130, 1142, 1143})
+UNKNOWN_DATABASE_ERRNO = 1049
+# A table or column the node's statements need is missing: the schema is not the node's.
+SCHEMA_ERRNOS = frozenset({1054, 1146})
+SESSION_SETUP = (
+    "SET time_zone = '+00:00', "
+    "sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
+)
+
+
+def decode_datetime(text: str | bytes) -> datetime | str | None:
+    """A DATETIME/TIMESTAMP column value: ``datetime.fromisoformat`` (C) reads the server's
+    text form; anything it does not know goes to the driver's own (slower) converter."""
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode("ascii")
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return trio_mysql.converters.convert_datetime(text)
+
+
+# The driver's conversions, with the fast DATETIME reader: rows carry several timestamps
+# each, and parsing them was the largest single cost of reading a row.
+CONVERSIONS = {
+    **trio_mysql.converters.conversions,
+    FIELD_TYPE.DATETIME: decode_datetime,
+    FIELD_TYPE.TIMESTAMP: decode_datetime,
+}
+
+
+def _close_stream(stream: Any) -> None:
+    """Close the OS socket under a trio stream (a TLS stream wraps a socket stream)."""
+    while stream is not None and not hasattr(stream, "socket"):
+        stream = getattr(stream, "transport_stream", None)
+    if stream is not None:
+        try:
+            stream.socket.close()
+        except Exception:
+            pass
+
+
+class DriverConnection(trio_mysql.connections.Connection):
+    """trio-mysql's connection, closing its socket when it gives the connection up.
+
+    The driver's own ``_force_close`` (run by ``close()``, and by the driver itself when a
+    read is interrupted, e.g. by a cancellation, or the server is lost) calls ``close()``
+    on a ``trio.SocketStream``, which has none, swallows the error and forgets the stream:
+    the socket then stays open until the garbage collector finds the stream, and the
+    server keeps the session, its open transaction and its row locks alive. A claim
+    cancelled while it waits for the server would hold its rows for as long.
+    """
+
+    _sock: Any
+    _closed: bool
+    # Commands sent on this connection (each one round trip): a figure for tests and benchmarks.
+    commands: int = 0
+
+    async def _execute_command(self, command: int, sql: Any) -> None:
+        self.commands += 1
+        await super()._execute_command(command, sql)
+
+    def _force_close(self) -> None:
+        _close_stream(self._sock)
+        self._sock = None
+        self._closed = True
+
+    __del__ = _force_close
+
+
+def hard_close(conn) -> None:
+    """Close a driver connection's socket now: the server rolls its transaction back at once."""
+    conn.close()
+
+
+def is_dropped(conn) -> bool:
+    """An idle connection whose socket has anything to read is not fit for reuse.
+
+    A healthy idle MySQL session never sends unprompted, so readable means the server
+    closed it (restart, ``wait_timeout``, ``KILL``: EOF, RST or a farewell error packet).
+    Checked without a round trip, before every reuse, with ``poll`` (``select.select``
+    refuses descriptors of 1024 and above, which a busy process hands out).
+    """
+    stream = getattr(conn, "_sock", None)
+    if stream is None:
+        return True
+    try:
+        fd = stream.socket.fileno()
+        if fd < 0:
+            return True
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        # Any event counts: data or EOF (POLLIN), an error or hang-up (always reported),
+        # a descriptor that is no longer open (POLLNVAL).
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True
+
+
+def errno_of(exc: BaseException) -> int | None:
+    if isinstance(exc, trio_mysql.MySQLError) and exc.args and isinstance(exc.args[0], int):
+        return exc.args[0]
+    return None
+
+
+def translate(exc: BaseException) -> Exception:
+    """Turn a driver or socket error into the node's own error type.
+
+    What an operator must fix (the server unreachable, the user refused, the database
+    missing, the schema not migrated) becomes ``Unavailable`` with its ``cause``; the
+    driver's words stay in the message, which goes to the log and never to a caller."""
+    errno = errno_of(exc)
+    if (
+        errno in CONNECTION_ERRNOS
+        or errno == WSREP_NOT_READY_ERRNO
+        or isinstance(exc, (OSError, trio.BrokenResourceError, trio.ClosedResourceError))
+    ):
+        return Unavailable(f"database unavailable: {exc}", cause="unreachable")
+    if errno in ACCESS_DENIED_ERRNOS:
+        return Unavailable(f"database refused the configured user: {exc}", cause="access_denied")
+    if errno == UNKNOWN_DATABASE_ERRNO:
+        return Unavailable(f"database does not exist: {exc}", cause="unknown_database")
+    if errno in SCHEMA_ERRNOS:
+        return SchemaNotReady(f"database schema is not the one this node needs (run orbit-migrate up): {exc}")
+    if isinstance(exc, trio_mysql.MySQLError):
+        message = exc.args[1] if len(exc.args) > 1 else str(exc)
+        return DatabaseError(f"database error {errno}: {message}", errno=errno)
+    return DatabaseError(f"database error: {exc!r}")

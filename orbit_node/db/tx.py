@@ -1,0 +1,197 @@
+"""``Tx``: what a transaction body (or an autocommit statement) runs named statements
+through, and ``per_row_statement``, the per-row values of a single-table UPDATE."""
+
+from __future__ import annotations
+
+import collections
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio_mysql.cursors
+
+from ..errors import DatabaseError
+from .queries import QUERIES
+
+# The statements the driver's executemany joins into multi-row INSERTs (any other is run
+# once per row, which Tx.execute_rows refuses).
+MULTI_ROW_INSERT = trio_mysql.cursors.RE_INSERT_VALUES
+# A statement that takes values per row (per_row_statement): ``{column}`` is a per-row
+# value, ``key IN %(row_keys)s`` names the rows.
+PER_ROW_COLUMN = re.compile(r"\{([a-z_]+)\}")
+PER_ROW_KEY = re.compile(r"(\w+)\s+IN\s+%\(row_keys\)s", re.IGNORECASE)
+
+
+def per_row_statement(
+    template: str, rows: Mapping[Any, Mapping[str, Any]], params: Mapping[str, Any], *, name: str = "<sql>"
+) -> tuple[str, dict[str, Any]]:
+    """The text and parameters of a statement that takes a value per row.
+
+    ``template`` names its rows ``key IN %(row_keys)s`` (the keys of ``rows``) and each
+    per-row value ``{column}``; a row's values lack none but may leave one out (NULL).
+    ``{column}`` becomes the value most rows have, one parameter, and when some rows differ,
+    ``CASE key WHEN <row> THEN <its value> ... ELSE <that value> END`` with a branch for each
+    of them only. So a single-table UPDATE by primary key takes per-row values without
+    joining a table of them (a multi-table UPDATE needs an internal temporary table), and
+    the server compares each row with as few branches as the values allow.
+    """
+    found = PER_ROW_KEY.search(template)
+    if found is None:
+        raise ValueError(f"query {name!r} does not name its rows with `key IN %(row_keys)s`")
+    key = found.group(1)
+    columns = set(PER_ROW_COLUMN.findall(template))
+    unknown = {column for values in rows.values() for column in values} - columns
+    if unknown:
+        raise ValueError(f"query {name!r} has no per-row column {sorted(unknown)!r}")
+    keys = list(rows)
+    values: dict[str, Any] = {**params, "row_keys": tuple(keys)}
+    expressions: dict[str, str] = {}
+    for column in columns:
+        by_row = [rows[k].get(column) for k in keys]
+        common = collections.Counter(by_row).most_common(1)[0][0]
+        values[f"_{column}"] = common
+        branches = []
+        for i, value in enumerate(by_row):
+            if value != common:
+                values[f"_row_{i}"], values[f"_{column}_{i}"] = keys[i], value
+                branches.append(f"WHEN %(_row_{i})s THEN %(_{column}_{i})s")
+        expressions[column] = (
+            f"CASE {key} {' '.join(branches)} ELSE %(_{column})s END" if branches else f"%(_{column})s"
+        )
+    return PER_ROW_COLUMN.sub(lambda m: expressions[m.group(1)], template), values
+
+
+@attrs.define(eq=False)
+class Tx:
+    """The handle a transaction body (or a single autocommit statement) works through.
+
+    ``opening``: statements that open the transaction (``START TRANSACTION``, an isolation
+    level before it). They travel in front of the body's first statement, in the same
+    packet (the connection allows several statements per packet), so opening a
+    transaction costs no round trip of its own; their results are read and dropped
+    before the first statement's. A body that runs no statement opens nothing."""
+
+    _conn: Any
+    _opening: tuple[str, ...] = ()
+
+    @property
+    def opened(self) -> bool:
+        """The opening statements have gone out (always, without any)."""
+        return not self._opening
+
+    async def _execute(self, cursor: Any, sql: str, params: Any) -> None:
+        """``cursor.execute(sql, params)``, with the opening statements in front when due."""
+        if not self._opening:
+            await cursor.execute(sql, params)
+            return
+        opening, self._opening = self._opening, ()
+        # Formatting with ``params`` applies to the whole text: the opening statements hold
+        # no ``%``.
+        await cursor.execute("; ".join((*opening, sql)), params)
+        for _ in opening:
+            await cursor.nextset()
+
+    async def open(self) -> None:
+        """Send the opening statements now, alone (before a statement that cannot carry them)."""
+        if self._opening:
+            opening, self._opening = self._opening, ()
+            cursor = self._conn.cursor()
+            await cursor.execute("; ".join(opening))
+            for _ in opening[1:]:
+                await cursor.nextset()
+
+    async def _run(self, name: str, params: Mapping[str, Any] | Sequence[Any] | None):
+        sql = QUERIES[name]
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        await self._execute(cursor, sql, params)
+        return cursor
+
+    async def fetchall(self, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        cursor = await self._run(name, params)
+        return list(await cursor.fetchall())
+
+    async def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        cursor = await self._run(name, params)
+        return await cursor.fetchone()
+
+    async def fetchrow(self, name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The row of a statement that always returns one (an aggregate, or a row this
+        transaction wrote or locked); no row is a DatabaseError naming the statement."""
+        row = await self.fetchone(name, params)
+        if row is None:
+            raise DatabaseError(f"database error: {name} returned no row")
+        return row
+
+    async def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int:
+        """Run a named statement and return the number of rows it affected."""
+        cursor = await self._run(name, params)
+        return cursor.rowcount
+
+    async def execute_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Run a named ``INSERT ... VALUES (%(a)s, ...)`` for every row, as multi-row INSERTs.
+
+        The driver escapes each row's parameters like any other statement's and joins the
+        value lists into as few statements as its size limit allows (all inside the
+        caller's transaction). A statement that is not a plain INSERT with a VALUES list of
+        placeholders only would be run row by row: it is refused instead. Returns the rows
+        affected.
+        """
+        if not rows:
+            return 0
+        sql = QUERIES[name]
+        if not MULTI_ROW_INSERT.match(sql):
+            raise ValueError(f"query {name!r} is not an INSERT whose VALUES list holds only placeholders")
+        # The driver may split the rows into several INSERTs: the opening goes out alone.
+        await self.open()
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        await cursor.executemany(sql, rows)
+        return cursor.rowcount
+
+    async def execute_per_row(
+        self, name: str, rows: Mapping[str, Mapping[str, Any]], params: Mapping[str, Any] | None = None
+    ) -> int:
+        """Run the named statement ``name`` with values per row (``per_row_statement``): ``rows``
+        maps each row's key to its values. Returns the rows affected."""
+        if not rows:
+            return 0
+        sql, values = per_row_statement(QUERIES[name], rows, params or {}, name=name)
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        await self._execute(cursor, sql, values)
+        return cursor.rowcount
+
+    async def fetchall_union(
+        self, branch: str, tail: str, branches: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        """Named query ``branch`` once per item of ``branches`` joined with UNION ALL, then
+        ``tail``. ``{i}`` in the branch's text numbers its own parameters: the keys of
+        ``branches[i]`` are passed as ``<key>_<i>``; ``params`` are shared by all."""
+        template = QUERIES[branch]
+        sql = " UNION ALL ".join(template.replace("{i}", str(i)) for i in range(len(branches)))
+        values = dict(params)
+        for i, branch_params in enumerate(branches):
+            values.update({f"{key}_{i}": value for key, value in branch_params.items()})
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        await self._execute(cursor, f"{sql} {QUERIES[tail]}", values)
+        return list(await cursor.fetchall())
+
+    async def execute_raw(self, sql: str, params: Any = None) -> int:
+        """Run literal SQL. Only the migration runner and test fixtures use this."""
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        await self._execute(cursor, sql, params)
+        return cursor.rowcount
+
+    async def fetchall_raw(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        await self._execute(cursor, sql, params)
+        return list(await cursor.fetchall())
+
+    @property
+    def commands(self) -> int:
+        """Commands (round trips) sent on this connection so far."""
+        return self._conn.commands
+
+    @property
+    def thread_id(self) -> int:
+        """The server's id of this connection (for ``KILL`` in fault tests)."""
+        return self._conn.server_thread_id[0]

@@ -1,0 +1,93 @@
+"""JSON as the SDK sends it, and where a value that is not JSON sits.
+
+``dumps`` is the one encoding of every body the client sends and of every result a
+Worker reports: compact, UTF-8 as is, and strict (NaN and the infinities are refused,
+as the node refuses them). When it fails, ``not_json`` walks the value to name the
+first part that is not JSON by its path (``payload.tags[2]``), so the error says what
+to fix instead of Python's "Object of type set is not JSON serializable".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+# What a JSON value may be, as the error messages say it.
+JSON_KINDS = "null, true/false, a number, a string, a list or an object with string keys"
+
+
+def dumps(value: Any) -> str:
+    """The compact, strict JSON text of ``value``; TypeError / ValueError when it is not JSON."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class NotJson(ValueError):
+    """A value ``dumps`` refuses: ``field`` is the path of its first part that is not
+    JSON, ``why`` says what that part is."""
+
+    def __init__(self, field: str, why: str):
+        super().__init__(f"{field}: {why}")
+        self.field = field
+        self.why = why
+
+
+def encode(value: Any, path: str) -> str:
+    """``dumps(value)``, or ``NotJson`` naming the first part that is not JSON (``path``
+    names ``value`` itself; empty for a request body, whose keys then start the path)."""
+    try:
+        return dumps(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        try:
+            found = not_json(value, path)
+        except RecursionError:
+            found = None
+        raise NotJson(*(found or (path or "body", f"not JSON ({exc})"))) from None
+
+
+def _child(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def not_json(value: Any, path: str) -> tuple[str, str] | None:
+    """The first part of ``value`` that ``dumps`` refuses, as (path, why), or None.
+
+    ``path`` names ``value`` itself (``payload``; empty for a whole body, whose keys
+    then start the path). Mirrors what ``json.dumps`` accepts: tuples are lists; int,
+    float, bool and None keys become strings; any other key, a float that is not
+    finite, an object of another type or a container that holds itself is refused."""
+    return _walk(value, path, set())
+
+
+def _walk(value: Any, path: str, open_containers: set[int]) -> tuple[str, str] | None:
+    where = path or "the value"
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where, f"{value!r} is not a JSON number (NaN and infinities are not)")
+    if not isinstance(value, (list, tuple, Mapping)):
+        return (where, f"a {type(value).__name__} is not a JSON value (expected {JSON_KINDS})")
+    if id(value) in open_containers:
+        return (where, "the value contains itself")
+    open_containers.add(id(value))
+    try:
+        if isinstance(value, Mapping):
+            if not isinstance(value, dict):
+                return (where, f"a {type(value).__name__} is not a JSON value (expected {JSON_KINDS})")
+            for key, item in value.items():
+                if not isinstance(key, (str, int, float, bool)) and key is not None:
+                    return (where, f"key {key!r} is a {type(key).__name__}; JSON object keys are strings")
+                found = _walk(item, _child(path, str(key)), open_containers)
+                if found is not None:
+                    return found
+            return None
+        for index, item in enumerate(value):
+            found = _walk(item, _child(path, index), open_containers)
+            if found is not None:
+                return found
+        return None
+    finally:
+        open_containers.discard(id(value))

@@ -1,0 +1,141 @@
+"""What a handler sees and what its end becomes: the ``WorkerTask`` it receives, the
+``PermanentError`` it may raise, the Finish report of an attempt that failed
+(``failed``), that the node stopped (``stopped``) or whose result is not JSON
+(``check_result``), and the counter an accepted Finish goes to (``task_end``). Pure:
+nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import attrs
+
+from .encoding import NotJson, encode
+
+# The protocol's bound on a Finish error message.
+MAX_ERROR_MESSAGE = 4096
+
+
+class PermanentError(Exception):
+    """Raise from a handler to fail the task at once, without retry.
+
+    The stored error is ``{"message": "<TypeName>: <message>", "code": code}`` (the
+    type name is the raised class, so a subclass names itself; an exception chained
+    with ``raise ... from exc`` is appended as ``(caused by <TypeName>: <message>)``).
+    ``code`` is optional, at most 128 characters.
+    """
+
+    def __init__(self, message: str, *, code: str | None = None):
+        super().__init__(message)
+        self.code = code
+
+
+@attrs.frozen
+class WorkerTask:
+    """What a handler receives: one attempt of a task, as accepted, frozen."""
+
+    #: The task's 32-hex id.
+    task_id: str
+    #: The 32-hex id of the queue it was submitted to.
+    queue_id: str
+    #: The (handler, handler_version, payload_version) the handler was registered for.
+    handler: str
+    handler_version: str
+    payload_version: str
+    #: The submitted payload (any JSON value; integers of any size are exact).
+    payload: Any
+    #: This attempt's number, from 1; ``max_attempts`` is the task's limit.
+    attempt: int
+    max_attempts: int
+    #: 0 (default) to 9.
+    priority: int = 0
+    #: RFC 3339 UTC time after which the task no longer runs, or None.
+    deadline: str | None = None
+    #: The task's resource key (at most one task per key runs at a time), or None.
+    resource_key: str | None = None
+
+    @classmethod
+    def from_dispatch(cls, raw: Mapping[str, Any]) -> WorkerTask:
+        """The attempt a ``dispatch`` message describes (without its fencing token)."""
+        return cls(
+            task_id=raw["task_id"],
+            queue_id=raw["queue_id"],
+            handler=raw["handler"],
+            handler_version=raw["handler_version"],
+            payload_version=raw["payload_version"],
+            payload=raw["payload"],
+            attempt=raw["attempt"],
+            max_attempts=raw["max_attempts"],
+            priority=raw.get("priority", 0),
+            deadline=raw.get("deadline"),
+            resource_key=raw.get("resource_key"),
+        )
+
+
+#: A handler: ``async def`` or plain ``def``, taking a ``WorkerTask``, returning the result.
+Handler = Callable[[WorkerTask], Any]
+H = TypeVar("H", bound=Handler)
+
+
+def is_async(fn: Callable[..., Any]) -> bool:
+    """An ``async def`` function, a partial of one, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def describe(exc: BaseException) -> str:
+    """``TypeName: message`` (and its cause), cut to the protocol's bound."""
+    text = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__
+    if cause is not None:
+        text += f" (caused by {type(cause).__name__}: {cause})"
+    return text[:MAX_ERROR_MESSAGE]
+
+
+def check_result(result: Any) -> None:
+    """A handler's result must be JSON: a ``ValueError`` naming the part that is not (the
+    handler's failure, retryable like any other)."""
+    try:
+        encode(result, "result")
+    except NotJson as exc:
+        raise ValueError(str(exc)) from None
+
+
+def failed(exc: BaseException) -> dict[str, Any]:
+    """The report fields of an attempt a handler ended by raising ``exc``."""
+    if isinstance(exc, PermanentError):
+        error = {"message": describe(exc), **({"code": exc.code} if exc.code else {})}
+        return {"outcome": "failed", "retryable": False, "error": error}
+    return {"outcome": "failed", "retryable": True, "error": {"message": describe(exc)}}
+
+
+def stopped(reason: str | None) -> dict[str, Any]:
+    """The report fields of an attempt the node stopped (``reason`` from its ``cancel``)."""
+    if reason == "deadline":
+        # Retryable: the node settles a task past its deadline as expired.
+        error = {"message": "stopped: the task's deadline passed", "code": "DEADLINE_EXCEEDED"}
+        return {"outcome": "failed", "retryable": True, "error": error}
+    # The node settles a failed attempt of a task whose cancel was requested as cancelled.
+    return {"outcome": "failed", "retryable": False, "error": {"message": "cancelled by the node", "code": "CANCELLED"}}
+
+
+# Where a Finish the node accepted left the task, by counter name.
+ENDS = ("completed", "failed", "cancelled", "expired", "retried")
+TERMINAL_ENDS = ("completed", "failed", "cancelled", "expired")
+# The counter of each state a Finish can leave a task in (``queued``: retried).
+END_OF_STATE = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled", "expired": "expired"}
+
+
+def task_end(report: Mapping[str, Any], result: Mapping[str, Any], attempt: int, max_attempts: int) -> str:
+    """The counter of an accepted Finish: from the task's state in the ack, else (a node
+    that does not say) from the report and the attempt."""
+    state = result.get("state")
+    if isinstance(state, str):
+        return END_OF_STATE.get(state, "retried")
+    if report["outcome"] == "succeeded":
+        return "completed"
+    if report.get("error", {}).get("code") == "CANCELLED":
+        return "cancelled"
+    return "failed" if not report.get("retryable", True) or attempt >= max_attempts else "retried"

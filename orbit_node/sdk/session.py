@@ -1,0 +1,144 @@
+"""One live Worker connection: matching acks to requests, and batching Starts and Finishes.
+
+``Session`` sends messages and hands each ack to the request that waits for it;
+``Batcher`` coalesces the start (or finish) items of many tasks into one message;
+``until_decided`` sends items again until the node decides them. The Worker
+(``worker.py``) drives them; nothing here knows about handlers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import attrs
+import trio
+
+# The protocol's bound on the tasks of one start/renew/finish/release message.
+MAX_TASKS_PER_MESSAGE = 1000
+# Ack codes of a transition the node could not decide (its database out of reach, its
+# queue of transitions full): nothing changed, the connection still holds the task, and
+# the same transition is sent again.
+UNDECIDED = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED"})
+# Pause before an undecided Start or Finish is sent again: first, and cap (doubling).
+UNDECIDED_RETRY_INITIAL_S = 0.25
+UNDECIDED_RETRY_MAX_S = 2.0
+
+
+@attrs.define(eq=False)
+class Session:
+    """One live connection: sending, and matching acks to requests by message id."""
+
+    ws: Any
+    welcome: dict[str, Any]
+    # trio time of the last message from the node (heartbeat answers included).
+    last_heard: float = attrs.field(factory=trio.current_time)
+    _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
+    _waiting: dict[str, trio.MemorySendChannel[list[dict[str, Any]]]] = attrs.field(factory=dict)
+    running: dict[str, tuple[str, trio.CancelScope]] = attrs.field(factory=dict)
+    # Why the node asked to stop a task (``cancel_requested`` or ``deadline``), by task id:
+    # set by a ``cancel`` (or a refused renew), read when the handler's report is built.
+    # A cancel for a task whose handler has not begun yet waits here and stops it at once.
+    cancels: dict[str, str] = attrs.field(factory=dict)
+    # Handlers started or about to start (between the start ack and the handler).
+    busy: int = 0
+    idle: trio.Event = attrs.field(factory=trio.Event)
+    # Start and finish messages sent, by kind (the Worker's counters).
+    sent: dict[str, int] = attrs.field(factory=lambda: {"start": 0, "finish": 0})
+    starts: Batcher = attrs.field(init=False)
+    finishes: Batcher = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.starts = Batcher(self, "start", self.sent)
+        self.finishes = Batcher(self, "finish", self.sent)
+
+    def enter(self) -> None:
+        self.busy += 1
+        self.idle = trio.Event()
+
+    def leave(self) -> None:
+        self.busy -= 1
+        if self.busy == 0:
+            self.idle.set()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.ws.send_message(json.dumps(message, separators=(",", ":")))
+
+    async def request(self, kind: str, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Send a start/renew/finish/release and wait for its ack's results."""
+        message_id = f"m{next(self._ids)}"
+        send, recv = trio.open_memory_channel[list[dict[str, Any]]](1)
+        self._waiting[message_id] = send
+        try:
+            await self.send({"type": kind, "id": message_id, "tasks": tasks})
+            return await recv.receive()
+        finally:
+            self._waiting.pop(message_id, None)
+
+    def resolve(self, ack: dict[str, Any]) -> None:
+        message_id = ack.get("id")
+        send = self._waiting.pop(message_id, None) if isinstance(message_id, str) else None
+        if send is not None:
+            send.send_nowait(ack["results"])
+
+
+@attrs.define(eq=False)
+class Batcher:
+    """Coalesces the start (or finish) items of many tasks into one message.
+
+    ``submit`` queues items and waits for their own results. ``run`` sends what is queued
+    once the tick in which it was queued is over, waits for the ack, and meanwhile lets
+    new items queue up for the next message (so one message is in flight per kind)."""
+
+    session: Session
+    kind: str
+    # Messages sent per kind, shared with the Worker (a figure for tests and benchmarks).
+    sent: dict[str, int]
+    _queued: list[tuple[dict[str, Any], trio.MemorySendChannel[dict[str, Any] | None]]] = attrs.field(factory=list)
+    _wake: trio.Event = attrs.field(factory=trio.Event)
+
+    async def submit(self, items: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+        """Queue ``items``; returns each one's result (None if the ack did not name it)."""
+        waits = []
+        for item in items:
+            send, recv = trio.open_memory_channel[dict[str, Any] | None](1)
+            self._queued.append((item, send))
+            waits.append(recv)
+        self._wake.set()
+        return [await recv.receive() for recv in waits]
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            # Whatever else is ready to run in this tick queues its items first.
+            await trio.lowlevel.checkpoint()
+            batch, self._queued = self._queued[:MAX_TASKS_PER_MESSAGE], self._queued[MAX_TASKS_PER_MESSAGE:]
+            if not self._queued:
+                self._wake = trio.Event()
+            self.sent[self.kind] += 1
+            results = await self.session.request(self.kind, [item for item, _ in batch])
+            by_id = {r.get("task_id"): r for r in results}
+            for item, send in batch:
+                send.send_nowait(by_id.get(item["task_id"]))
+
+
+async def until_decided(batcher: Batcher, items: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """Submit ``items``; the ones the node answers ``UNDECIDED`` are submitted again after a
+    pause (doubling up to ``UNDECIDED_RETRY_MAX_S``) until each has an answer that decides
+    it. The session's end (the connection lost) stops the retries."""
+    results: list[dict[str, Any] | None] = [None] * len(items)
+    waiting = list(range(len(items)))
+    pause = UNDECIDED_RETRY_INITIAL_S
+    while True:
+        answers = await batcher.submit([items[i] for i in waiting])
+        again = []
+        for index, answer in zip(waiting, answers, strict=True):
+            results[index] = answer
+            if answer is not None and not answer.get("ok") and answer.get("code") in UNDECIDED:
+                again.append(index)
+        if not again:
+            return results
+        waiting = again
+        await trio.sleep(pause)
+        pause = min(pause * 2, UNDECIDED_RETRY_MAX_S)

@@ -1,0 +1,153 @@
+"""A producer waits for its tasks: ``OrbitClient.wait`` and ``OrbitClient.as_finished``.
+
+The node pushes nothing to a producer, so waiting is polling: each round reads every
+task not yet seen finished (``GET /v1/tasks/{id}``, at most ``POLL_CONCURRENCY`` at
+once), and the pause between rounds grows from ``POLL_INITIAL_S`` by ``POLL_FACTOR`` up
+to ``POLL_MAX_S``. A round therefore costs one request per unfinished task; a wait of
+T seconds sends at most ``rounds(T)`` rounds (6 in the first 3.1 s, then one every
+2 s). A task's ``finished_at`` is exact whenever it is read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..ids import is_hex32
+from .client import (
+    InvalidRequestError,
+    OrbitClientError,
+    ResourceExhaustedError,
+    Task,
+    TransportError,
+    UnavailableError,
+    WaitTimeoutError,
+)
+
+if TYPE_CHECKING:
+    from .client import OrbitClient
+
+# States a task never leaves.
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
+# Pause after the first round: short, so a task that takes a moment is seen soon after it ends.
+POLL_INITIAL_S = 0.1
+# Growth of the pause per round, and its cap: a long wait settles at one round per 2 s,
+# which keeps a wait for N tasks at N/2 requests per second at most.
+POLL_FACTOR = 2.0
+POLL_MAX_S = 2.0
+# Reads in flight at once in one round: a round of many tasks takes a few round trips,
+# not one per task, without opening a connection per task.
+POLL_CONCURRENCY = 16
+# Failures of one read that say nothing about the task (the node or its database out of
+# reach, a limit hit): the task stays unfinished and is read again next round.
+TRANSIENT = (TransportError, UnavailableError, ResourceExhaustedError)
+# Unfinished task ids a timeout message names (all are in ``WaitTimeoutError.unfinished``).
+NAMED_IN_MESSAGE = 10
+
+
+def task_id_list(task_ids: Iterable[str]) -> list[str]:
+    """The ids to wait for, in order, each once; an id that is not 32-hex is an
+    ``InvalidRequestError`` naming ``task_ids[i]``."""
+    if isinstance(task_ids, (str, bytes)):
+        raise InvalidRequestError("task_ids: expected a list of task ids, not one string", field="task_ids")
+    ids: list[str] = []
+    for index, task_id in enumerate(task_ids):
+        if not isinstance(task_id, str) or not is_hex32(task_id):
+            raise InvalidRequestError(
+                f"task_ids[{index}]: expected a 32-hex task id, got {task_id!r}", field=f"task_ids[{index}]"
+            )
+        if task_id not in ids:
+            ids.append(task_id)
+    return ids
+
+
+def pauses() -> Iterable[float]:
+    """The pause after each round: ``POLL_INITIAL_S`` growing by ``POLL_FACTOR`` to ``POLL_MAX_S``."""
+    pause = POLL_INITIAL_S
+    while True:
+        yield pause
+        pause = min(pause * POLL_FACTOR, POLL_MAX_S)
+
+
+def _check_timeout(timeout_s: float | None) -> float:
+    if timeout_s is None:
+        return math.inf
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0:
+        raise InvalidRequestError(
+            f"timeout_s: expected a number of seconds (0 or more) or None, got {timeout_s!r}", field="timeout_s"
+        )
+    return float(timeout_s)
+
+
+async def as_finished(client: OrbitClient, task_ids: Iterable[str], timeout_s: float | None) -> AsyncIterator[Task]:
+    """Each task of ``task_ids`` once it is in a terminal state, in the order they are
+    seen finished (see ``OrbitClient.as_finished``)."""
+    ids = task_id_list(task_ids)
+    position = {task_id: index for index, task_id in enumerate(ids)}
+    deadline = trio.current_time() + _check_timeout(timeout_s)
+    # id -> the state last read (None until read); insertion order is the caller's.
+    unfinished: dict[str, str | None] = dict.fromkeys(ids)
+    finished: list[Task] = []
+    last_failure: OrbitClientError | None = None
+    schedule = iter(pauses())
+    while unfinished:
+        read: dict[str, Task] = {}
+        failures: list[OrbitClientError] = []
+        with trio.move_on_at(deadline):
+            await _read_round(client, list(unfinished), read, failures)
+        for failure in failures:
+            if not isinstance(failure, TRANSIENT):
+                raise failure
+            last_failure = failure
+        done = []
+        for task_id, task in read.items():
+            unfinished[task_id] = task.state
+            if task.state in TERMINAL_STATES:
+                done.append(task)
+        # Within a round, in the caller's order of the ids.
+        done.sort(key=lambda task: position[task.task_id])
+        for task in done:
+            del unfinished[task.task_id]
+            finished.append(task)
+        # Yielded outside every cancel scope and nursery (the caller runs during a yield).
+        for task in done:
+            yield task
+        if not unfinished:
+            return
+        remaining = deadline - trio.current_time()
+        if remaining <= 0:
+            raise _timeout(ids, unfinished, finished, timeout_s) from last_failure
+        await trio.sleep(min(next(schedule), remaining))
+
+
+async def _read_round(
+    client: OrbitClient, task_ids: list[str], read: dict[str, Task], failures: list[OrbitClientError]
+) -> None:
+    """Read ``task_ids`` (``POLL_CONCURRENCY`` at once) into ``read``; a read that fails
+    goes to ``failures`` (so nothing escapes the nursery as a group)."""
+    limit = trio.CapacityLimiter(POLL_CONCURRENCY)
+
+    async def read_one(task_id: str) -> None:
+        async with limit:
+            try:
+                read[task_id] = await client.get_task(task_id)
+            except OrbitClientError as exc:
+                failures.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        for task_id in task_ids:
+            nursery.start_soon(read_one, task_id)
+
+
+def _timeout(
+    ids: list[str], unfinished: dict[str, str | None], finished: list[Task], timeout_s: float | None
+) -> WaitTimeoutError:
+    named = [f"{task_id} ({state or 'not read'})" for task_id, state in list(unfinished.items())[:NAMED_IN_MESSAGE]]
+    more = len(unfinished) - len(named)
+    message = f"{len(unfinished)} of {len(ids)} tasks not finished within {timeout_s:g} s: {', '.join(named)}" + (
+        f" (and {more} more)" if more else ""
+    )
+    return WaitTimeoutError(message, unfinished=unfinished, finished=finished)

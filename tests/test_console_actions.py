@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from html import unescape
 
 import httpx
 import pytest
@@ -493,3 +494,161 @@ async def test_tasks_are_found_by_the_beginning_of_their_id_filtered_and_paged_p
         ):
             bad = await client.get("/console/tasks?" + query)
             assert bad.status_code == 400 and f'id="search-error">{field}: ' in bad.text, (query, bad.text[-600:])
+
+
+# -- retry, and the actions on every task a filter matches ---------------------------------------
+
+
+async def finished(db, task_id: str, state: str = "failed") -> None:
+    await db.run(
+        lambda tx: tx.execute_raw(
+            "UPDATE tasks SET state = %s, finished_at = NOW(6) WHERE task_id = %s", (state, task_id)
+        )
+    )
+
+
+async def test_a_task_is_retried_from_its_page_once_and_audited(running_node, db):
+    tenant = await make_tenant(db, queues=("q1", "q2"))
+    reader = await make_token(db, tenant, {"tasks:read": "*"})
+    old = await seed.insert_task(db, seed_tenant(tenant))
+    other = await seed.insert_task(db, seed_tenant(tenant, "q2"))
+    queued = await seed.insert_task(db, seed_tenant(tenant))
+    for task_id in (old, other):
+        await finished(db, task_id)
+    submit_q1 = await make_token(db, tenant, {"tasks:read": "*", "tasks:submit": [tenant.queues["q1"]]})
+    async with console(running_node) as client:
+        await sign_in(client, reader)
+        page = await client.get(f"/console/tasks/{old}")
+        assert 'data-action="retry"' not in page.text
+        refused = await client.post(f"/console/tasks/{old}/retry", data={FORM: form_token(page.text)})
+        assert refused.status_code == 403 and "credential lacks scope tasks:submit for queue" in refused.text
+
+        await sign_in(client, submit_q1)
+        assert 'data-action="retry"' not in (await client.get(f"/console/tasks/{other}")).text
+        page = await client.get(f"/console/tasks/{old}")
+        assert 'data-action="retry"' in page.text
+        token = form_token(page.text)
+        first = await client.post(f"/console/tasks/{old}/retry", data={FORM: token})
+        new = re.fullmatch(r"/console/tasks/(\w{32})\?done=retried", first.headers["location"])
+        assert first.status_code == 303 and new, first.headers.get("location")
+        retry = new.group(1)
+        shown = (await client.get(first.headers["location"])).text
+        assert "Retried: this is the new task" in shown and f'id="retried-from" href="/console/tasks/{old}"' in shown
+        old_page = (await client.get(f"/console/tasks/{old}")).text
+        assert f'id="retried-by" href="/console/tasks/{retry}"' in old_page and 'data-action="retry"' not in old_page
+        again = await client.post(f"/console/tasks/{old}/retry", data={FORM: token})
+        assert again.headers["location"] == f"/console/tasks/{retry}?done=already-retried"
+        live = await client.post(f"/console/tasks/{queued}/retry", data={FORM: token})
+        assert live.status_code == 409 and "cannot be retried" in live.text
+    row = await seed.task_row(db, retry)
+    assert (row["state"], row["retried_from"]) == ("queued", old)
+    assert [(r["action"], r["task_id"], r["changed"], r["outcome"]) for r in await audit_rows(db)] == [
+        ("task.retry", old, 1, f"retried as {retry}"),
+        ("task.retry", old, 0, f"already retried as {retry}"),
+    ]
+
+
+def hidden_fields(html: str) -> list[tuple[str, str]]:
+    start = html.index('<form method="post" action="/console/tasks/bulk/')
+    form = html[start : html.index("</form>", start)]
+    return [(n, unescape(v)) for n, v in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form)]
+
+
+def as_form(fields: list[tuple[str, str]]) -> dict[str, list[str]]:
+    form: dict[str, list[str]] = {}
+    for name, value in fields:
+        form.setdefault(name, []).append(value)
+    return form
+
+
+def bulk_count(html: str) -> int:
+    return int(re.search(r'id="bulk-confirm" data-action="\w+" data-count="(\d+)"', html).group(1))
+
+
+async def test_every_task_a_filter_matches_is_cancelled_or_retried_after_a_confirmation_that_counts_them(
+    running_node, db, monkeypatch
+):
+    tenant = await make_tenant(db, queues=("q1", "q2"))
+    q1, q2 = tenant.queues["q1"], tenant.queues["q2"]
+    reader = await make_token(db, tenant, {"tasks:read": "*"})
+    q1_only = await make_token(db, tenant, {"tasks:read": "*", "tasks:submit": [q1], "tasks:cancel": [q1]})
+    in_q1, in_q2 = seed_tenant(tenant, "q1"), seed_tenant(tenant, "q2")
+    doomed = await seed.insert_tasks(db, in_q1, [seed.TaskSpec()] * 5)
+    spared = await seed.insert_tasks(db, in_q1, [seed.TaskSpec(handler="other")] * 2)
+    failed = await seed.insert_tasks(db, in_q1, [seed.TaskSpec()] * 3) + await seed.insert_tasks(
+        db, in_q2, [seed.TaskSpec()] * 2
+    )
+    for task_id in failed:
+        await finished(db, task_id)
+
+    async with console(running_node) as client:
+        await sign_in(client, reader)
+        listing = (await client.get("/console/tasks?handler=h")).text
+        assert 'id="bulk-actions"' not in listing
+        assert (await client.get("/console/tasks/bulk/cancel?handler=h")).status_code == 403
+
+        await sign_in(client, tenant.token)
+        listing = (await client.get("/console/tasks?handler=h")).text
+        assert 'id="bulk-cancel" href="/console/tasks/bulk/cancel?handler=h"' in listing
+        assert 'id="bulk-actions"' not in (await client.get("/console/tasks")).text  # no filter: no bulk
+        confirm = await client.get("/console/tasks/bulk/cancel?handler=h")
+        assert confirm.status_code == 200 and bulk_count(confirm.text) == 5 and "data-live" not in confirm.text
+        fields = hidden_fields(confirm.text)
+        assert ("limit", "5") in fields and ("handler", "h") in fields and ("state", "queued") in fields
+        # A task accepted after the count is not taken.
+        late = await seed.insert_task(db, in_q1)
+        without_token = [(n, v) for n, v in fields if n != FORM]
+        assert (await client.post("/console/tasks/bulk/cancel", data=as_form(without_token))).status_code == 403
+        done = await client.post("/console/tasks/bulk/cancel", data=as_form(fields))
+        assert done.status_code == 303
+        assert done.headers["location"] == "/console/tasks?handler=h&done=bulk-cancel&changed=5&unchanged=0&refused=0"
+        shown = (await client.get(done.headers["location"])).text
+        assert "5 tasks cancelled (or, running, asked to stop); 0 had been already" in shown
+        assert [await state_of(db, t) for t in (*doomed, *spared, late)] == ["cancelled"] * 5 + ["queued"] * 3
+
+        confirm = await client.get("/console/tasks/bulk/retry?state=failed")
+        assert bulk_count(confirm.text) == 5
+        done = await client.post("/console/tasks/bulk/retry", data=as_form(hidden_fields(confirm.text)))
+        assert done.headers["location"].endswith("done=bulk-retry&changed=5&unchanged=0&refused=0")
+        # Retried tasks stay failed: asked again, each answers its retry, nothing is created.
+        again = await client.get("/console/tasks/bulk/retry?state=failed")
+        done = await client.post("/console/tasks/bulk/retry", data=as_form(hidden_fields(again.text)))
+        assert done.headers["location"].endswith("done=bulk-retry&changed=0&unchanged=5&refused=0")
+        for query, field in (("", "filter"), (f"task_id={failed[0][:6]}", "task_id"), ("state=done", "state")):
+            bad = await client.get("/console/tasks/bulk/cancel?" + query)
+            assert bad.status_code == 400 and f"{field}: " in bad.text, query
+
+        # A grant limited to a queue: the count and the action stay within it.
+        await sign_in(client, q1_only)
+        assert bulk_count((await client.get("/console/tasks/bulk/retry?state=cancelled")).text) == 5
+        assert (await client.get(f"/console/tasks/bulk/retry?state=failed&queue_id={q2}")).status_code == 403
+
+        # More than one action takes: it acts on the newest, then offers to go on.
+        monkeypatch.setattr("orbit_node.api.console.bulk.MAX_BULK", 3)
+        await sign_in(client, tenant.token)
+        confirm = await client.get("/console/tasks/bulk/cancel?handler=other&queue_id=" + q1)
+        assert bulk_count(confirm.text) == 2 and 'id="bulk-more"' not in confirm.text
+        confirm = await client.get("/console/tasks/bulk/retry?state=cancelled")
+        assert bulk_count(confirm.text) == 3 and 'id="bulk-more"' in confirm.text
+        done = await client.post("/console/tasks/bulk/retry", data=as_form(hidden_fields(confirm.text)))
+        assert "changed=3" in done.headers["location"] and "more=retry&more_cursor=" in done.headers["location"]
+        go_on = re.search(
+            r'<p class="notice" id="go-on">.*?<a href="([^"]+)">', (await client.get(done.headers["location"])).text
+        )
+        rest = await client.get(unescape(go_on.group(1)))
+        assert bulk_count(rest.text) == 2 and ("cursor", "") not in hidden_fields(rest.text)
+        done = await client.post("/console/tasks/bulk/retry", data=as_form(hidden_fields(rest.text)))
+        assert "changed=2" in done.headers["location"] and "more=" not in done.headers["location"]
+
+    audited = [(r["action"], r["changed"], r["queue_id"], json.loads(r["filter"])) for r in await audit_rows(db)]
+    assert [a[:3] for a in audited] == [
+        ("tasks.bulk_cancel", 5, None),
+        ("tasks.bulk_retry", 5, None),
+        ("tasks.bulk_retry", 0, None),
+        ("tasks.bulk_retry", 3, None),
+        ("tasks.bulk_retry", 2, None),
+    ]
+    first = audited[0][3]
+    assert (first["handler"], first["state"]) == ("h", ["queued", "reserved", "running"])
+    assert "created_before" in first and "cursor" in audited[-1][3]
+    assert (await seed.count_states(db)).get("queued") == 3 + 5 + 5

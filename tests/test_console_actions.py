@@ -591,6 +591,11 @@ async def test_every_task_a_filter_matches_is_cancelled_or_retried_after_a_confi
         listing = (await client.get("/console/tasks?handler=h")).text
         assert 'id="bulk-cancel" href="/console/tasks/bulk/cancel?handler=h"' in listing
         assert 'id="bulk-actions"' not in (await client.get("/console/tasks")).text  # no filter: no bulk
+        # Only the actions that could change a task in the filter's states.
+        succeeded = (await client.get("/console/tasks?state=succeeded&handler=h")).text
+        assert 'id="bulk-actions"' not in succeeded
+        failed_list = (await client.get("/console/tasks?state=failed")).text
+        assert 'id="bulk-retry"' in failed_list and 'id="bulk-cancel"' not in failed_list
         confirm = await client.get("/console/tasks/bulk/cancel?handler=h")
         assert confirm.status_code == 200 and bulk_count(confirm.text) == 5 and "data-live" not in confirm.text
         fields = hidden_fields(confirm.text)

@@ -30,11 +30,13 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from orbit_node.sdk.worker import Worker, WorkerTask
+from orbit_node.services import default_services
 from orbit_node.store.plans import PlanStore
 from orbit_node.store.tenancy import TenancyStore
 
 from . import seed
-from .nodeutil import make_tenant, make_token
+from .nodeutil import make_tenant, make_token, run_node
 from .test_console import submit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -409,3 +411,56 @@ async def test_the_console_writes_in_chromium(running_node, db, browser):
         await step(wait, browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#live") != [], path)
         assert await step(lambda: browser.find_elements(By.CSS_SELECTOR, "form.action")) == [], path
     await step(shot, browser, "read-only")
+
+
+@pytest.mark.time_cap(300)
+async def test_a_filtered_bulk_retry_in_chromium_runs_the_tasks_again(node_config, db, browser):
+    """Sign in, filter the failed tasks, retry them all after the confirmation's count, and
+    watch a Worker run them again."""
+    shop = await make_tenant(db, "shop", queues=("orders",))
+    owner = seed.Tenant(shop.application_id, shop.namespace_id, shop.queue_id)
+    # Five tasks of handler h whose only attempt failed, and one of another handler.
+    failed = await seed.insert_tasks(db, owner, [seed.TaskSpec(max_attempts=1, attempts=1)] * 5)
+    other = await seed.insert_task(db, owner, handler="other", max_attempts=1, attempts=1)
+    await db.run(
+        lambda tx: tx.execute_raw(
+            "UPDATE tasks SET state = 'failed', finished_at = NOW(6) WHERE task_id IN %s", (tuple([*failed, other]),)
+        )
+    )
+    ran: list[str] = []
+    async with run_node(node_config, services=default_services()) as node, trio.open_nursery() as nursery:
+        base = node.base_url
+        worker = Worker(url=base, token=shop.token, queues=[shop.queue_id], capacity=5)
+
+        @worker.handler("h", "v1", "v1")
+        async def run(task: WorkerTask) -> dict:
+            ran.append(task.task_id)
+            return {"ran": True}
+
+        await nursery.start(worker.run)
+        await step(sign_in, browser, base, shop.token)
+
+        # The failed tasks, filtered by handler.
+        await step(browser.get, f"{base}/console/failed")
+        await step(lambda: browser.find_element(By.ID, "task-handler").send_keys("h"))
+        await step(lambda: browser.find_element(By.CSS_SELECTOR, "#task-search button[type=submit]").click())
+        rows = attributes("#live tr[data-task-id]", "data-task-id")
+        await step(wait, browser, lambda d: sorted(rows(d)) == sorted(failed), "the five failed tasks of h")
+        await step(shot, browser, "failed-filtered")
+
+        # Retry them all: the confirmation counts them first.
+        await step(wait, browser, click("#bulk-retry"), "retry clicked")
+        await step(wait, browser, shows("#bulk-count", "5 tasks"), "the count")
+        await step(shot, browser, "bulk-confirm")
+        await step(wait, browser, click("#bulk-submit"), "confirmed")
+        await step(wait, browser, shows("#action-message", "5 tasks retried as new tasks"), "the answer")
+
+        # The retries run: the task list shows them succeeded, live.
+        await step(browser.get, f"{base}/console/tasks?handler=h&state=succeeded")
+        await step(wait, browser, lambda d: len(rows(d)) == 5, "five retries succeeded")
+        retries = await step(rows, browser)
+        assert sorted(ran) == sorted(retries) and not set(retries) & set(failed)
+        await step(shot, browser, "retried")
+        nursery.cancel_scope.cancel()
+    states = await seed.count_states(db)
+    assert (states["failed"], states["succeeded"]) == (6, 5)

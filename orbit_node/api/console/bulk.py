@@ -23,14 +23,12 @@ from ...errors import InvalidArgument, PermissionDenied
 from ...store import audit as actions
 from ...store.actions import CANCEL_REQUESTED, RETRIED
 from ...store.audit import Entry
-from ...task_query import CANCELLABLE_STATES, MAX_BULK, RETRYABLE_STATES, TaskFilter
+from ...task_query import MAX_BULK, TaskFilter
 from .actions import ACTION_FIELDS, action_form, answer
 from .task_filters import FIELDS, Query, filter_json, filter_params, query_of
-from .tasks_view import BULK_SCOPES, url
+from .tasks_view import BULK_SCOPES, CHANGES, url
 from .views import COUNT_PARAMS, DONE_PARAM, blueprint, page, principal, queue_names, shard
 
-# The states a bulk action takes when the filter names none (as TaskStore.bulk).
-DEFAULT_STATES = {"cancel": CANCELLABLE_STATES, "retry": RETRYABLE_STATES}
 AUDITED = {"cancel": actions.TASKS_BULK_CANCEL, "retry": actions.TASKS_BULK_RETRY}
 # The fields of the confirmation's form: the filter, where to start, how many, and the form's own.
 FORM_FIELDS = ACTION_FIELDS | {*FIELDS, "cursor", "limit"}
@@ -40,7 +38,8 @@ SHOWN = 10
 
 async def checked(action: str, query: Query) -> TaskFilter:
     """The filter of a bulk ``action``, as the credential may use it: a filter (not an id's
-    beginning) that names something, within the action's scope; the states it takes."""
+    beginning) that names something, within the action's scope; the states it takes (the
+    ones the action changes, as TaskStore.bulk, unless the filter names states or ids)."""
     who = principal()
     scope = BULK_SCOPES[action]
     if not who.scopes.get(scope):
@@ -55,7 +54,7 @@ async def checked(action: str, query: Query) -> TaskFilter:
         who.require(scope, query.filter.queue_id)
         await shard().tenancy.get_queue(who.namespace_id, query.filter.queue_id)
     found = query.filter
-    return found if found.task_ids else found.with_states(DEFAULT_STATES[action])
+    return found if found.task_ids else found.with_states(CHANGES[action])
 
 
 @blueprint.get("/tasks/bulk/<any(cancel, retry):action>")

@@ -40,6 +40,8 @@ from .views import (
 PANEL = "console/panels/tasks.html"
 # Which bulk action a credential may ask for, with which scope (as the API's routes).
 BULK_SCOPES = {"cancel": "tasks:cancel", "retry": "tasks:submit"}
+# The states in which each action changes a task.
+CHANGES = {"cancel": CANCELLABLE_STATES, "retry": RETRYABLE_STATES}
 
 
 def url(path: str, params: Sequence[tuple[str, str]]) -> str:
@@ -82,13 +84,14 @@ async def task_list(title: str, *, defaults: dict[str, list[str]] | None = None)
     context["times"] = model.filter_times(query.filter)
     older = url(here, query_params(query, cursor=found.next_cursor)) if found.next_cursor else None
     newest = url(here, query_params(query)) if query.cursor else None
-    # Bulk actions take the filter (not an id's beginning), one that names something.
+    # Bulk actions take the filter (not an id's beginning), one that names something, and
+    # are offered when the filter's states leave something they can change.
     bulk = {}
     if not query.prefix and not query.filter.is_empty:
         bulk = {
             action: url(f"/console/tasks/bulk/{action}", filter_params(query.filter))
             for action, scope in BULK_SCOPES.items()
-            if who.scopes.get(scope)
+            if who.scopes.get(scope) and (not query.filter.states or set(query.filter.states) & set(CHANGES[action]))
         }
     go_on = None
     if request.args.get("more") in BULK_SCOPES and request.args.get("more_cursor"):

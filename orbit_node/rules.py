@@ -23,6 +23,7 @@ import attrs
 
 from .errors import InvalidArgument
 from .ids import is_hex32
+from .limits import MAX_BATCH_TASKS
 from .wire import rfc3339
 
 # Containers nested deeper than this are refused: far below the interpreter's
@@ -87,7 +88,6 @@ TEMPLATE_EXCLUDED = {
 TEMPLATE_FIELDS = tuple(f for f in SUBMIT_FIELDS if f not in TEMPLATE_EXCLUDED)
 TEMPLATE_REQUIRED = tuple(f for f in SUBMIT_REQUIRED if f not in TEMPLATE_EXCLUDED)
 # POST /v1/tasks/batch: {"tasks": [...]}, each item a submission plus its own key.
-MAX_BATCH_TASKS = 1000
 BATCH_FIELDS = ("tasks",)
 BATCH_ITEM_FIELDS = ("idempotency_key", *SUBMIT_FIELDS)
 BACKOFF_FIELDS = ("initial_ms", "max_ms", "multiplier")

@@ -23,6 +23,7 @@ import attrs
 
 from ..claims import Capability
 from ..errors import OrbitError
+from ..limits import MAX_ERROR_MESSAGE_CHARS, MAX_TASKS_PER_MESSAGE
 from ..rules import HANDLER, QUEUE_ID, VERSION
 from ..wire import rfc3339
 
@@ -39,7 +40,6 @@ CLOSE_HEARTBEAT_TIMEOUT = 4000  # nothing received for heartbeat_timeout_s
 CLOSE_PROTOCOL = 4002  # out-of-order or repeated protocol violations, binary frames
 CLOSE_SLOW_CONSUMER = 4003  # the Worker reads too slowly: its outbound buffer is full
 
-MAX_TASKS_PER_MESSAGE = 1000
 MAX_CAPACITY = 1000
 MAX_QUEUES = 64
 MAX_CAPABILITIES = 256
@@ -266,8 +266,13 @@ def _finish(obj: Mapping[str, Any]) -> Finish:
             unknown = sorted(set(error) - {"message", "code", "details"})
             if unknown:
                 raise _invalid(f"unknown field {unknown[0]!r}", f"{where}.error.{unknown[0]}")
-            if "message" in error and (not isinstance(error["message"], str) or len(error["message"]) > 4096):
-                raise _invalid("error.message: expected a string of at most 4096 characters", f"{where}.error.message")
+            if "message" in error and (
+                not isinstance(error["message"], str) or len(error["message"]) > MAX_ERROR_MESSAGE_CHARS
+            ):
+                raise _invalid(
+                    f"error.message: expected a string of at most {MAX_ERROR_MESSAGE_CHARS} characters",
+                    f"{where}.error.message",
+                )
             if "code" in error and (not isinstance(error["code"], str) or len(error["code"]) > 128):
                 raise _invalid("error.code: expected a string of at most 128 characters", f"{where}.error.code")
             result_json = None

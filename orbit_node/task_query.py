@@ -21,7 +21,8 @@ import attrs
 from .errors import FailedPrecondition, InvalidArgument
 from .ids import is_hex32
 from .limits import MAX_BULK, MAX_TASK_IDS
-from .rules import HANDLER, LATEST, MAX_PRIORITY, QUEUE_ID, integer, kind, reject_unknown, show, string, timestamp
+from .rules import HANDLER, LATEST, MAX_PRIORITY, QUEUE_ID, integer, kind, reject_unknown, string, timestamp
+from .strict_json import show
 
 STATES = ("queued", "reserved", "running", "succeeded", "failed", "cancelled", "expired")
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})

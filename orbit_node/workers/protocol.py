@@ -17,14 +17,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .. import strict_json
 from ..claims import Capability
 from ..errors import OrbitError
 from ..limits import MAX_ERROR_MESSAGE_CHARS, MAX_TASKS_PER_MESSAGE
 from ..rules import HANDLER, QUEUE_ID, VERSION
+from ..strict_json import NotStrictJson
 from ..wire import rfc3339
 
 if TYPE_CHECKING:
@@ -129,24 +131,6 @@ class Drain:
 
 
 Message = Hello | Heartbeat | Start | Renew | Release | Finish | Drain
-
-
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key!r}")
-        result[key] = value
-    return result
-
-
-def loads_strict(text: str | bytes) -> Any:
-    """JSON with no duplicate keys and no NaN/Infinity; ValueError otherwise."""
-    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
 
 
 def _invalid(message: str, field: str) -> MessageRefused:
@@ -324,8 +308,8 @@ def parse_message(data: str | bytes) -> Message:
             close_code=CLOSE_PROTOCOL,
         )
     try:
-        obj = loads_strict(data)
-    except (ValueError, RecursionError) as exc:
+        obj = strict_json.loads(data)
+    except NotStrictJson as exc:
         raise MessageRefused("MALFORMED_MESSAGE", f"not a JSON message: {exc}") from None
     if not isinstance(obj, dict):
         raise MessageRefused("MALFORMED_MESSAGE", "a message must be a JSON object")

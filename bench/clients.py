@@ -13,7 +13,8 @@ from typing import Any
 import attrs
 import trio
 
-from orbit_node.sdk.client import OrbitClient, SubmitTaskRequest
+from orbit_node.sdk.client import OrbitClient
+from orbit_node.sdk.models import SubmitTaskRequest
 from orbit_node.sdk.worker import Worker, WorkerTask
 
 from . import HANDLER

@@ -6,14 +6,13 @@ share them), queues and the Worker protocol's names; the strict JSON reader; and
 ``InvalidArgument`` with a stable code and the field it names. JSON is parsed
 strictly: duplicate keys, ``NaN``/``Infinity``, numbers out of range, integer literals
 longer than Python parses (4300 digits), lone surrogates and nesting deeper than
-``MAX_JSON_DEPTH`` are refused.
+``strict_json.MAX_JSON_DEPTH`` are refused.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta, timezone
@@ -21,13 +20,13 @@ from typing import Any
 
 import attrs
 
+from . import strict_json
 from .errors import InvalidArgument
 from .ids import is_hex32
+from .limits import MAX_BATCH_TASKS
+from .strict_json import NotStrictJson, show
 from .wire import rfc3339
 
-# Containers nested deeper than this are refused: far below the interpreter's
-# recursion limit, so parsing and re-serialising can never hit it.
-MAX_JSON_DEPTH = 64
 # The same names Workers may declare (schema/worker-protocol.schema.json), so every
 # accepted task can be served.
 QUEUE_ID = re.compile(r"[0-9a-f]{32}")
@@ -39,7 +38,6 @@ IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 # resource_key: 1-255 characters, no control characters.
 RESOURCE_KEY_MAX = 255
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-SURROGATES = re.compile(r"[\ud800-\udfff]")
 # RFC 3339 date-time; fractions beyond microseconds are truncated (the database keeps microseconds).
 RFC3339 = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?([Zz]|[+-][0-9]{2}:[0-9]{2})"
@@ -87,7 +85,6 @@ TEMPLATE_EXCLUDED = {
 TEMPLATE_FIELDS = tuple(f for f in SUBMIT_FIELDS if f not in TEMPLATE_EXCLUDED)
 TEMPLATE_REQUIRED = tuple(f for f in SUBMIT_REQUIRED if f not in TEMPLATE_EXCLUDED)
 # POST /v1/tasks/batch: {"tasks": [...]}, each item a submission plus its own key.
-MAX_BATCH_TASKS = 1000
 BATCH_FIELDS = ("tasks",)
 BATCH_ITEM_FIELDS = ("idempotency_key", *SUBMIT_FIELDS)
 BACKOFF_FIELDS = ("initial_ms", "max_ms", "multiplier")
@@ -109,90 +106,13 @@ DEFAULT_BACKOFF_MULTIPLIER = 2.0
 # -- JSON --------------------------------------------------------------------------
 
 
-class _Refused(Exception):
-    """Raised from inside the JSON decoder's hooks; becomes InvalidArgument(field="body")."""
-
-
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _Refused(f"body: duplicate object key {show(key)}")
-        result[key] = value
-    return result
-
-
-def _constant(name: str) -> Any:
-    raise _Refused(f"body: {name} is not a JSON number")
-
-
-def _float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _Refused(f"body: number {text[:40]} is out of range")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:  # longer than sys.get_int_max_str_digits()
-        raise _Refused(f"body: integer literal of {len(text.lstrip('-'))} digits is too long") from None
-
-
-def _check_tree(value: Any, *, strings: bool) -> None:
-    """Depth limit and (with ``strings``) lone surrogates, without recursion.
-
-    A surrogate can only come from a ``\\u`` escape (strict UTF-8 decoding refuses encoded
-    ones), so a text without one needs only its containers visited.
-    """
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            if SURROGATES.search(item):
-                raise _Refused("body: string contains a lone UTF-16 surrogate")
-        elif isinstance(item, (dict, list)):
-            if depth >= MAX_JSON_DEPTH:
-                raise _Refused(f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels")
-            children = item.values() if isinstance(item, dict) else item
-            if strings:
-                if isinstance(item, dict):
-                    stack.extend((k, depth + 1) for k in item)
-                stack.extend((v, depth + 1) for v in children)
-            else:
-                stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
-
-
 def parse_json(raw: bytes) -> Any:
-    """Parse a request body strictly (UTF-8 JSON text, RFC 8259, no extensions)."""
+    """Parse a request body strictly (``strict_json``: UTF-8 JSON text, RFC 8259, no
+    extensions); a refusal is a 400 naming ``body``."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidArgument(f"body: not valid UTF-8 (byte {exc.start})", field="body") from None
-    try:
-        value = json.loads(
-            text, object_pairs_hook=_object, parse_constant=_constant, parse_float=_float, parse_int=_int
-        )
-        _check_tree(value, strings="\\u" in text)
-    except _Refused as exc:
-        raise InvalidArgument(str(exc), field="body") from None
-    except json.JSONDecodeError as exc:
-        raise InvalidArgument(
-            f"body: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", field="body"
-        ) from None
-    except RecursionError:
-        raise InvalidArgument(f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels", field="body") from None
-    return value
-
-
-def show(value: Any) -> str:
-    """A short, safe rendering of a client value for an error message."""
-    try:
-        text = json.dumps(value, ensure_ascii=True)
-    except (TypeError, ValueError):
-        text = type(value).__name__
-    return text if len(text) <= 40 else text[:37] + "..."
+        return strict_json.loads(raw)
+    except NotStrictJson as exc:
+        raise InvalidArgument(f"body: {exc}", field="body") from None
 
 
 def kind(value: Any) -> str:

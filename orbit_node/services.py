@@ -6,7 +6,13 @@ when the node runs them, its group commit of Worker transitions, claim-turn reco
 recovery sweeper and plan trigger; and the node-wide fair claim pool and Worker hub,
 which reach an application's shard through ``Shards``. The API reads it
 (``NodeState.services``); nothing writes into it after it is built, but for the
-application ids ``Shards`` learns from verified credentials.
+application ids ``Placement`` learns from verified credentials.
+
+``DispatchServices.build`` builds bottom-up, so nothing refers to what is not built yet:
+``Placement`` (where applications live), each shard's repositories, the claim pool
+(routing claims over the repositories, ``StoreRouting``), the table of Worker
+connections, each shard's services (over the pool and the table, through the shard's
+``ShardView``), and last the Worker hub (over the shards with their services).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from .store.tenancy import Principal, TenancyStore
 from .store.workers import WorkerRegistryStore
 from .workers.connection import TransitionStore
 from .workers.hub import WorkerHub
+from .workers.table import ConnectionTable
 
 log = logging.getLogger("orbit.node")
 
@@ -97,63 +104,136 @@ class Shard:
 
 
 @attrs.define(eq=False)
-class Shards:
-    """Which shard holds an application: ORBIT_SHARDS by application name, ORBIT_MYSQL_DSN
-    for the others (docs/scaling.md).
+class Placement:
+    """Which shard holds an application, as an index into the node's shards (0: the
+    database of ORBIT_MYSQL_DSN, then ``config.shard_dsns`` in order): ORBIT_SHARDS by
+    application name, the main one for every other (docs/scaling.md).
 
-    A request reaches its shard through its credential: ``authenticate`` looks the token's
-    credential up on every shard and keeps the row of the shard the map places its
-    application on. The id of every application so verified is remembered, so that what
-    carries only an application id (a claim, a Worker's transitions) finds the same shard.
-    Without ORBIT_SHARDS every lookup is the main shard, at no cost."""
+    The ids of the applications verified through a credential are remembered with their
+    shard, so that what carries only an application id (a claim, a Worker's
+    transitions) finds the same one. Without ORBIT_SHARDS every answer is 0, at no cost.
+    """
 
-    main: Shard
-    # The databases of ORBIT_SHARDS other than the main one, in order.
-    others: tuple[Shard, ...] = ()
-    # Application name -> its shard, from ORBIT_SHARDS.
-    _by_name: dict[str, Shard] = attrs.field(factory=dict)
-    # Application id -> its shard, of every application verified through ``authenticate``.
-    _by_id: dict[str, Shard] = attrs.field(factory=dict, init=False)
+    # Application name -> its shard's index, from ORBIT_SHARDS.
+    by_name: Mapping[str, int] = attrs.field(factory=dict)
+    # Application id -> its shard's index, of every application verified on this node.
+    _by_id: dict[str, int] = attrs.field(factory=dict, init=False)
 
-    @property
-    def all(self) -> tuple[Shard, ...]:
-        return (self.main, *self.others)
+    @classmethod
+    def from_config(cls, config: NodeConfig) -> Placement:
+        index = {dsn.location: i for i, dsn in enumerate(config.shard_dsns, start=1)}
+        return cls({entry.application: index.get(entry.dsn.location, 0) for entry in config.shards})
 
     @property
     def sharded(self) -> bool:
-        return bool(self._by_name)
+        return bool(self.by_name)
+
+    def of_name(self, application: str) -> int:
+        return self.by_name.get(application, 0)
+
+    def of_application(self, application_id: str) -> int:
+        """The shard of an application verified on this node (every claim and transition
+        comes from a connection whose credential was)."""
+        if not self.by_name:
+            return 0
+        index = self._by_id.get(application_id)
+        if index is None:
+            raise LookupError(f"application {application_id} has not been verified on this node")
+        return index
+
+    def remember(self, application_id: str, index: int) -> None:
+        self._by_id[application_id] = index
+
+    def holds(self, index: int, application_id: str) -> bool:
+        """Whether ``application_id`` (verified on this node) lives on shard ``index``."""
+        if not self.by_name:
+            return index == 0
+        return self._by_id.get(application_id) == index
+
+    def turns_on(self, index: int, turns: Mapping[str, int]) -> Mapping[str, int]:
+        """Of the node's claim turns per application id, those of shard ``index``'s applications."""
+        if not self.by_name:
+            return turns if index == 0 else {}
+        return {app: n for app, n in turns.items() if self._by_id.get(app) == index}
+
+
+@attrs.frozen
+class ShardView:
+    """One shard's part of the node-wide state, for that shard's services: its
+    applications among those the node knows, their claim turns, and whether a Worker of
+    one of them is connected here."""
+
+    placement: Placement
+    index: int
+    scheduler: FairScheduler
+    table: ConnectionTable
+
+    def holds(self, application_id: str) -> bool:
+        return self.placement.holds(self.index, application_id)
+
+    def turns(self) -> Mapping[str, int]:
+        """The claim turns its recorder writes: the node's, of this shard's applications."""
+        return self.placement.turns_on(self.index, self.scheduler.statistics().turns_by_application)
+
+    def applications(self) -> Collection[str]:
+        """Its applications the node's rotation knows now (the only ones a charge reaches)."""
+        return [app for app in self.scheduler.applications() if self.holds(app)]
+
+    def listening(self) -> bool:
+        """Whether the node has Worker connections of this shard's applications."""
+        return self.table.serves(self.holds)
+
+
+@attrs.frozen
+class StoreRouting:
+    """The claim pool's way to an application's dispatch store."""
+
+    placement: Placement
+    stores: Sequence[DispatchStore]
+
+    async def claim(self, request: ClaimRequest) -> Sequence[Reservation]:
+        return await self.stores[self.placement.of_application(request.application_id)].claim(request)
+
+    async def release(self, application_id: str, items: Sequence[tuple[str, str]]) -> object:
+        return await self.stores[self.placement.of_application(application_id)].release_many(items)
+
+
+@attrs.frozen
+class Shards:
+    """The node's shards, each reached by an application's name, a verified principal or
+    an application id (``Placement``). A request reaches its shard through its
+    credential: ``authenticate`` looks the token's credential up on every shard and keeps
+    the row of the shard the map places its application on."""
+
+    placement: Placement
+    # Shard 0 is the main one (ORBIT_MYSQL_DSN).
+    all: tuple[Shard, ...]
+
+    @property
+    def main(self) -> Shard:
+        return self.all[0]
+
+    @property
+    def sharded(self) -> bool:
+        return self.placement.sharded
 
     def of_name(self, application: str) -> Shard:
         """The shard of the application named ``application``."""
-        return self._by_name.get(application, self.main)
+        return self.all[self.placement.of_name(application)]
 
     def of(self, principal: Principal) -> Shard:
         """The shard of a verified principal's application."""
-        if not self._by_name:
-            return self.main
         return self.of_name(principal.application)
 
     def of_application(self, application_id: str) -> Shard:
-        """The shard of an application verified through ``authenticate`` (every claim and
-        transition comes from a connection whose credential was)."""
-        if not self._by_name:
-            return self.main
-        shard = self._by_id.get(application_id)
-        if shard is None:
-            raise LookupError(f"application {application_id} has not been verified on this node")
-        return shard
-
-    def holds(self, shard: Shard, application_id: str) -> bool:
-        """Whether ``application_id`` (verified through ``authenticate``) lives on ``shard``."""
-        if not self._by_name:
-            return shard is self.main
-        return self._by_id.get(application_id) is shard
+        """The shard of an application verified through ``authenticate``."""
+        return self.all[self.placement.of_application(application_id)]
 
     async def _verified(self, lookup: Callable[[TenancyStore], Awaitable[Principal]]) -> Principal:
-        if not self._by_name:
+        if not self.placement.sharded:
             return await lookup(self.main.tenancy)
         unavailable: Unavailable | None = None
-        for shard in self.all:
+        for index, shard in enumerate(self.all):
             try:
                 principal = await lookup(shard.tenancy)
             except Unauthenticated:
@@ -163,8 +243,8 @@ class Shards:
                 continue
             # A row on a shard the map does not place its application on (a copy left
             # behind by a move) is not the application's.
-            if self.of_name(principal.application) is shard:
-                self._by_id[principal.application_id] = shard
+            if self.placement.of_name(principal.application) == index:
+                self.placement.remember(principal.application_id, index)
                 return principal
         if unavailable is not None:
             raise unavailable
@@ -178,13 +258,7 @@ class Shards:
         """The principal of a credential verified before (``TenancyStore.principal_of``)."""
         return await self._verified(lambda tenancy: tenancy.principal_of(credential_id))
 
-    # -- what the node-wide claim pool and Worker hub route by application -----------------
-
-    async def claim(self, request: ClaimRequest) -> Sequence[Reservation]:
-        return await self.of_application(request.application_id).store.claim(request)
-
-    async def release(self, application_id: str, items: Sequence[tuple[str, str]]) -> object:
-        return await self.of_application(application_id).store.release_many(items)
+    # -- what the Worker hub routes by application ------------------------------------------
 
     def transitions_for(self, application_id: str) -> TransitionStore:
         return self.of_application(application_id).transitions(application_id)
@@ -201,47 +275,71 @@ class Shards:
     def signals_for(self, application_id: str) -> SignalRelay | None:
         return self.of_application(application_id).signals
 
-    def turns_on(self, shard: Shard, turns: Mapping[str, int]) -> Mapping[str, int]:
-        """Of the node's claim turns per application id, those of ``shard``'s applications."""
-        if not self._by_name:
-            return turns
-        return {app: n for app, n in turns.items() if self.holds(shard, app)}
-
-
-def _turns_of(shards: Callable[[], Shards], index: int, scheduler: FairScheduler) -> Callable[[], Mapping[str, int]]:
-    """The claim turns a shard's recorder writes: the node's, of that shard's applications."""
-
-    def turns() -> Mapping[str, int]:
-        routed = shards()
-        return routed.turns_on(routed.all[index], scheduler.statistics().turns_by_application)
-
-    return turns
-
-
-def _holds(shards: Callable[[], Shards], index: int) -> Callable[[str], bool]:
-    """Whether an application id (verified on this node) lives on the shard at ``index``."""
-
-    def holds(application_id: str) -> bool:
-        routed = shards()
-        return routed.holds(routed.all[index], application_id)
-
-    return holds
-
-
-def _known_on(shards: Callable[[], Shards], index: int, scheduler: FairScheduler) -> Callable[[], Collection[str]]:
-    """The applications whose turns on other nodes a shard's recorder reads: those of that
-    shard the node's rotation knows now (only they can be charged)."""
-    holds = _holds(shards, index)
-
-    def applications() -> Collection[str]:
-        return [app for app in scheduler.applications() if holds(app)]
-
-    return applications
-
 
 def shard_labels(config: NodeConfig) -> list[str]:
     """The label of each shard: "main", then "shard 2", "shard 3"... (``config.shard_dsns`` order)."""
     return ["main", *(f"shard {n}" for n in range(2, 2 + len(config.shard_dsns)))]
+
+
+def _shard(
+    config: NodeConfig,
+    node_id: str,
+    run: ServiceSet,
+    label: str,
+    db: Database,
+    store: DispatchStore,
+    placement: Placement,
+    index: int,
+    pool: ClaimPool | None,
+    table: ConnectionTable,
+) -> Shard:
+    """Shard ``index``: its repositories and the services ``run`` asks for (those of
+    Workers only with the claim pool)."""
+    tenancy, tasks, operations, plans = TenancyStore(db), TaskStore(db), OperationsStore(db), PlanStore(db)
+    commits = turns = weights = signals = sweeper = trigger = None
+    if pool is not None:
+        view = ShardView(placement, index, pool.scheduler, table)
+        commits = GroupCommitter(store, max_concurrent_groups=concurrent_groups(config.scheduler.sql_slots))
+        # Claim turns go to the database too: operators see every node's rotation in one
+        # place. And the other nodes' turns come back from it: the share across nodes.
+        turns = TurnRecorder(
+            operations,
+            node_id,
+            view.turns,
+            applications=view.applications,
+            charge_elsewhere=pool.scheduler.charge_elsewhere,
+        )
+        signals = SignalRelay(
+            SignalStore(db),
+            node_id,
+            config.signals,
+            pool=pool,
+            listening=view.listening,
+            push_cancel=view.table.push_cancel,
+        )
+        weights = WeightFollower(tenancy.application_weights, pool.scheduler.set_weight, view.holds)
+    arrived = None if signals is None else signals.tasks_arrived
+    if run.recovery:
+        sweeper = Sweeper(store, config.sweep_interval_s, tasks_arrived=arrived)
+    if run.plans:
+        trigger = PlanTrigger(plans, config.plan_interval_s, tasks_arrived=arrived)
+    return Shard(
+        label=label,
+        db=db,
+        tenancy=tenancy,
+        tasks=tasks,
+        submits=SubmitGroups(tasks),
+        plans=plans,
+        operations=operations,
+        store=store,
+        registry=WorkerRegistryStore(db),
+        commits=commits,
+        turns=turns,
+        weights=weights,
+        signals=signals,
+        sweeper=sweeper,
+        trigger=trigger,
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -265,110 +363,37 @@ class DispatchServices:
         shutdown_requested: trio.Event,
         run: ServiceSet,
     ) -> DispatchServices:
-        """``db`` is ORBIT_MYSQL_DSN's database, ``shard_dbs`` one per ``config.shard_dsns``."""
+        """``db`` is ORBIT_MYSQL_DSN's database, ``shard_dbs`` one per ``config.shard_dsns``.
+
+        Built bottom-up: where applications live, each shard's repositories, the claim
+        pool (over the repositories), the table of Worker connections, each shard's
+        services (over the pool and the table), and last the Worker hub (over the shards
+        with their services)."""
         if len(shard_dbs) != len(config.shard_dsns):
             raise ValueError(f"{len(config.shard_dsns)} shard databases configured, {len(shard_dbs)} given")
-        shards: Shards | None = None
-
-        def routed() -> Shards:
-            assert shards is not None, "the shards are built before anything runs"
-            return shards
-
-        pool = None
-        hub: WorkerHub | None = None
-
-        def push_cancel(task_id: str) -> bool:
-            return hub is not None and hub.push_cancel(task_id)
-
-        def listening_on(index: int) -> Callable[[], bool]:
-            """Whether the node has Worker connections of applications of shard ``index``."""
-
-            def listening() -> bool:
-                if hub is None:
-                    return False
-                routed_shards = routed()
-                shard = routed_shards.all[index]
-                return any(routed_shards.holds(shard, c.principal.application_id) for c in hub.connections.values())
-
-            return listening
-
+        placement = Placement.from_config(config)
+        databases = (db, *shard_dbs)
+        stores = [DispatchStore.from_config(shard_db, config) for shard_db in databases]
+        pool: ClaimPool | None = None
+        table = ConnectionTable()
         if run.workers:
-
-            async def claim(request: ClaimRequest) -> Sequence[Reservation]:
-                return await routed().claim(request)
-
-            async def release(application_id: str, items: Sequence[tuple[str, str]]) -> object:
-                return await routed().release(application_id, items)
-
+            routing = StoreRouting(placement, stores)
             pool = ClaimPool(
                 FairScheduler(config.scheduler),
-                claim=claim,
-                release=release,
+                claim=routing.claim,
+                release=routing.release,
                 observe=metrics.observe_claim,
                 observe_wait=metrics.observe_turn_wait,
             )
-        built: list[Shard] = []
-        for label, shard_db in zip(shard_labels(config), (db, *shard_dbs), strict=True):
-            store = DispatchStore.from_config(shard_db, config)
-            tenancy = TenancyStore(shard_db)
-            tasks = TaskStore(shard_db)
-            operations = OperationsStore(shard_db)
-            plans = PlanStore(shard_db)
-            commits = turns = weights = signals = sweeper = trigger = None
-            if pool is not None:
-                commits = GroupCommitter(store, max_concurrent_groups=concurrent_groups(config.scheduler.sql_slots))
-                # Claim turns go to the database too: operators see every node's rotation in one place.
-                # And the other nodes' turns come back from it: the share across nodes.
-                turns = TurnRecorder(
-                    operations,
-                    node_id,
-                    _turns_of(routed, len(built), pool.scheduler),
-                    applications=_known_on(routed, len(built), pool.scheduler),
-                    charge_elsewhere=pool.scheduler.charge_elsewhere,
-                )
-                signals = SignalRelay(
-                    SignalStore(shard_db),
-                    node_id,
-                    config.signals,
-                    pool=pool,
-                    listening=listening_on(len(built)),
-                    push_cancel=push_cancel,
-                )
-                weights = WeightFollower(
-                    tenancy.application_weights, pool.scheduler.set_weight, _holds(routed, len(built))
-                )
-            if run.recovery:
-                sweeper = Sweeper(
-                    store, config.sweep_interval_s, tasks_arrived=None if signals is None else signals.tasks_arrived
-                )
-            if run.plans:
-                trigger = PlanTrigger(
-                    plans,
-                    config.plan_interval_s,
-                    tasks_arrived=None if signals is None else signals.tasks_arrived,
-                )
-            built.append(
-                Shard(
-                    label=label,
-                    db=shard_db,
-                    tenancy=tenancy,
-                    tasks=tasks,
-                    submits=SubmitGroups(tasks),
-                    plans=plans,
-                    operations=operations,
-                    store=store,
-                    registry=WorkerRegistryStore(shard_db),
-                    commits=commits,
-                    turns=turns,
-                    weights=weights,
-                    signals=signals,
-                    sweeper=sweeper,
-                    trigger=trigger,
-                )
-            )
-        by_location = {dsn.location: shard for dsn, shard in zip(config.shard_dsns, built[1:], strict=True)}
-        by_name = {entry.application: by_location.get(entry.dsn.location, built[0]) for entry in config.shards}
-        shards = Shards(built[0], tuple(built[1:]), by_name)
+        labels = shard_labels(config)
+        shards = Shards(
+            placement,
+            tuple(
+                _shard(config, node_id, run, labels[i], databases[i], stores[i], placement, i, pool, table)
+                for i in range(len(databases))
+            ),
+        )
+        hub = None
         if pool is not None:
             hub = WorkerHub(
                 config=config,
@@ -378,6 +403,7 @@ class DispatchServices:
                 shutdown_requested=shutdown_requested,
                 on_start=metrics.observe_start,
                 on_application=metrics.note_application,
+                table=table,
             )
         return cls(shards=shards, pool=pool, hub=hub)
 

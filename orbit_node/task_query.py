@@ -20,7 +20,9 @@ import attrs
 
 from .errors import FailedPrecondition, InvalidArgument
 from .ids import is_hex32
-from .rules import HANDLER, LATEST, MAX_PRIORITY, QUEUE_ID, integer, kind, reject_unknown, show, string, timestamp
+from .limits import MAX_BULK, MAX_TASK_IDS
+from .rules import HANDLER, LATEST, MAX_PRIORITY, QUEUE_ID, integer, kind, reject_unknown, string, timestamp
+from .strict_json import show
 
 STATES = ("queued", "reserved", "running", "succeeded", "failed", "cancelled", "expired")
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
@@ -29,8 +31,6 @@ CANCELLABLE_STATES = ("queued", "reserved", "running")
 RETRYABLE_STATES = ("failed", "cancelled", "expired")
 PRIORITIES = tuple(range(MAX_PRIORITY + 1))
 # A filter names at most this many task ids; a bulk call changes at most this many tasks.
-MAX_TASK_IDS = 1000
-MAX_BULK = 1000
 FILTER_FIELDS = (
     "queue_id",
     "state",

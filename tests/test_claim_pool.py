@@ -3,6 +3,7 @@ the claim SQL is replaced by a function that records when it was called)."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import attrs
@@ -270,7 +271,7 @@ async def test_a_silent_connection_is_closed_after_the_heartbeat_timeout(autojum
             await transport.to_node_send.aclose()
     assert transport.closed == (p.CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
     assert trio.current_time() - start == pytest.approx(50, abs=1.5)
-    assert [p.loads_strict(t)["type"] for t in transport.sent] == ["heartbeat", "error"]
+    assert [json.loads(t)["type"] for t in transport.sent] == ["heartbeat", "error"]
     assert hub.unregistered == 1
 
 

@@ -18,7 +18,8 @@ import pytest
 import trio
 
 from orbit_node import logs
-from orbit_node.sdk.client import OrbitClient, SubmitTaskRequest
+from orbit_node.sdk.client import OrbitClient
+from orbit_node.sdk.models import SubmitTaskRequest
 from orbit_node.sdk.worker import Worker, WorkerTask
 
 from .helpers import BIN, cli

@@ -12,10 +12,10 @@ import pytest
 import trio
 
 from orbit_node.cli.admin import bootstrap
-from orbit_node.errors import ConfigError
 from orbit_node.sdk import (
     AlreadyExistsError,
     Backoff,
+    ConfigError,
     Credentials,
     FailedPreconditionError,
     IdempotencyConflictError,

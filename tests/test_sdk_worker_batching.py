@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import trio
 
-from orbit_node.sdk.client import OrbitClient, SubmitTaskRequest
+from orbit_node.sdk.client import OrbitClient
+from orbit_node.sdk.models import SubmitTaskRequest
 from orbit_node.sdk.worker import Worker, WorkerTask
 from orbit_node.services import default_services
 

@@ -66,7 +66,7 @@ async def test_every_refusal_is_a_bare_worker_rejected_from_start_and_from_run(f
         for catch in (rejection_from_start, rejection_from_run):
             error = await catch(worker_for(full_node.base_url, token, queues))
             assert (error.status, error.code, error.field) == expected, (name, catch.__name__, error)
-            assert isinstance(error, OrbitClientError) and error.http_status is None
+            assert isinstance(error, OrbitClientError) and not hasattr(error, "http_status")
             assert "orb_" not in str(error)
     with pytest.raises(WorkerRejected, match=r"HTTP 401 UNAUTHENTICATED\) looking up queue names"):
         await worker_for(full_node.base_url, BAD_TOKEN, ["q1"]).run()

@@ -9,6 +9,7 @@ import attrs
 import jsonschema
 import pytest
 
+from orbit_node import strict_json
 from orbit_node.workers import protocol as p
 
 from .protocol_schema import validate_message
@@ -98,8 +99,8 @@ def test_bad_inbound_messages_are_refused_with_a_code_and_the_schema_agrees(text
     if field is not None:
         assert info.value.field == field
     try:
-        as_json = p.loads_strict(text)
-    except ValueError:
+        as_json = strict_json.loads(text)
+    except strict_json.NotStrictJson:
         return  # not JSON a schema can see (syntax, duplicate keys, NaN)
     with pytest.raises(jsonschema.ValidationError):
         validate_message(as_json)
@@ -111,6 +112,23 @@ def test_a_binary_frame_is_refused_whatever_it_holds_and_closes_the_connection(m
         p.parse_message(json.dumps(message).encode())
     assert (info.value.code, info.value.close_code) == ("MALFORMED_MESSAGE", p.CLOSE_PROTOCOL)
     assert "binary" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ('{"type":"heartbeat","note":"\\ud800"}', "lone UTF-16 surrogate"),
+        ('{"type":"heartbeat","note":' + "[" * 70 + "]" * 70 + "}", "nested deeper than 64"),
+        ('{"type":"heartbeat","note":1e999}', "out of range"),
+        ('{"type":"heartbeat","note":' + "9" * 5000 + "}", "digits is too long"),
+    ],
+)
+def test_a_message_is_read_as_strictly_as_a_request_body(text, why):
+    """One strict JSON reader (``strict_json``) serves request bodies and protocol messages:
+    what a body may not hold, a message may not either, before its fields are looked at."""
+    with pytest.raises(p.MessageRefused) as info:
+        p.parse_message(text)
+    assert info.value.code == "MALFORMED_MESSAGE" and why in info.value.message, info.value.message
 
 
 def test_finish_keeps_big_integers_exact():

@@ -9,7 +9,8 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
-from orbit_node.sdk.client import OrbitClient, SubmitTaskRequest
+from orbit_node.sdk.client import OrbitClient
+from orbit_node.sdk.models import SubmitTaskRequest
 from orbit_node.sdk.worker import Worker, WorkerTask
 from orbit_node.services import default_services
 

@@ -17,6 +17,7 @@ from ..errors import InvalidArgument
 from ..plans.definition import parse_definition
 from ..store.plans import Plan, PlanStore, PlanTask, PlanVersion
 from ..store.tenancy import Principal
+from ..strict_json import show
 from . import envelope, validation
 from .auth import require_any, shard
 from .tasks import check_queue_filter, summary_json
@@ -82,9 +83,7 @@ async def _plan(plan_id: str, scope: str) -> tuple[Principal, Plan]:
 def _path_version(text: str) -> int:
     """The version number of a path segment."""
     if not VERSION_TEXT.fullmatch(text) or int(text) > VERSION_MAX:
-        raise InvalidArgument(
-            f"version: must be an integer from 1 to {VERSION_MAX}, got {rules.show(text)}", field="version"
-        )
+        raise InvalidArgument(f"version: must be an integer from 1 to {VERSION_MAX}, got {show(text)}", field="version")
     return int(text)
 
 

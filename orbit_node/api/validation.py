@@ -19,7 +19,8 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..errors import InvalidArgument, PayloadTooLarge, UnsupportedMediaType
 from ..ids import is_hex32
-from ..rules import IDEMPOTENCY_KEY, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, kind, parse_json, show
+from ..rules import IDEMPOTENCY_KEY, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, kind, parse_json
+from ..strict_json import show
 from ..task_query import STATES
 
 # -- the request -------------------------------------------------------------------

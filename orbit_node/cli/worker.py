@@ -17,8 +17,7 @@ from typing import Any
 
 import trio
 
-from ..errors import ConfigError
-from ..sdk import Worker
+from ..sdk import ConfigError, Worker
 from ..sdk.serving import EXIT_CONFIG, EXIT_SIGNAL_BASE
 from .common import Parser, fail
 

@@ -20,7 +20,8 @@ import attrs
 from croniter import CroniterError, croniter
 
 from ..errors import InvalidArgument
-from ..rules import NewTask, canonical_json, integer, reject_unknown, require, show, task_template, timestamp
+from ..rules import NewTask, canonical_json, integer, reject_unknown, require, task_template, timestamp
+from ..strict_json import show
 from .schedule import CATCH_UP_POLICIES, DEFAULT_GRACE_S, DEFAULT_TIME_ZONE, Schedule
 
 DEFINITION_FIELDS = ("task", "schedule")

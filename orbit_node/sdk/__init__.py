@@ -8,45 +8,46 @@ failure it raises is an ``OrbitClientError``.
 The guide is ``docs/sdk.md``.
 """
 
-from .client import (
+from .client import OrbitClient
+from .credentials import Credentials, credentials_from_env
+from .errors import (
     AlreadyExistsError,
     ApiError,
-    Backoff,
-    BatchItemResult,
     ConfigError,
-    Credentials,
     FailedPreconditionError,
     IdempotencyConflictError,
     InternalError,
     InvalidArgumentError,
     InvalidRequestError,
     NotFoundError,
-    OrbitClient,
     OrbitClientError,
-    Page,
     PayloadTooLargeError,
     PermissionDeniedError,
-    Plan,
-    PlanDefinition,
-    PlanSchedule,
-    PlanTaskSummary,
-    PlanVersion,
     ProtocolError,
-    Queue,
     ResourceExhaustedError,
-    SubmitResult,
-    SubmitTaskRequest,
-    Task,
-    TaskSummary,
-    TaskTemplate,
     TransportError,
     UnauthenticatedError,
     UnavailableError,
     UnsupportedMediaTypeError,
     WaitTimeoutError,
-    credentials_from_env,
 )
 from .filters import BulkItem, BulkResult, TaskFilter
+from .models import (
+    Backoff,
+    BatchItemResult,
+    Page,
+    Plan,
+    PlanDefinition,
+    PlanSchedule,
+    PlanTaskSummary,
+    PlanVersion,
+    Queue,
+    SubmitResult,
+    SubmitTaskRequest,
+    Task,
+    TaskSummary,
+    TaskTemplate,
+)
 from .worker import Handler, PermanentError, Worker, WorkerRejected, WorkerTask
 
 __all__ = [

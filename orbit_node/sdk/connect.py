@@ -25,8 +25,9 @@ import httpx
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, ConnectionTimeout, DisconnectionTimeout, HandshakeError
 
-from ..ids import is_hex32
-from .client import ConfigError, OrbitClient, OrbitClientError, PermissionDeniedError, UnauthenticatedError
+from .client import OrbitClient
+from .encoding import is_id
+from .errors import ConfigError, OrbitClientError, PermissionDeniedError, UnauthenticatedError
 
 # Reconnect backoff: first pause and cap.
 RECONNECT_INITIAL_S = 0.1
@@ -201,7 +202,7 @@ async def resolve_queues(
 ) -> list[str]:
     """Queue ids for ``queues``: the names map first, then 32-hex ids, then a lookup on
     the node at ``url`` (which may fail like a connection: ``TransportError``, ...)."""
-    resolved = [names.get(value) or (value if is_hex32(value) else None) for value in queues]
+    resolved = [names.get(value) or (value if is_id(value) else None) for value in queues]
     if all(queue_id is not None for queue_id in resolved):
         return [q for q in resolved if q is not None]
     by_name = await _list_queue_names(url, token, ssl_context)

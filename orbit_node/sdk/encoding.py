@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
+# An id of the node's: 32 lowercase hex characters.
+HEX32 = re.compile(r"[0-9a-f]{32}")
+
 # What a JSON value may be, as the error messages say it.
 JSON_KINDS = "null, true/false, a number, a string, a list or an object with string keys"
+
+
+def is_id(value: object) -> bool:
+    """``value`` has the form of an id of the node's (a task's, a queue's)."""
+    return isinstance(value, str) and HEX32.fullmatch(value) is not None
 
 
 def dumps(value: Any) -> str:

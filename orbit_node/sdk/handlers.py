@@ -13,10 +13,8 @@ from typing import Any, TypeVar
 
 import attrs
 
+from ..limits import MAX_ERROR_MESSAGE_CHARS
 from .encoding import NotJson, encode
-
-# The protocol's bound on a Finish error message.
-MAX_ERROR_MESSAGE = 4096
 
 
 class PermanentError(Exception):
@@ -91,7 +89,7 @@ def describe(exc: BaseException) -> str:
     cause = exc.__cause__
     if cause is not None:
         text += f" (caused by {type(cause).__name__}: {cause})"
-    return text[:MAX_ERROR_MESSAGE]
+    return text[:MAX_ERROR_MESSAGE_CHARS]
 
 
 def check_result(result: Any) -> None:

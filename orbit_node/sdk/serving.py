@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .client import ConfigError
 from .connect import WorkerRejected
+from .errors import ConfigError
 
 if TYPE_CHECKING:
     from .worker import Worker

@@ -15,8 +15,9 @@ from typing import Any
 import attrs
 import trio
 
+from ..limits import MAX_TASKS_PER_MESSAGE
+
 # The protocol's bound on the tasks of one start/renew/finish/release message.
-MAX_TASKS_PER_MESSAGE = 1000
 # Ack codes of a transition the node could not decide (its database out of reach, its
 # queue of transitions full): nothing changed, the connection still holds the task, and
 # the same transition is sent again.

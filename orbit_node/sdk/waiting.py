@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..ids import is_hex32
-from .client import (
+from .encoding import is_id
+from .errors import (
     InvalidRequestError,
     OrbitClientError,
     ResourceExhaustedError,
-    Task,
     TransportError,
     UnavailableError,
     WaitTimeoutError,
 )
+from .models import Task
 
 if TYPE_CHECKING:
     from .client import OrbitClient
@@ -55,7 +55,7 @@ def task_id_list(task_ids: Iterable[str]) -> list[str]:
         raise InvalidRequestError("task_ids: expected a list of task ids, not one string", field="task_ids")
     ids: list[str] = []
     for index, task_id in enumerate(task_ids):
-        if not isinstance(task_id, str) or not is_hex32(task_id):
+        if not isinstance(task_id, str) or not is_id(task_id):
             raise InvalidRequestError(
                 f"task_ids[{index}]: expected a 32-hex task id, got {task_id!r}", field=f"task_ids[{index}]"
             )

@@ -57,7 +57,6 @@ from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from .. import __version__
 from . import serving
-from .client import ConfigError, Credentials, OrbitClientError, credentials_from_env
 from .connect import (
     DISCONNECT_TIMEOUT_S,
     NodeSilent,
@@ -70,6 +69,8 @@ from .connect import (
     resolve_queues,
     ws_url,
 )
+from .credentials import Credentials, credentials_from_env
+from .errors import ConfigError, OrbitClientError
 from .handlers import (
     ENDS,
     TERMINAL_ENDS,

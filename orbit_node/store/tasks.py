@@ -19,8 +19,9 @@ import attrs
 from ..db import Database, Tx
 from ..errors import DatabaseError, NotFound, OrbitError
 from ..ids import is_hex32, time_ordered_id
+from ..limits import MAX_BULK
 from ..rules import NewTask
-from ..task_query import MAX_BULK, TaskCursor, TaskFilter
+from ..task_query import TaskCursor, TaskFilter
 from .acceptance import Create, Record, Repeat, Submission, decide
 from .actions import BULK_ACTIONS, RETRIED, ActionOutcome, BulkOutcome, cancel_many, retry_many
 from .search import TaskSearchPage, search_tasks, waiting_reasons

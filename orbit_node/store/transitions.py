@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import attrs
 
 from ..db import Database, Tx
+from ..limits import MAX_ERROR_MESSAGE_CHARS
 from .backoff import backoff_delay_ms
 from .ownership import (
     LIVE_STATES,
@@ -33,7 +34,6 @@ RECOVERY_BATCH = 256
 # The tasks.error column is TEXT (64 KiB). Larger error objects are cut down to their
 # code and the start of their message.
 MAX_ERROR_BYTES = 16 * 1024
-MAX_ERROR_MESSAGE_CHARS = 4096
 # Attempt outcomes written by Finish (the attempt had started). A Finish repeated with
 # the same token is answered from these and writes nothing.
 FINISH_OUTCOMES = frozenset({"succeeded", "retry", "failed", "cancelled", "expired"})

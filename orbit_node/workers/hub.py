@@ -19,6 +19,7 @@ from ..store.tenancy import TenancyStore
 from ..store.workers import WorkerRegistryStore
 from ..wire import rfc3339
 from . import protocol as p
+from .table import ConnectionTable
 
 if TYPE_CHECKING:
     from .connection import TransitionStore, WorkerConnection
@@ -57,13 +58,20 @@ class WorkerHub:
     on_start: Callable[[float], None] = _ignore
     # A connection of (application id, application name) was accepted (metrics labels).
     on_application: Callable[[str, str], None] = _ignore
-    connections: dict[str, WorkerConnection] = attrs.field(factory=dict)
+    # The live connections (shared with the shards' signals).
+    table: ConnectionTable = attrs.field(factory=ConnectionTable)
     admitted: int = 0
     refused: int = 0
     dispatched: int = 0
     finished: dict[str, int] = attrs.field(factory=dict)
-    # Cancel requests sent to a Worker of this node as they arrived (``push_cancel``).
-    cancels_pushed: int = 0
+
+    @property
+    def connections(self) -> dict[str, WorkerConnection]:
+        return self.table.connections
+
+    @property
+    def cancels_pushed(self) -> int:
+        return self.table.cancels_pushed
 
     # -- admission ---------------------------------------------------------------------
 
@@ -142,18 +150,8 @@ class WorkerHub:
     # -- cancellation -------------------------------------------------------------------
 
     def push_cancel(self, task_id: str) -> bool:
-        """A cancel of ``task_id`` was requested through this node: if one of its
-        connections holds the task, send that Worker ``cancel`` now (True).
-
-        Otherwise the node whose connection holds it hears of it through the signals
-        between nodes (``SignalRelay.cancel``), or at the latest when the Worker's next
-        renew is answered (the Worker renews every third of the run lease)."""
-        for conn in self.connections.values():
-            if task_id in conn.core.held:
-                conn.send(p.cancel([(task_id, "cancel_requested")]))
-                self.cancels_pushed += 1
-                return True
-        return False
+        """``ConnectionTable.push_cancel`` of this node's connections."""
+        return self.table.push_cancel(task_id)
 
     # -- translation between the protocol and the dispatch store ------------------------
 

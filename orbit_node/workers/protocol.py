@@ -17,13 +17,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .. import strict_json
 from ..claims import Capability
 from ..errors import OrbitError
+from ..limits import MAX_ERROR_MESSAGE_CHARS, MAX_TASKS_PER_MESSAGE
 from ..rules import HANDLER, QUEUE_ID, VERSION
+from ..strict_json import NotStrictJson
 from ..wire import rfc3339
 
 if TYPE_CHECKING:
@@ -39,7 +42,6 @@ CLOSE_HEARTBEAT_TIMEOUT = 4000  # nothing received for heartbeat_timeout_s
 CLOSE_PROTOCOL = 4002  # out-of-order or repeated protocol violations, binary frames
 CLOSE_SLOW_CONSUMER = 4003  # the Worker reads too slowly: its outbound buffer is full
 
-MAX_TASKS_PER_MESSAGE = 1000
 MAX_CAPACITY = 1000
 MAX_QUEUES = 64
 MAX_CAPABILITIES = 256
@@ -129,24 +131,6 @@ class Drain:
 
 
 Message = Hello | Heartbeat | Start | Renew | Release | Finish | Drain
-
-
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key!r}")
-        result[key] = value
-    return result
-
-
-def loads_strict(text: str | bytes) -> Any:
-    """JSON with no duplicate keys and no NaN/Infinity; ValueError otherwise."""
-    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
 
 
 def _invalid(message: str, field: str) -> MessageRefused:
@@ -266,8 +250,13 @@ def _finish(obj: Mapping[str, Any]) -> Finish:
             unknown = sorted(set(error) - {"message", "code", "details"})
             if unknown:
                 raise _invalid(f"unknown field {unknown[0]!r}", f"{where}.error.{unknown[0]}")
-            if "message" in error and (not isinstance(error["message"], str) or len(error["message"]) > 4096):
-                raise _invalid("error.message: expected a string of at most 4096 characters", f"{where}.error.message")
+            if "message" in error and (
+                not isinstance(error["message"], str) or len(error["message"]) > MAX_ERROR_MESSAGE_CHARS
+            ):
+                raise _invalid(
+                    f"error.message: expected a string of at most {MAX_ERROR_MESSAGE_CHARS} characters",
+                    f"{where}.error.message",
+                )
             if "code" in error and (not isinstance(error["code"], str) or len(error["code"]) > 128):
                 raise _invalid("error.code: expected a string of at most 128 characters", f"{where}.error.code")
             result_json = None
@@ -319,8 +308,8 @@ def parse_message(data: str | bytes) -> Message:
             close_code=CLOSE_PROTOCOL,
         )
     try:
-        obj = loads_strict(data)
-    except (ValueError, RecursionError) as exc:
+        obj = strict_json.loads(data)
+    except NotStrictJson as exc:
         raise MessageRefused("MALFORMED_MESSAGE", f"not a JSON message: {exc}") from None
     if not isinstance(obj, dict):
         raise MessageRefused("MALFORMED_MESSAGE", "a message must be a JSON object")

@@ -1,0 +1,17 @@
+"""Limits of what travels between a node and its clients, in one place for both sides.
+
+Pure constants, no imports: the node's validation (``rules.py``, ``task_query.py``,
+``workers/protocol.py``, ``store/transitions.py``) and the SDK (``orbit_node.sdk``, which
+imports nothing else of the node but ``__version__``) read them from here, so a limit
+cannot drift between the side that enforces it and the side that keeps within it.
+"""
+
+# Submissions in one POST /v1/tasks/batch.
+MAX_BATCH_TASKS = 1000
+# Tasks named by one start/renew/finish/release message of the Worker protocol.
+MAX_TASKS_PER_MESSAGE = 1000
+# Characters of a Finish error's message (longer ones are refused by the protocol).
+MAX_ERROR_MESSAGE_CHARS = 4096
+# Task ids one listing filter names, and tasks one bulk cancel or retry changes.
+MAX_TASK_IDS = 1000
+MAX_BULK = 1000

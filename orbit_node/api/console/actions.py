@@ -18,9 +18,12 @@ from collections.abc import Sequence
 from quart import Response, g, request
 
 from ...errors import InvalidArgument, OrbitError
+from ...services import Shard
 from ...store import audit as actions
 from ...store.actions import CANCEL_REQUESTED, CANCELLED
 from ...store.audit import AuditStore, Entry
+from ...store.task_rows import Task
+from ...store.tenancy import Principal
 from .views import (
     DONE_PARAM,
     FORM_TOKEN,
@@ -80,13 +83,19 @@ async def answer(entry: Entry, params: Sequence[tuple[str, str]], back: str | No
 CANCEL_DONE = {CANCELLED: "cancelled", CANCEL_REQUESTED: "cancel-requested"}
 
 
-@blueprint.post("/tasks/<task_id>/cancel")
-async def cancel_task(task_id: str):
+async def one_task(task_id: str, scope: str) -> tuple[Principal, Shard, Task]:
+    """An action on one task: its form read, the task found, ``scope`` for its queue."""
     await action_form(f"/console/tasks/{task_id}")
     who = principal()
     where = shard()
     task = await where.tasks.get(who.namespace_id, task_id)
-    who.require("tasks:cancel", task.queue_id)
+    who.require(scope, task.queue_id)
+    return who, where, task
+
+
+@blueprint.post("/tasks/<task_id>/cancel")
+async def cancel_task(task_id: str):
+    who, where, task = await one_task(task_id, "tasks:cancel")
     # One decision per task, whichever way it is asked: the API's, orbit-admin's.
     (outcome,) = await where.tasks.cancel_many(who.namespace_id, [task_id])
     if outcome.error is not None:
@@ -110,11 +119,7 @@ async def cancel_task(task_id: str):
 
 @blueprint.post("/tasks/<task_id>/retry")
 async def retry_task(task_id: str):
-    await action_form(f"/console/tasks/{task_id}")
-    who = principal()
-    where = shard()
-    task = await where.tasks.get(who.namespace_id, task_id)
-    who.require("tasks:submit", task.queue_id)
+    who, where, task = await one_task(task_id, "tasks:submit")
     retried = await where.tasks.retry(who.namespace_id, task_id)
     if retried.created and where.signals is not None:
         # As the API's retry: Workers waiting on the queue claim it now, on every node.

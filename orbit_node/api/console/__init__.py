@@ -6,8 +6,9 @@ their audit record (docs/operations.md, "The console").
 ``views.blueprint`` is registered by the node's app; ``tasks_view``, ``actions`` and
 ``bulk`` add their routes to it (imported here, so that importing the blueprint brings every route).
 Templates and static files ship in this package. ``session`` (signed session cookies and
-form tokens), ``model`` (what a panel shows) and ``values`` (how a stored value is shown)
-are pure: no quart, trio or driver.
+form tokens), ``model`` (what a panel shows), ``values`` (how a stored value is shown),
+``task_filters`` (a page's task filter) and ``answers`` (what a write answers) are pure:
+no quart, trio or driver.
 """
 
 # actions, tasks_view and bulk import views (the blueprint) and add their routes to it.

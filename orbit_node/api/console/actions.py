@@ -24,12 +24,9 @@ from ...store.actions import CANCEL_REQUESTED, CANCELLED
 from ...store.audit import AuditStore, Entry
 from ...store.task_rows import Task
 from ...store.tenancy import Principal
+from .answers import DONE_PARAM, UNRECORDED_PARAM, answer_url, back_path
 from .views import (
-    DONE_PARAM,
     FORM_TOKEN,
-    UNRECORDED_PARAM,
-    answer_url,
-    back_path,
     blueprint,
     page,
     principal,

@@ -25,9 +25,10 @@ from ...store.actions import CANCEL_REQUESTED, RETRIED
 from ...store.audit import Entry
 from ...task_query import MAX_BULK, TaskFilter
 from .actions import ACTION_FIELDS, action_form, answer
+from .answers import COUNT_PARAMS, DONE_PARAM
 from .task_filters import FIELDS, Query, filter_json, filter_params, query_of
 from .tasks_view import BULK_SCOPES, CHANGES, url
-from .views import COUNT_PARAMS, DONE_PARAM, blueprint, page, principal, queue_names, shard
+from .views import blueprint, page, principal, queue_names, shard
 
 AUDITED = {"cancel": actions.TASKS_BULK_CANCEL, "retry": actions.TASKS_BULK_RETRY}
 # The fields of the confirmation's form: the filter, where to start, how many, and the form's own.

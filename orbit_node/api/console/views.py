@@ -21,7 +21,7 @@ import json
 import logging
 import re
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from quart import Blueprint, Response, g, render_template, request
@@ -35,6 +35,7 @@ from ...store.tenancy import Principal
 from ...wire import rfc3339
 from ..auth import node_state
 from . import model
+from .answers import ANSWER_PARAMS, done_text
 from .session import COOKIE_NAME, SessionSigner
 from .values import size_text
 
@@ -63,8 +64,6 @@ ENDED = {
 }
 # A page to return to after sign-in: a console path, nothing else.
 NEXT_PATH = re.compile(r"/console(/[A-Za-z0-9/_.-]*)?")
-# A page a write returns to: a console path, with a query of its own (the task list's filter).
-BACK_PATH = re.compile(r"/console(/[A-Za-z0-9/_.-]*)?(\?[A-Za-z0-9_.~%+=&:-]*)?")
 # Rows shown by listings on a page.
 RECENT_TASKS = 25
 PLAN_TASKS = 20
@@ -92,34 +91,6 @@ NOT_FOUND_TEXT = {
 }
 # The form field of a post's form token.
 FORM_TOKEN = "csrf_token"
-# What a page reached after a write says it did (?done=WORD: a fixed word, never echoed text).
-DONE_PARAM = "done"
-DONE = {
-    "cancelled": "Task cancelled: it will not run.",
-    "cancel-requested": "Cancellation requested: the Worker holding the task is told now, and the task ends as "
-    "cancelled when its handler stops (unless it finishes first).",
-    "already-cancel-requested": "Cancellation was already requested: nothing changed.",
-    "already-cancelled": "The task was already cancelled: nothing changed.",
-    "paused": "Queue paused: none of its tasks is dispatched until it is resumed; tasks already running go on.",
-    "already-paused": "The queue was already paused: nothing changed.",
-    "resumed": "Queue resumed: its due tasks are dispatched again.",
-    "already-open": "The queue was not paused: nothing changed.",
-    "retried": "Retried: this is the new task that runs it again (the old one keeps its state).",
-    "already-retried": "The task had been retried before: this is the task that retried it; nothing was created.",
-    "bulk-cancel": "{changed} tasks cancelled (or, running, asked to stop); {unchanged} had been already; "
-    "{refused} could not be (they had finished otherwise).",
-    "bulk-retry": "{changed} tasks retried as new tasks; {unchanged} had been retried before; {refused} could not be "
-    "(only failed, cancelled and expired tasks can).",
-}
-# The counts a bulk action's answer carries (?changed=N&unchanged=N&refused=N).
-COUNT_PARAMS = ("changed", "unchanged", "refused")
-# Set (?unrecorded=1) when the write was done but its audit record could not be written.
-UNRECORDED_PARAM = "unrecorded"
-UNRECORDED = "Its audit record could not be written (the node's log says why)."
-# A bulk action that left tasks matching: which one (?more=cancel) and its cursor.
-MORE_PARAMS = ("more", "more_cursor")
-# Parameters of a write's answer: not part of what the page shows, nor of its refresh.
-ANSWER_PARAMS = (DONE_PARAM, UNRECORDED_PARAM, *COUNT_PARAMS, *MORE_PARAMS)
 
 
 def signer() -> SessionSigner:
@@ -236,16 +207,6 @@ def next_path(value: str | None) -> str:
     return value if value and NEXT_PATH.fullmatch(value) else "/console"
 
 
-def back_path(value: str | None, default: str) -> str:
-    """The console page a write returns to (its path and query), ``default`` for anything else."""
-    return value if value and BACK_PATH.fullmatch(value) else default
-
-
-def answer_url(back: str, params: Sequence[tuple[str, str]]) -> str:
-    """``back`` with a write's answer added to its query."""
-    return back + ("&" if "?" in back else "?") + urllib.parse.urlencode(params)
-
-
 async def sign_in_page(message: str | None, next_to: str, *, error: str | None = None, status: int = 200):
     html = await render_template("console/sign_in.html", message=message, error=error, next_path=next_to)
     return Response(html, status, mimetype="text/html")
@@ -347,18 +308,6 @@ async def page(
         "console/page.html", title=title, panel=panel, live_url=live, done=done_text(request.args), **context
     )
     return Response(html, status, mimetype="text/html")
-
-
-def done_text(args: Mapping[str, str]) -> str | None:
-    """What a page reached after a write says it did (``DONE``, with its counts)."""
-    done = DONE.get(args.get(DONE_PARAM, ""))
-    if done is None:
-        return None
-    counts = {name: int(args[name]) if args.get(name, "").isdecimal() else 0 for name in COUNT_PARAMS}
-    done = done.format(**counts)
-    if args.get(UNRECORDED_PARAM):
-        done += " " + UNRECORDED
-    return done
 
 
 @blueprint.after_request

@@ -19,6 +19,7 @@ import pytest
 from orbit_node.api.console.session import SessionSigner
 from orbit_node.api.console.values import layout
 from orbit_node.store.audit import AuditStore
+from orbit_node.store.tenancy import TenancyStore
 
 from . import seed
 from .nodeutil import Tenant, make_tenant, make_token
@@ -657,3 +658,21 @@ async def test_every_task_a_filter_matches_is_cancelled_or_retried_after_a_confi
     assert (first["handler"], first["state"]) == ("h", ["queued", "reserved", "running"])
     assert "created_before" in first and "cursor" in audited[-1][3]
     assert (await seed.count_states(db)).get("queued") == 3 + 5 + 5
+
+
+async def test_a_write_done_whose_audit_record_cannot_be_written_says_so(running_node, db):
+    tenant = await make_tenant(db)
+    async with console(running_node) as client:
+        await sign_in(client, tenant.token)
+        token = await token_of(client)
+        # The audit table is out of reach (as a lost privilege or a broken table would be).
+        await db.run(lambda tx: tx.execute_raw("RENAME TABLE audit_records TO audit_records_away"))
+        try:
+            done = await client.post(f"/console/queues/{tenant.queue_id}/pause", data={FORM: token})
+        finally:
+            await db.run(lambda tx: tx.execute_raw("RENAME TABLE audit_records_away TO audit_records"))
+        assert done.headers["location"] == f"/console/queues/{tenant.queue_id}?done=paused&unrecorded=1"
+        shown = (await client.get(done.headers["location"])).text
+        assert "Queue paused" in shown and "Its audit record could not be written" in shown
+    assert (await TenancyStore(db).get_queue(tenant.namespace_id, tenant.queue_id)).paused
+    assert await audit_rows(db) == []

@@ -11,7 +11,7 @@ from datetime import datetime
 import pytest
 import trio
 
-from orbit_node.db import Database
+from orbit_node.db import QUERIES, Database
 from orbit_node.db.driver import is_dropped
 from orbit_node.db.queries import parse_blocks
 from orbit_node.db.tx import per_row_statement
@@ -164,6 +164,50 @@ async def opens_with_first_statement(db):
     assert await db.transaction(nothing) == "done"
     # No opening, no commit: only the reads of the figure itself went out.
     assert await db.run(commands) == before
+
+
+async def test_deferred_writes_go_with_the_commit_and_fail_the_transaction_as_their_own(dsn):
+    """A read and two deferred writes are two round trips (the opening with the read, the
+    writes with the commit); a deferred write that fails rolls everything back and raises;
+    an autocommit body's deferred write runs before the connection goes back."""
+    db = Database(dsn, size=1)
+    try:
+        await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY, v INT) ENGINE=InnoDB"))
+        await db.run(lambda tx: tx.execute_raw("INSERT INTO t VALUES (1, 0)"))
+        QUERIES["test_bump"] = "UPDATE t SET v = v + %(by)s WHERE id = 1"
+        QUERIES["test_insert"] = "INSERT INTO t VALUES (%(id)s, 0)"
+
+        async def commands(tx):
+            return tx.commands
+
+        async def read_then_write(tx):
+            rows = await tx.fetchall_raw("SELECT v FROM t WHERE id = 1")
+            tx.defer("test_bump", {"by": 1})
+            tx.defer("test_bump", {"by": 10})
+            return rows
+
+        start = await db.run(commands)
+        assert await db.transaction(read_then_write) == [{"v": 0}]
+        assert await db.run(commands) - start == 2
+        assert await db.run(lambda tx: tx.fetchall_raw("SELECT v FROM t WHERE id = 1")) == [{"v": 11}]
+
+        async def fails_late(tx):
+            tx.defer("test_bump", {"by": 100})
+            tx.defer("test_insert", {"id": 1})  # duplicate key, found at the commit
+
+        with pytest.raises(DatabaseError):
+            await db.transaction(fails_late)
+        assert await db.run(lambda tx: tx.fetchall_raw("SELECT v FROM t WHERE id = 1")) == [{"v": 11}]
+
+        async def autocommit_write(tx):
+            tx.defer("test_insert", {"id": 2})
+
+        await db.run(autocommit_write)
+        assert await db.run(lambda tx: tx.fetchall_raw("SELECT id FROM t ORDER BY id")) == [{"id": 1}, {"id": 2}]
+    finally:
+        QUERIES.pop("test_bump", None)
+        QUERIES.pop("test_insert", None)
+        await db.aclose()
 
 
 async def test_cancelled_transaction_leaves_no_broken_connection_in_the_pool(db):

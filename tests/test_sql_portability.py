@@ -18,7 +18,7 @@ from .helpers import REPO
 SQL_FILES = sorted((REPO / "orbit_node" / "db" / "sql").glob("*.sql"))
 MIGRATIONS = sorted((REPO / "schema" / "migrations").glob("*.sql"))
 # Python that writes SQL inline (the rest goes through the named statements).
-INLINE_SQL = [REPO / "orbit_node" / "db" / "pool.py", REPO / "orbit_node" / "db" / "migrate.py"]
+INLINE_SQL = [REPO / "orbit_node" / "db" / name for name in ("pool.py", "driver.py", "tx.py", "migrate.py")]
 
 RETURNING = r"\bRETURNING\b"
 SEQUENCES = r"\b(CREATE|ALTER|DROP)\s+SEQUENCE\b|\bNEXTVAL\s*\(|\bLASTVAL\s*\(|\bNEXT\s+VALUE\s+FOR\b"
@@ -78,7 +78,7 @@ ALL = {**named_statements(), **migration_statements(), **inline_statements()}
 
 def test_the_reader_sees_every_statement():
     assert len(named_statements()) > 100 and len(MIGRATIONS) >= 15
-    assert "claim_reserve" in ALL and "SET time_zone" in ALL["pool.py"]
+    assert "claim_reserve" in ALL and "SET time_zone" in ALL["driver.py"]
     assert "CREATE TABLE IF NOT EXISTS orbit_schema_migrations" in ALL["migrate.py"]
 
 

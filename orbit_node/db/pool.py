@@ -366,7 +366,11 @@ class Database:
         """Run ``fn`` with autocommit statements (no transaction)."""
         try:
             async with self.connection() as conn:
-                return await fn(Tx(conn))
+                tx = Tx(conn)
+                result = await fn(tx)
+                # A write deferred by an autocommit body runs before the connection goes back.
+                await tx.send_leading()
+                return result
         except (trio_mysql.MySQLError, OSError, trio.BrokenResourceError) as exc:
             raise translate(exc) from exc
 
@@ -400,10 +404,9 @@ class Database:
                         opening: tuple[str, ...] = ("START TRANSACTION",)
                         if isolation != DEFAULT_ISOLATION:
                             opening = (f"SET TRANSACTION ISOLATION LEVEL {isolation}", *opening)
-                        tx = Tx(conn, opening)
+                        tx = Tx(conn, list(opening))
                         result = await fn(tx)
-                        if tx.opened:
-                            await conn.commit()
+                        await tx.commit()
                         return result
                     except (trio_mysql.MySQLError, OrbitError) as exc:
                         # A statement failed or the body gave up: roll back before the

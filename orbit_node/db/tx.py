@@ -66,40 +66,74 @@ def per_row_statement(
 class Tx:
     """The handle a transaction body (or a single autocommit statement) works through.
 
-    ``opening``: statements that open the transaction (``START TRANSACTION``, an isolation
-    level before it). They travel in front of the body's first statement, in the same
-    packet (the connection allows several statements per packet), so opening a
-    transaction costs no round trip of its own; their results are read and dropped
-    before the first statement's. A body that runs no statement opens nothing."""
+    Round trips are what a transaction costs most, so two kinds of statement travel in
+    front of the next one the body runs, in the same packet (the connection allows
+    several statements per packet; their results are read and dropped in order, and the
+    first that fails raises as its own statement would):
+
+    * ``opening``: the statements that open the transaction (``START TRANSACTION``, an
+      isolation level before it). A body that runs nothing opens nothing.
+    * writes the body ``defer``s: statements whose answer it does not need (no rows, no
+      count). ``commit`` sends what is left of them together with ``COMMIT``, so a body
+      that ends with writes pays one round trip for them and the commit together.
+    """
 
     _conn: Any
-    _opening: tuple[str, ...] = ()
+    _leading: list[str] = attrs.field(factory=list)
+    # How many of ``_leading`` (from the front) are the opening statements.
+    _opening: int = attrs.field(init=False)
+    # Something went to the server.
+    _sent: bool = attrs.field(default=False, init=False)
 
-    @property
-    def opened(self) -> bool:
-        """The opening statements have gone out (always, without any)."""
-        return not self._opening
+    def __attrs_post_init__(self) -> None:
+        self._opening = len(self._leading)
+
+    def _text(self, sql: str, params: Any) -> str:
+        """The statement as the driver would send it (its values escaped by the driver)."""
+        return self._conn.cursor().mogrify(sql, params)
 
     async def _execute(self, cursor: Any, sql: str, params: Any) -> None:
-        """``cursor.execute(sql, params)``, with the opening statements in front when due."""
-        if not self._opening:
+        """``cursor.execute(sql, params)``, with the leading statements in front when due."""
+        if not self._leading:
             await cursor.execute(sql, params)
-            return
-        opening, self._opening = self._opening, ()
-        # Formatting with ``params`` applies to the whole text: the opening statements hold
-        # no ``%``.
-        await cursor.execute("; ".join((*opening, sql)), params)
-        for _ in opening:
-            await cursor.nextset()
-
-    async def open(self) -> None:
-        """Send the opening statements now, alone (before a statement that cannot carry them)."""
-        if self._opening:
-            opening, self._opening = self._opening, ()
-            cursor = self._conn.cursor()
-            await cursor.execute("; ".join(opening))
-            for _ in opening[1:]:
+        else:
+            leading, self._leading, self._opening = self._leading, [], 0
+            await cursor.execute("; ".join((*leading, self._text(sql, params))))
+            for _ in leading:
                 await cursor.nextset()
+        self._sent = True
+
+    async def send_leading(self) -> None:
+        """Send the leading statements now, alone (before a statement that cannot carry
+        them, or at the end of the body)."""
+        if self._leading:
+            leading, self._leading, self._opening = self._leading, [], 0
+            cursor = self._conn.cursor()
+            await cursor.execute("; ".join(leading))
+            for _ in leading[1:]:
+                await cursor.nextset()
+            self._sent = True
+
+    async def commit(self) -> None:
+        """End the transaction: the deferred writes and ``COMMIT`` in one packet. Nothing at
+        all when the body ran and deferred nothing."""
+        if not self._sent and len(self._leading) == self._opening:
+            self._leading = []
+            return
+        self._leading.append("COMMIT")
+        await self.send_leading()
+
+    def defer(self, name: str, params: Mapping[str, Any] | None = None) -> None:
+        """Run the named write with the body's next statement (or its commit): for a write
+        whose answer (rows, count) the body does not read."""
+        self._leading.append(self._text(QUERIES[name], params))
+
+    def defer_per_row(
+        self, name: str, rows: Mapping[str, Mapping[str, Any]], params: Mapping[str, Any] | None = None
+    ) -> None:
+        """``execute_per_row``, deferred as ``defer`` does."""
+        if rows:
+            self._leading.append(self._text(*per_row_statement(QUERIES[name], rows, params or {}, name=name)))
 
     async def _run(self, name: str, params: Mapping[str, Any] | Sequence[Any] | None):
         sql = QUERIES[name]
@@ -142,8 +176,8 @@ class Tx:
         sql = QUERIES[name]
         if not MULTI_ROW_INSERT.match(sql):
             raise ValueError(f"query {name!r} is not an INSERT whose VALUES list holds only placeholders")
-        # The driver may split the rows into several INSERTs: the opening goes out alone.
-        await self.open()
+        # The driver may split the rows into several INSERTs: what leads goes out alone.
+        await self.send_leading()
         cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
         await cursor.executemany(sql, rows)
         return cursor.rowcount

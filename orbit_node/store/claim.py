@@ -308,7 +308,8 @@ class _Claim:
         if changed != len(rows):
             # Impossible while we hold the row locks; refuse to hand out anything.
             raise DatabaseError(f"claim reserved {changed} of {len(rows)} locked tasks")
-        await self.tx.execute("claim_insert_attempts", {"task_ids": task_ids})
+        # Its answer is not read: it goes with the commit.
+        self.tx.defer("claim_insert_attempts", {"task_ids": task_ids})
         reservations = [
             Reservation(
                 task_id=r["task_id"],

@@ -163,27 +163,29 @@ class Writes:
             self.keys[row.task_id] = (row.namespace_id, row.resource_key)
 
     async def apply(self, tx: Tx) -> None:
-        """Single-table UPDATEs by primary key only: none needs an internal temporary table."""
+        """Single-table UPDATEs by primary key only: none needs an internal temporary table.
+        Their answers are not read, so they are deferred: they reach the server with the
+        transaction's commit, in one round trip."""
         if self.started:
             params = {"task_ids": tuple(self.started), "now": self.start_now, "lease_expires_at": self.start_lease}
-            await tx.execute("start_tasks", params)
+            tx.defer("start_tasks", params)
             named = tuple(f"{task_id} {token}" for task_id, token in self.started.items())
-            await tx.execute("start_attempts", {**params, "attempts": named})
+            tx.defer("start_attempts", {**params, "attempts": named})
         for lease, renewed in self.renewals.items():
-            await tx.execute("renew_tasks", {"task_ids": tuple(renewed), "lease_expires_at": lease})
+            tx.defer("renew_tasks", {"task_ids": tuple(renewed), "lease_expires_at": lease})
         if self.keys:
-            await tx.execute(
+            tx.defer(
                 "settle_release_keys",
                 {"keys": tuple(sorted(set(self.keys.values()))), "task_ids": tuple(self.keys)},
             )
-        await tx.execute_per_row("settle_terminal", self.terminal)
-        await tx.execute_per_row("settle_requeue", self.requeue)
+        tx.defer_per_row("settle_terminal", self.terminal)
+        tx.defer_per_row("settle_requeue", self.requeue)
         if self.attempts:
             closed = {
                 task_id: {"outcome": v["outcome"], "error": v.get("error")} for task_id, v in self.attempts.items()
             }
             named = tuple(f"{task_id} {v['token']}" for task_id, v in self.attempts.items())
-            await tx.execute_per_row("settle_attempts", closed, {"attempts": named})
+            tx.defer_per_row("settle_attempts", closed, {"attempts": named})
 
 
 def _lost(task_id: str, reason: LostReason) -> TransitionResult:

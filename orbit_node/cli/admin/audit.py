@@ -1,25 +1,24 @@
 """``orbit-admin audit list``: the audit record of operators' writes through the console
-(who, when, what, on which task, queue or filter, how many it changed; ``store/audit.py``).
-
-``admin.py``'s parser takes the ``audit`` command from here (``add_parser``, ``run``).
-"""
+(who, when, what, on which task, queue or filter, how many it changed; ``store/audit.py``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
-from ..db import Database
-from ..ids import is_hex32
-from ..store.audit import MAX_LIMIT, AuditRecord, AuditStore
-from ..store.operations import OperationsStore
-from .common import add_json, console, fail, print_json, table
+from ...db import Database
+from ...ids import is_hex32
+from ...store.audit import MAX_LIMIT, AuditStore
+from ...store.operations import OperationsStore
+from ..common import add_json, console, fail, table
+from .command import command
 
 # Records listed when --limit is not given.
 DEFAULT_LIMIT = 50
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: Any) -> None:
     audit = sub.add_parser("audit", help="who did what through the console").add_subparsers(
         dest="action", required=True, metavar="ACTION"
     )
@@ -35,9 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     listing.add_argument("--limit", type=int, default=DEFAULT_LIMIT, metavar="N", help=f"at most N (1 to {MAX_LIMIT})")
     listing.add_argument("--before", type=int, metavar="AUDIT_ID", help="only records older than this one")
     add_json(listing)
+    command(listing, list_run, list_render)
 
 
-async def run(db: Database, args: argparse.Namespace) -> None:
+async def list_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
     if args.namespace and not args.application:
         fail("--namespace needs --application", 2)
     if args.credential is not None and not is_hex32(args.credential):
@@ -59,39 +59,41 @@ async def run(db: Database, args: argparse.Namespace) -> None:
         before=args.before,
         limit=args.limit,
     )
-    if args.json:
-        print_json({"records": [r.as_json() for r in page.records], "next_before": page.last})
-        return
+    return {"records": [r.as_json() for r in page.records], "next_before": page.last}
+
+
+def list_render(page: dict[str, Any], args: argparse.Namespace) -> None:
+    records = page["records"]
     console().print(
         table(
-            f"audit ({len(page.records)} records, newest first)",
+            f"audit ({len(records)} records, newest first)",
             ["id", "at", "application / namespace", "credential", "action", "target", "changed", "outcome"],
             [
                 [
-                    r.audit_id,
-                    r.recorded_at,
-                    f"{r.application} / {r.namespace}",
-                    r.credential_id + (f" ({r.credential_name})" if r.credential_name else ""),
-                    r.action,
+                    r["audit_id"],
+                    r["recorded_at"],
+                    f"{r['application']} / {r['namespace']}",
+                    r["credential_id"] + (f" ({r['credential_name']})" if r["credential_name"] else ""),
+                    r["action"],
                     target(r),
-                    r.changed,
-                    r.outcome,
+                    r["changed"],
+                    r["outcome"],
                 ]
-                for r in page.records
+                for r in records
             ],
         )
     )
-    if page.last is not None:
-        print(f"older records: --before {page.last}")
+    if page["next_before"] is not None:
+        print(f"older records: --before {page['next_before']}")
 
 
-def target(record: AuditRecord) -> str:
+def target(record: dict[str, Any]) -> str:
     """What an action named: its task, its queue, its filter."""
     parts = []
-    if record.task_id:
-        parts.append(f"task {record.task_id}")
-    if record.queue_id:
-        parts.append(f"queue {record.queue or record.queue_id}")
-    if record.filter:
-        parts.append("filter " + json.dumps(record.filter, sort_keys=True, ensure_ascii=False))
+    if record["task_id"]:
+        parts.append(f"task {record['task_id']}")
+    if record["queue_id"]:
+        parts.append(f"queue {record['queue'] or record['queue_id']}")
+    if record["filter"]:
+        parts.append("filter " + json.dumps(record["filter"], sort_keys=True, ensure_ascii=False))
     return ", ".join(parts) or "-"

@@ -1,0 +1,174 @@
+"""``orbit-admin application create|list|quota|weight|suspend|resume``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ...db import Database
+from ...errors import InvalidArgument
+from ...rules import MAX_WEIGHT, MIN_WEIGHT, fairness_weight
+from ...rules import QUEUE_NAME as NAME
+from ...store.operations import OperationsStore
+from ...store.tenancy import TenancyStore
+from ..common import add_json, console, fail, table
+from .command import command
+
+# Default of an option that was not given (None means "unlimited" for quota options).
+UNCHANGED = object()
+
+
+def quota_value(text: str) -> int | None:
+    if text.strip().lower() in ("none", "unlimited"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'none', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'none', got {text!r}")
+    return value
+
+
+def add_parsers(sub: Any) -> None:
+    app = sub.add_parser(
+        "application", help="list applications, set quota or fairness weight, suspend or resume"
+    ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    alist = app.add_parser("list", help="applications with their quota, state and live tasks")
+    add_json(alist)
+    command(alist, list_run, list_render)
+    acreate = app.add_parser(
+        "create",
+        help="create an application and a namespace of it (idempotent)",
+        description="Create (idempotently) APPLICATION and its namespace, e.g. for a credential of its own "
+        "(orbit-admin credential create --application APPLICATION --namespace NAMESPACE ...). "
+        "Names: a letter or digit, then letters, digits, '.', '_' or '-' (at most 128).",
+    )
+    acreate.add_argument("application", metavar="APPLICATION")
+    acreate.add_argument("--namespace", default="default", help="namespace to create (default: default)")
+    acreate.add_argument("--environment", default="production", help="its environment (default: production)")
+    add_json(acreate)
+    command(acreate, create_run, create_render)
+    quota = app.add_parser(
+        "quota",
+        help="set an application's quota (only the options given change)",
+        description="Quota across all nodes: reserved + running tasks at once, and reservations per database-clock "
+        "second. A value is a non-negative integer or 'none' (unlimited).",
+    )
+    quota.add_argument("application", metavar="APPLICATION")
+    quota.add_argument("--max-concurrent", type=quota_value, default=UNCHANGED, metavar="N|none")
+    quota.add_argument("--max-starts-per-second", type=quota_value, default=UNCHANGED, metavar="N|none")
+    add_json(quota)
+    command(quota, quota_run, changed_render)
+    weight = app.add_parser(
+        "weight",
+        help="set an application's fairness weight (1-100, default 1)",
+        description="With every application asking, each node shares its claim turns in proportion to the "
+        "weights; weight 1 everywhere is the plain rotation. Every node applies a change within about a second. "
+        "A weight shares turns, not limits: quotas and the in-flight limit per application still hold.",
+    )
+    weight.add_argument("application", metavar="APPLICATION")
+    weight.add_argument("weight", metavar="WEIGHT", help=f"an integer from {MIN_WEIGHT} to {MAX_WEIGHT}")
+    add_json(weight)
+    command(weight, weight_run, changed_render)
+    for action, text in (
+        ("suspend", "no new reservations for the application (running tasks go on)"),
+        ("resume", "let the application's tasks be reserved again"),
+    ):
+        gate = app.add_parser(action, help=text)
+        gate.add_argument("application", metavar="APPLICATION")
+        add_json(gate)
+        command(gate, gate_run, changed_render)
+
+
+async def create_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
+    for option, value in (("APPLICATION", args.application), ("--namespace", args.namespace)):
+        if not NAME.fullmatch(value):
+            fail(f"{option}: {value!r} is not a valid name (a letter or digit, then letters, digits, . _ -)", 2)
+    if not args.environment:
+        fail("--environment: must not be empty", 2)
+    tenancy = TenancyStore(db)
+    app_row = await tenancy.ensure_application(args.application)
+    ns_row = await tenancy.ensure_namespace(app_row["application_id"], args.namespace, args.environment)
+    return {
+        "application": args.application,
+        "application_id": app_row["application_id"],
+        "namespace": args.namespace,
+        "namespace_id": ns_row["namespace_id"],
+        "environment": ns_row["environment"],
+    }
+
+
+def create_render(created: dict[str, Any], args: argparse.Namespace) -> None:
+    print(f"application {created['application']}: namespace {created['namespace']} ({created['environment']}) ready")
+
+
+async def list_run(db: Database, args: argparse.Namespace) -> list[dict[str, Any]]:
+    return await OperationsStore(db).applications()
+
+
+def list_render(apps: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    console().print(
+        table(
+            "applications",
+            ["application", "state", "max_concurrent", "max_starts/s", "weight", "queued", "reserved", "running"],
+            [
+                [
+                    a["application"],
+                    "suspended" if a["suspended"] else "active",
+                    a["max_concurrent_executions"],
+                    a["max_starts_per_second"],
+                    a["fairness_weight"],
+                    a["queued"],
+                    a["reserved"],
+                    a["running"],
+                ]
+                for a in apps
+            ],
+        )
+    )
+
+
+async def quota_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
+    changes: dict[str, int | None] = {}
+    if args.max_concurrent is not UNCHANGED:
+        changes["max_concurrent_executions"] = args.max_concurrent
+    if args.max_starts_per_second is not UNCHANGED:
+        changes["max_starts_per_second"] = args.max_starts_per_second
+    if not changes:
+        fail("quota: give --max-concurrent and/or --max-starts-per-second", 2)
+    return await OperationsStore(db).patch_quota(args.application, changes)
+
+
+async def weight_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        weight = fairness_weight(args.weight)
+    except InvalidArgument as exc:
+        fail(f"{exc.code}: {exc.message}", 2)
+    return await OperationsStore(db).set_weight(args.application, weight)
+
+
+async def gate_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
+    ops = OperationsStore(db)
+    app = await ops.application(args.application)
+    await TenancyStore(db).set_application_suspended(app["application_id"], args.action == "suspend")
+    return await ops.application(args.application)
+
+
+def changed_render(app: dict[str, Any], args: argparse.Namespace) -> None:
+    """The application as a quota, weight, suspend or resume left it."""
+    if args.action == "quota":
+        print(
+            f"application {app['application']}: max_concurrent={_text(app['max_concurrent_executions'])} "
+            f"max_starts_per_second={_text(app['max_starts_per_second'])}"
+        )
+    elif args.action == "weight":
+        print(f"application {app['application']}: fairness weight {app['fairness_weight']}")
+    elif args.action == "suspend":
+        print(f"application {app['application']} suspended: no new reservations; running tasks go on")
+    else:
+        print(f"application {app['application']} resumed")
+
+
+def _text(value: int | None) -> str:
+    return "unlimited" if value is None else str(value)

@@ -25,6 +25,7 @@ import httpx
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, ConnectionTimeout, DisconnectionTimeout, HandshakeError
 
+from .. import __version__
 from .client import OrbitClient
 from .encoding import is_id
 from .errors import ConfigError, OrbitClientError, PermissionDeniedError, UnauthenticatedError
@@ -92,6 +93,25 @@ def refusal(status: int | None, body: bytes) -> WorkerRejected:
     return WorkerRejected(
         f"the node refused the connection (HTTP {status} {code}): {message}", status=status, code=code, field=field
     )
+
+
+def hello_message(
+    queue_ids: Sequence[str],
+    handlers: Sequence[tuple[str, str, str]],
+    resource_keys: bool,
+    capacity: int,
+    client_name: str,
+) -> dict[str, Any]:
+    """The Worker's hello: its queues, its capability set (handler, handler and payload
+    versions), resource-key support, capacity and client."""
+    return {
+        "type": "hello",
+        "queues": list(queue_ids),
+        "capabilities": [{"handler": h, "handler_version": hv, "payload_version": pv} for h, hv, pv in handlers],
+        "resource_keys": resource_keys,
+        "capacity": capacity,
+        "client": {"name": client_name, "version": __version__},
+    }
 
 
 def hello_refused(message: Mapping[str, Any]) -> WorkerRejected:

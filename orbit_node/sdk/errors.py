@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 if TYPE_CHECKING:
     from .models import Task
 
@@ -157,3 +159,21 @@ def api_error(error: Mapping[str, Any], status: int, request_id: str | None) -> 
     return ERRORS_BY_CODE.get(code, ApiError)(
         str(error.get("message", "")), status=status, code=code, field=error.get("field"), request_id=request_id
     )
+
+
+def first_error(group: BaseExceptionGroup) -> BaseException:
+    """The first exception of a group that is not a cancellation (or the first at all)."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for leaf in leaves:
+        if not isinstance(leaf, trio.Cancelled):
+            return leaf
+    return leaves[0]

@@ -55,7 +55,6 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
-from .. import __version__
 from . import serving
 from .connect import (
     DISCONNECT_TIMEOUT_S,
@@ -63,17 +62,18 @@ from .connect import (
     Rotation,
     WorkerRejected,
     describe_failure,
+    hello_message,
     hello_refused,
     node_urls,
     refusal,
     resolve_queues,
     ws_url,
 )
+from .counters import WorkerCounters
 from .credentials import Credentials, credentials_from_env
-from .errors import ConfigError, OrbitClientError
+from .errors import ConfigError, OrbitClientError, first_error
 from .handlers import (
     ENDS,
-    TERMINAL_ENDS,
     H,
     Handler,
     PermanentError,
@@ -82,7 +82,6 @@ from .handlers import (
     failed,
     is_async,
     stopped,
-    task_end,
 )
 from .session import UNDECIDED, Session, until_decided
 
@@ -91,25 +90,7 @@ __all__ = ["Handler", "PermanentError", "Worker", "WorkerRejected", "WorkerTask"
 log = logging.getLogger("orbit.sdk.worker")
 
 
-def _leaf(group: BaseExceptionGroup) -> BaseException:
-    """The first exception of a group that is not a cancellation (or the first at all)."""
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for inner in exc.exceptions:
-                walk(inner)
-        else:
-            leaves.append(exc)
-
-    walk(group)
-    for leaf in leaves:
-        if not isinstance(leaf, trio.Cancelled):
-            return leaf
-    return leaves[0]
-
-
-class Worker:
+class Worker(WorkerCounters):
     """An automatic Worker: one WebSocket connection to a node, serving registered handlers.
 
     ``url`` is the node's ``http(s)://`` address, or several nodes' addresses: the
@@ -226,63 +207,6 @@ class Worker:
         credentials, env_url = credentials_from_env(env)
         return cls.from_credentials(credentials, queues, url=url or env_url, **kwargs)
 
-    # -- counters
-
-    @property
-    def completed(self) -> int:
-        """Tasks that ended ``succeeded`` by a Finish of this Worker."""
-        return self._ends["completed"]
-
-    @property
-    def failed(self) -> int:
-        """Tasks that ended ``failed`` by a Finish of this Worker: a ``PermanentError``, or a
-        failure of their last attempt. A failed attempt that is retried is not counted here
-        (see ``retried``)."""
-        return self._ends["failed"]
-
-    @property
-    def cancelled(self) -> int:
-        """Tasks that ended ``cancelled`` by a Finish of this Worker (their handler was
-        stopped because a cancel was requested)."""
-        return self._ends["cancelled"]
-
-    @property
-    def expired(self) -> int:
-        """Tasks that ended ``expired`` by a Finish of this Worker (a failed attempt past the
-        task's deadline, or whose retry could not start before it)."""
-        return self._ends["expired"]
-
-    @property
-    def retried(self) -> int:
-        """Failed attempts after which the node put the task back in its queue (it runs
-        again, here or elsewhere): attempts, not tasks."""
-        return self._ends["retried"]
-
-    @property
-    def finished(self) -> int:
-        """Tasks that ended by a Finish of this Worker: ``completed + failed + cancelled + expired``."""
-        return sum(self._ends[end] for end in TERMINAL_ENDS)
-
-    @property
-    def connections(self) -> int:
-        """Sessions the node welcomed (1 + reconnects)."""
-        return self._connections
-
-    @property
-    def messages_sent(self) -> Mapping[str, int]:
-        """``start`` and ``finish`` messages sent (each carries every task ready in its batch)."""
-        return self._messages_sent
-
-    @property
-    def drained(self) -> bool:
-        """True once ``run`` ended because of ``drain()``."""
-        return self._drained
-
-    @property
-    def worker_drained(self) -> bool:
-        """The same as ``drained``."""
-        return self._drained
-
     # -- handlers
 
     def handler(self, name: str, handler_version: str, payload_version: str) -> Callable[[H], H]:
@@ -318,24 +242,6 @@ class Worker:
             self._sync.discard(key)
         else:
             self._sync.add(key)
-
-    # -- waiting
-
-    async def wait_completed(self, count: int) -> None:
-        """Wait until ``completed`` reaches ``count``."""
-        while self.completed < count:
-            await self._progress.wait()
-
-    async def wait_finished(self, count: int) -> None:
-        """Wait until ``finished`` reaches ``count``: tasks that ended through this Worker,
-        succeeded or not (retried attempts do not count)."""
-        while self.finished < count:
-            await self._progress.wait()
-
-    def _finished(self, report: Mapping[str, Any], result: Mapping[str, Any], attempt: int, max_attempts: int) -> None:
-        self._ends[task_end(report, result, attempt, max_attempts)] += 1
-        self._progress.set()
-        self._progress = trio.Event()
 
     # -- life
 
@@ -388,7 +294,7 @@ class Worker:
                     except BaseExceptionGroup as group:
                         # Nurseries wrap what ended the session; act on the exception itself
                         # (keeping its own cause, which may say why).
-                        leaf = _leaf(group)
+                        leaf = first_error(group)
                         raise leaf from leaf.__cause__
                 except (WorkerRejected, ConfigError):
                     raise
@@ -430,16 +336,8 @@ class Worker:
                 self._connecting = None
 
     def _hello(self) -> dict[str, Any]:
-        return {
-            "type": "hello",
-            "queues": self._queue_ids,
-            "capabilities": [
-                {"handler": h, "handler_version": hv, "payload_version": pv} for h, hv, pv in self._handlers
-            ],
-            "resource_keys": self.resource_keys,
-            "capacity": self.capacity,
-            "client": {"name": self.client_name, "version": __version__},
-        }
+        assert self._queue_ids is not None, "queues are resolved before a session starts"
+        return hello_message(self._queue_ids, list(self._handlers), self.resource_keys, self.capacity, self.client_name)
 
     async def _session(self, url: str, status: list[trio.TaskStatus[None]]) -> None:
         headers = [(b"authorization", f"Bearer {self._token}".encode())]

@@ -121,6 +121,9 @@ class TransitionResult:
     # The same transition was already applied for this token; nothing was written.
     duplicate: bool = False
     lost_reason: LostReason | None = None
+    # The task held a resource key and this transition gave it up: a task of its queue
+    # waiting for that key may be claimed now.
+    freed_key: bool = False
 
     @property
     def code(self) -> str | None:

@@ -308,6 +308,11 @@ async def run_transitions(db: Database, at: At, parts: Sequence[TransitionPart])
                 results.append(result)
             answers.append(results)
         await writes.apply(tx)
+        if writes.keys:
+            answers = [
+                [attrs.evolve(r, freed_key=True) if r.task_id in writes.keys and not r.duplicate else r for r in part]
+                for part in answers
+            ]
         return answers
 
     return await db.transaction(body)

@@ -353,6 +353,9 @@ class ConnectionCore:
                     dropped.append(ref.task_id)
                     if result.ok and result.outcome in _REQUEUED:
                         requeued[Requeued(gone.queue_id, result.available_at, result.backoff_s)] = None
+                    if result.ok and result.freed_key:
+                        # Its resource key is free: a task of its queue waiting for the key may go now.
+                        requeued[Requeued(gone.queue_id)] = None
             elif effect is Effect.RUN:
                 held = self._held.get(ref.task_id)
                 if held is not None:

@@ -16,8 +16,10 @@ from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.store.ownership import Outcome, Reservation, TransitionResult
 from orbit_node.workers import protocol as p
 from orbit_node.workers.core import (
+    MAX_PROTOCOL_ERRORS,
     RULES,
     CancelNotice,
+    Close,
     ConnectionCore,
     Held,
     Requeued,
@@ -665,3 +667,41 @@ def test_a_refused_release_wakes_no_queue():
     split = c.split(RELEASE, [p.TaskRef(task_id(1), token(1))])
     settled = c.settle(RELEASE, split.mine, [refused(1)], now=1.0)
     assert settled.dropped == (task_id(1),) and settled.requeued == ()
+
+
+def test_hello_comes_first_and_once_and_a_heartbeat_at_any_time():
+    fresh = core(capacity=None)
+    fresh.check_order(p.Heartbeat())
+    with pytest.raises(p.MessageRefused) as info:
+        fresh.check_order(p.Drain())
+    assert (info.value.code, info.value.close_code) == ("OUT_OF_ORDER", p.CLOSE_PROTOCOL)
+    fresh.check_order(hello())
+    greeted = core()
+    greeted.check_order(p.Drain())
+    greeted.check_order(p.Heartbeat())
+    with pytest.raises(p.MessageRefused) as info:
+        greeted.check_order(hello())
+    assert (info.value.code, info.value.close_code) == ("OUT_OF_ORDER", None)
+
+
+def test_a_refusal_closes_when_it_says_so_or_once_the_budget_is_spent():
+    c = core()
+    closing = p.MessageRefused("MALFORMED_MESSAGE", "binary", close_code=p.CLOSE_PROTOCOL)
+    assert c.refused(closing) == Close(p.CLOSE_PROTOCOL, "MALFORMED_MESSAGE")
+    c = core()
+    soft = p.MessageRefused("INVALID_MESSAGE", "bad field", field="tasks")
+    assert [c.refused(soft) for _ in range(MAX_PROTOCOL_ERRORS)] == [None] * MAX_PROTOCOL_ERRORS
+    assert c.refused(soft) == Close(p.CLOSE_PROTOCOL, "too many protocol errors")
+
+
+def test_silence_ends_the_connection_and_the_watchdog_wakes_for_it_or_for_a_claim_retry():
+    c = ConnectionCore("c_1", "a" * 32, "n" * 32, claim_batch_size=BATCH, retry_after_s=5.0, heartbeat_timeout_s=30.0)
+    c.hello_received(hello(), node_id="node-1")
+    c.received(100.0)
+    assert not c.silent(129.9) and c.silent(130.0)
+    assert c.watch_until() == 130.0
+    c.next_claim()
+    c.claim_failed(101.0)  # refused: asks again a scan cycle later
+    assert c.watch_until() == 106.0
+    c.received(120.0)
+    assert c.watch_until() == 106.0 and not c.silent(149.0) and c.silent(150.0)

@@ -10,6 +10,10 @@ Per connection, one nursery with:
   retries a claim request the scheduler refused;
 * the shutdown watch: on node shutdown, tells the Worker to drain.
 
+What the protocol decides (hello first and once, the budget of protocol errors, when
+silence ends the connection, when to ask for a claim and for how many) is the pure
+``ConnectionCore``'s; this adapter awaits what it says.
+
 Claims are never awaited here: when the connection has free capacity and no
 outstanding request, it hands one ``ClaimRequest`` to the node's ``ClaimPool`` and
 goes on; the result arrives through ``_deliver``.
@@ -41,8 +45,6 @@ from .core import ConnectionCore, TaskHandle, TransitionKind, TransitionMessage,
 
 log = logging.getLogger("orbit.workers")
 
-# Protocol errors tolerated on one connection before it is closed.
-MAX_PROTOCOL_ERRORS = 16
 # Transition messages queued per connection before new ones are refused.
 MAX_QUEUED_TRANSITIONS = 256
 # Bound on the shielded clean-up (releasing reservations) when a connection ends.
@@ -131,9 +133,6 @@ class WorkerConnection:
     transport: Transport
     hub: Hub
     core: ConnectionCore = attrs.field(init=False)
-    protocol_errors: int = attrs.field(default=0, init=False)
-    # trio time of the last frame received (heartbeat timeout).
-    last_received: float = attrs.field(default=0.0, init=False)
     # UTF-8 bytes of the frames queued for the writer (``buffered_messages`` counts them).
     buffered_bytes: int = attrs.field(default=0, init=False)
     # Frames for the writer with their size, bounded by ``worker_send_buffer_messages``
@@ -159,6 +158,7 @@ class WorkerConnection:
             self.principal.namespace_id,
             claim_batch_size=config.claim_batch_size,
             retry_after_s=config.scheduler.scan_cycle_s,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
         )
         self._out_send, self._out_recv = trio.open_memory_channel[tuple[str, int]](config.worker_send_buffer_messages)
         self._tr_send, self._tr_recv = trio.open_memory_channel[TransitionMessage](MAX_QUEUED_TRANSITIONS)
@@ -241,7 +241,7 @@ class WorkerConnection:
     # -- the connection's life ----------------------------------------------------------
 
     async def serve(self) -> None:
-        self.last_received = trio.current_time()
+        self.core.received(trio.current_time())
         # Every line this connection's tasks log names it and its application.
         logs.bind(
             connection_id=self.connection_id,
@@ -285,31 +285,24 @@ class WorkerConnection:
                 data = await self.transport.receive()
             except WorkerConnectionClosed:
                 return
-            self.last_received = trio.current_time()
+            self.core.received(trio.current_time())
             try:
                 message = p.parse_message(data)
                 await self._handle(message)
             except p.MessageRefused as exc:
-                self.protocol_errors += 1
                 self.send(p.error(exc.code, exc.message, exc.field))
-                if exc.close_code is not None:
-                    self.close_soon(exc.close_code, exc.code)
-                elif self.protocol_errors > MAX_PROTOCOL_ERRORS:
-                    self.close_soon(p.CLOSE_PROTOCOL, "too many protocol errors")
+                close = self.core.refused(exc)
+                if close is not None:
+                    self.close_soon(close.code, close.reason)
 
     async def _handle(self, message: p.Message) -> None:
+        self.core.check_order(message)
         if isinstance(message, p.Heartbeat):
             self.send(p.heartbeat())
             return
-        if self.core.hello is None:
-            if not isinstance(message, p.Hello):
-                raise p.MessageRefused(
-                    "OUT_OF_ORDER", "the first message must be hello", field="type", close_code=p.CLOSE_PROTOCOL
-                )
+        if isinstance(message, p.Hello):
             await self._accept_hello(message)
             return
-        if isinstance(message, p.Hello):
-            raise p.MessageRefused("OUT_OF_ORDER", "hello was already received", field="type")
         if isinstance(message, p.Drain):
             self.core.worker_drain()
             self.hub.pool.leave(self.connection_id)
@@ -450,21 +443,17 @@ class WorkerConnection:
     # -- timers -------------------------------------------------------------------------
 
     async def _watchdog(self) -> None:
-        timeout = self.hub.config.heartbeat_timeout_s
         while True:
             now = trio.current_time()
-            if now - self.last_received >= timeout:
-                self.send(p.error("HEARTBEAT_TIMEOUT", f"nothing received for {timeout:g} s"))
+            if self.core.silent(now):
+                self.send(p.error("HEARTBEAT_TIMEOUT", f"nothing received for {self.core.heartbeat_timeout_s:g} s"))
                 self.close_soon(p.CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
                 return
             request = self.core.claim_retry(now)
             if request is not None:
                 self._submit(request)
-            deadline = self.last_received + timeout
-            if self.core.retry_claim_at is not None:
-                deadline = min(deadline, self.core.retry_claim_at)
             self._wake_watchdog = trio.Event()
-            with trio.move_on_at(deadline):
+            with trio.move_on_at(self.core.watch_until()):
                 await self._wake_watchdog.wait()
 
     async def _shutdown_watch(self) -> None:

@@ -166,6 +166,19 @@ class CancelNotice:
     reason: CancelReason
 
 
+# Protocol errors a connection may make before the node closes it (each is answered
+# with an ``error`` frame; the one after this many closes with CLOSE_PROTOCOL).
+MAX_PROTOCOL_ERRORS = 16
+
+
+@attrs.frozen
+class Close:
+    """Close the connection with ``code`` and ``reason``."""
+
+    code: int
+    reason: str
+
+
 @attrs.frozen
 class Requeued:
     """Tasks went back to ``queue_id``, due at ``due_at`` (database clock; None: now),
@@ -193,7 +206,9 @@ class Settled:
 
 @attrs.define(eq=False)
 class ConnectionCore:
-    """The held / outstanding / draining state of one Worker connection."""
+    """The held / outstanding / draining state of one Worker connection, and what the
+    protocol decides about it: the order of its first messages, its budget of protocol
+    errors, when its silence ends it."""
 
     connection_id: str
     application_id: str
@@ -202,6 +217,11 @@ class ConnectionCore:
     claim_batch_size: int
     # How long after a refused or failed claim request to ask again (the scan cycle).
     retry_after_s: float
+    # A connection silent this long is gone (``NodeConfig.heartbeat_timeout_s``).
+    heartbeat_timeout_s: float = 30.0
+    # The caller's clock when the latest frame arrived (``received``).
+    last_received: float = attrs.field(default=0.0, init=False)
+    protocol_errors: int = attrs.field(default=0, init=False)
     hello: p.Hello | None = attrs.field(default=None, init=False)
     # The connection has a claim request in the pool (pending or running).
     outstanding: bool = attrs.field(default=False, init=False)
@@ -214,6 +234,47 @@ class ConnectionCore:
     _held: dict[str, Held] = attrs.field(factory=dict, init=False)
     # The claim request of this connection with ``limit=0``; set by ``hello_received``.
     _claim: ClaimRequest | None = attrs.field(default=None, init=False)
+
+    # -- the protocol's rules -----------------------------------------------------------
+
+    def received(self, now: float) -> None:
+        """A frame arrived at ``now``: the silence clock starts again."""
+        self.last_received = now
+
+    def silent(self, now: float) -> bool:
+        """Nothing arrived for ``heartbeat_timeout_s``: the Worker is gone."""
+        return now - self.last_received >= self.heartbeat_timeout_s
+
+    def watch_until(self) -> float:
+        """When the watchdog must look again without an event: the silence deadline, or
+        the retry of a refused claim request if that is sooner."""
+        deadline = self.last_received + self.heartbeat_timeout_s
+        if self.retry_claim_at is not None:
+            deadline = min(deadline, self.retry_claim_at)
+        return deadline
+
+    def check_order(self, message: p.Message) -> None:
+        """``hello`` first (anything else closes the connection), and only once; a
+        heartbeat goes at any time."""
+        if isinstance(message, p.Heartbeat):
+            return
+        if self.hello is None and not isinstance(message, p.Hello):
+            raise p.MessageRefused(
+                "OUT_OF_ORDER", "the first message must be hello", field="type", close_code=p.CLOSE_PROTOCOL
+            )
+        if self.hello is not None and isinstance(message, p.Hello):
+            raise p.MessageRefused("OUT_OF_ORDER", "hello was already received", field="type")
+
+    def refused(self, refusal: p.MessageRefused) -> Close | None:
+        """A message was refused (the Worker is told with an ``error`` frame): whether the
+        connection closes now, because the refusal says so or the Worker has spent its
+        budget of ``MAX_PROTOCOL_ERRORS``."""
+        self.protocol_errors += 1
+        if refusal.close_code is not None:
+            return Close(refusal.close_code, refusal.code)
+        if self.protocol_errors > MAX_PROTOCOL_ERRORS:
+            return Close(p.CLOSE_PROTOCOL, "too many protocol errors")
+        return None
 
     # -- connection life ---------------------------------------------------------------
 

@@ -41,7 +41,7 @@ from ..errors import NotFound, OrbitError
 from ..store.ownership import FinishItem, Reservation, TransitionResult
 from ..store.tenancy import Principal
 from . import protocol as p
-from .core import ConnectionCore, TaskHandle, TransitionKind, TransitionMessage, kind_of
+from .core import ConnectionCore, TaskHandle, TransitionKind, TransitionMessage, ack_result, finish_item, kind_of
 
 log = logging.getLogger("orbit.workers")
 
@@ -116,8 +116,6 @@ class Hub(Protocol):
 
     async def register(self, conn: WorkerConnection) -> None: ...
     async def unregister(self, conn: WorkerConnection) -> None: ...
-    def finish_item(self, report: p.FinishReport) -> FinishItem: ...
-    def result_json(self, result: TransitionResult) -> dict[str, Any]: ...
     def observe_dispatch(self, reservations: Sequence[Reservation]) -> None: ...
     def observe_started(self, seconds: float) -> None: ...
     def observe_finish(self, results: Sequence[TransitionResult]) -> None: ...
@@ -417,7 +415,7 @@ class WorkerConnection:
         if isinstance(message, p.Finish):
             finishing = self.core.split(kind, message.tasks)
             mine, not_held = finishing.mine, finishing.not_held
-            outcomes = await store.finish_many([self.hub.finish_item(r) for r in finishing.mine]) if mine else []
+            outcomes = await store.finish_many([finish_item(r) for r in finishing.mine]) if mine else []
         else:
             split = self.core.split(kind, message.tasks)
             mine, not_held = split.mine, split.not_held
@@ -429,7 +427,7 @@ class WorkerConnection:
             outcomes = await run([(r.task_id, r.token) for r in mine]) if mine else []
         settled = self.core.settle(kind, mine, outcomes, trio.current_time())
         results = [p.refused(task_id, "NOT_HELD") for task_id in not_held]
-        results += [self.hub.result_json(outcome) for _, outcome in zip(mine, outcomes, strict=False)]
+        results += [ack_result(outcome) for _, outcome in zip(mine, outcomes, strict=False)]
         for seconds in settled.started_after_s:
             self.hub.observe_started(seconds)
         for back in settled.requeued:

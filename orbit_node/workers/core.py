@@ -28,16 +28,17 @@ import enum
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 import attrs
 
 from ..claims import ClaimRequest
-from ..store.ownership import Outcome
+from ..store.ownership import FinishItem, Outcome, TransitionResult
+from ..wire import rfc3339
 from . import protocol as p
 
 if TYPE_CHECKING:
-    from ..store.ownership import Reservation, TransitionResult
+    from ..store.ownership import Reservation
 
 
 # Results that put the task back in its queue: a claim of that queue may take it again.
@@ -428,3 +429,31 @@ class ConnectionCore:
                 elif result.deadline_passed:
                     cancels.append(CancelNotice(ref.task_id, "deadline"))
         return Settled(tuple(started), tuple(cancels), tuple(dropped), tuple(requeued))
+
+
+# -- translation between the protocol and the dispatch store ----------------------------
+
+
+def finish_item(report: p.FinishReport) -> FinishItem:
+    """What the store settles for one reported Finish."""
+    return FinishItem(
+        task_id=report.task_id,
+        token=report.token,
+        result_json=report.result_json,
+        error=dict(report.error) if report.error is not None else None,
+        retryable=report.retryable,
+    )
+
+
+def ack_result(result: TransitionResult) -> dict[str, Any]:
+    """One ``ack`` result for a store transition result."""
+    body: dict[str, Any] = {"task_id": result.task_id, "ok": result.ok}
+    if not result.ok:
+        body["code"] = result.code
+    if result.state is not None:
+        body["state"] = result.state
+    if result.ok and result.lease_expires_at is not None:
+        body["lease_expires_at"] = rfc3339(result.lease_expires_at)
+    if result.ok and result.outcome in (Outcome.STARTED, Outcome.RENEWED):
+        body["cancel_requested"] = bool(result.cancel_requested or result.deadline_passed)
+    return body

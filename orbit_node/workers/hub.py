@@ -6,7 +6,7 @@ import logging
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import trio
@@ -14,11 +14,8 @@ import trio
 from ..config import NodeConfig
 from ..dispatch.pool import ClaimPool
 from ..dispatch.signals import SignalRelay
-from ..store import ownership as ds
 from ..store.tenancy import TenancyStore
 from ..store.workers import WorkerRegistryStore
-from ..wire import rfc3339
-from . import protocol as p
 from .table import ConnectionTable
 
 if TYPE_CHECKING:
@@ -153,31 +150,7 @@ class WorkerHub:
         """``ConnectionTable.push_cancel`` of this node's connections."""
         return self.table.push_cancel(task_id)
 
-    # -- translation between the protocol and the dispatch store ------------------------
-
-    @staticmethod
-    def finish_item(report: p.FinishReport) -> ds.FinishItem:
-        return ds.FinishItem(
-            task_id=report.task_id,
-            token=report.token,
-            result_json=report.result_json,
-            error=dict(report.error) if report.error is not None else None,
-            retryable=report.retryable,
-        )
-
-    @staticmethod
-    def result_json(result: ds.TransitionResult) -> dict[str, Any]:
-        """One ``ack`` result for a store transition result."""
-        body: dict[str, Any] = {"task_id": result.task_id, "ok": result.ok}
-        if not result.ok:
-            body["code"] = result.code
-        if result.state is not None:
-            body["state"] = result.state
-        if result.ok and result.lease_expires_at is not None:
-            body["lease_expires_at"] = rfc3339(result.lease_expires_at)
-        if result.ok and result.outcome in (ds.Outcome.STARTED, ds.Outcome.RENEWED):
-            body["cancel_requested"] = bool(result.cancel_requested or result.deadline_passed)
-        return body
+    # -- what the connections report --------------------------------------------------
 
     def observe_dispatch(self, reservations) -> None:
         self.dispatched += len(reservations)

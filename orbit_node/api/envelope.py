@@ -15,9 +15,6 @@ from typing import Any
 from quart import Response, g
 
 from ..errors import DatabaseError, OrbitError, ResourceExhausted, SchemaNotReady, Unavailable
-from ..wire import rfc3339
-
-timestamp = rfc3339
 
 log = logging.getLogger("orbit.http")
 

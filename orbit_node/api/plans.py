@@ -18,6 +18,7 @@ from ..plans.definition import parse_definition
 from ..store.plans import Plan, PlanStore, PlanTask, PlanVersion
 from ..store.tenancy import Principal
 from ..strict_json import show
+from ..wire import rfc3339
 from . import envelope, validation
 from .auth import require_any, shard
 from .tasks import check_queue_filter, summary_json
@@ -48,10 +49,10 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "queue_id": plan.queue_id,
         "paused": plan.paused,
         "active_version": plan.active_version,
-        "next_fire_at": envelope.timestamp(plan.next_fire_at),
-        "last_fire_at": envelope.timestamp(plan.last_fire_at),
-        "created_at": envelope.timestamp(plan.created_at),
-        "updated_at": envelope.timestamp(plan.updated_at),
+        "next_fire_at": rfc3339(plan.next_fire_at),
+        "last_fire_at": rfc3339(plan.last_fire_at),
+        "created_at": rfc3339(plan.created_at),
+        "updated_at": rfc3339(plan.updated_at),
     }
 
 
@@ -60,7 +61,7 @@ def version_json(version: PlanVersion) -> dict[str, Any]:
         "plan_id": version.plan_id,
         "version": version.version,
         "definition": version.definition,
-        "created_at": envelope.timestamp(version.created_at),
+        "created_at": rfc3339(version.created_at),
     }
 
 

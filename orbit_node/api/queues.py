@@ -8,6 +8,7 @@ from quart import Blueprint
 
 from .. import rules
 from ..store.tenancy import Queue
+from ..wire import rfc3339
 from . import envelope, validation
 from .auth import principal, readable_queues, require_all_queues, require_queue_read, shard
 from .tasks import announce
@@ -26,7 +27,7 @@ def queue_json(queue: Queue) -> dict[str, Any]:
         "paused": queue.paused,
         "max_concurrency": queue.max_concurrency,
         "max_starts_per_second": queue.max_starts_per_second,
-        "created_at": envelope.timestamp(queue.created_at),
+        "created_at": rfc3339(queue.created_at),
     }
 
 

@@ -18,7 +18,7 @@ from ..store.task_rows import Task, TaskSummary
 from ..store.tasks import Accepted
 from ..store.tenancy import Principal
 from ..task_query import FILTER_FIELDS, LIST_FIELDS, TaskCursor, filter_from_query
-from ..wire import stored_json
+from ..wire import rfc3339, stored_json
 from . import envelope, validation
 from .auth import node_state, require_any, shard
 
@@ -26,9 +26,6 @@ bp = Blueprint("tasks", __name__)
 
 # Query parameters of GET /v1/tasks: the filter's fields and the page's.
 LIST_PARAMS = (*FILTER_FIELDS, "limit", "cursor")
-
-
-_stored_json = stored_json
 
 
 def summary_json(task: TaskSummary) -> dict[str, Any]:
@@ -46,12 +43,12 @@ def summary_json(task: TaskSummary) -> dict[str, Any]:
     data.update(
         attempts=task.attempts,
         max_attempts=task.max_attempts,
-        available_at=envelope.timestamp(task.available_at),
-        deadline=envelope.timestamp(task.deadline),
+        available_at=rfc3339(task.available_at),
+        deadline=rfc3339(task.deadline),
         resource_key=task.resource_key,
         cancel_requested=task.cancel_requested,
-        created_at=envelope.timestamp(task.created_at),
-        finished_at=envelope.timestamp(task.finished_at),
+        created_at=rfc3339(task.created_at),
+        finished_at=rfc3339(task.finished_at),
         retried_from=task.retried_from,
     )
     return data
@@ -66,16 +63,16 @@ def task_json(task: Task) -> dict[str, Any]:
             "max_ms": task.backoff_max_ms,
             "multiplier": task.backoff_multiplier,
         },
-        reserved_at=envelope.timestamp(task.reserved_at),
-        started_at=envelope.timestamp(task.started_at),
-        updated_at=envelope.timestamp(task.updated_at),
+        reserved_at=rfc3339(task.reserved_at),
+        started_at=rfc3339(task.started_at),
+        updated_at=rfc3339(task.updated_at),
         plan_id=task.plan_id,
         plan_version=task.plan_version,
     )
     if task.result_json is not None:
-        data["result"] = _stored_json(task.result_json)
+        data["result"] = stored_json(task.result_json)
     if task.error_text is not None:
-        data["error"] = _stored_json(task.error_text)
+        data["error"] = stored_json(task.error_text)
     return data
 
 

@@ -25,6 +25,7 @@ from .config import NodeConfig
 from .db import Database
 from .ids import random_id
 from .services import ServiceSet
+from .store.nodes import NodeStore
 
 log = logging.getLogger("orbit.node")
 
@@ -101,7 +102,7 @@ class Node:
             await trio.sleep(NODE_HEARTBEAT_S)
             for db in self.databases:
                 try:
-                    await db.execute("node_heartbeat", {"node_id": self.node_id})
+                    await NodeStore(db).heartbeat(self.node_id)
                 except Exception as exc:  # the database may be down; readiness reports it
                     log.warning("node heartbeat failed: %s", exc)
 
@@ -120,14 +121,11 @@ class Node:
         for db in self.databases:
             try:
                 with trio.move_on_after(5):
-                    await db.execute(
-                        "node_register",
-                        {
-                            "node_id": self.node_id,
-                            "hostname": socket.gethostname()[:255],
-                            "http_addr": f"{self.config.http_host}:{self.config.http_port}",
-                            "version": __version__,
-                        },
+                    await NodeStore(db).register(
+                        self.node_id,
+                        hostname=socket.gethostname(),
+                        http_addr=f"{self.config.http_host}:{self.config.http_port}",
+                        version=__version__,
                     )
             except Exception as exc:
                 log.warning("node registration failed (continuing; readiness reports the database): %s", exc)
@@ -168,7 +166,7 @@ class Node:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 for db in self.databases:
                     try:
-                        await db.execute("node_stopped", {"node_id": self.node_id})
+                        await NodeStore(db).stopped(self.node_id)
                     except Exception:
                         pass
                 for db in self.databases:

@@ -92,27 +92,28 @@ class Tx:
         """The statement as the driver would send it (its values escaped by the driver)."""
         return self._conn.cursor().mogrify(sql, params)
 
+    async def _send(self, cursor: Any, last: str | None = None) -> None:
+        """The leading statements, then ``last`` if given, in one packet; ``cursor`` is
+        left on the last one's result (those before it are read and dropped)."""
+        statements, self._leading, self._opening = [*self._leading, *([] if last is None else [last])], [], 0
+        await cursor.execute("; ".join(statements))
+        for _ in statements[1:]:
+            await cursor.nextset()
+        self._sent = True
+
     async def _execute(self, cursor: Any, sql: str, params: Any) -> None:
         """``cursor.execute(sql, params)``, with the leading statements in front when due."""
-        if not self._leading:
-            await cursor.execute(sql, params)
+        if self._leading:
+            await self._send(cursor, self._text(sql, params))
         else:
-            leading, self._leading, self._opening = self._leading, [], 0
-            await cursor.execute("; ".join((*leading, self._text(sql, params))))
-            for _ in leading:
-                await cursor.nextset()
-        self._sent = True
+            await cursor.execute(sql, params)
+            self._sent = True
 
     async def send_leading(self) -> None:
         """Send the leading statements now, alone (before a statement that cannot carry
         them, or at the end of the body)."""
         if self._leading:
-            leading, self._leading, self._opening = self._leading, [], 0
-            cursor = self._conn.cursor()
-            await cursor.execute("; ".join(leading))
-            for _ in leading[1:]:
-                await cursor.nextset()
-            self._sent = True
+            await self._send(self._conn.cursor())
 
     async def commit(self) -> None:
         """End the transaction: the deferred writes and ``COMMIT`` in one packet. Nothing at

@@ -144,12 +144,6 @@ class WorkerHub:
         elif due_at is None:
             self.pool.task_arrived(queue_id)
 
-    # -- cancellation -------------------------------------------------------------------
-
-    def push_cancel(self, task_id: str) -> bool:
-        """``ConnectionTable.push_cancel`` of this node's connections."""
-        return self.table.push_cancel(task_id)
-
     # -- what the connections report --------------------------------------------------
 
     def observe_dispatch(self, reservations) -> None:

@@ -154,7 +154,7 @@ class Placement:
         """Of the node's claim turns per application id, those of shard ``index``'s applications."""
         if not self.by_name:
             return turns if index == 0 else {}
-        return {app: n for app, n in turns.items() if self._by_id.get(app) == index}
+        return {app: n for app, n in turns.items() if self.holds(index, app)}
 
 
 @attrs.frozen

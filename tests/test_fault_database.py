@@ -25,15 +25,30 @@ from .nodeutil import make_tenant, run_node
 from .wsclient import heartbeat_roundtrip, raw_worker
 
 
+async def node_transactions(db: Database) -> dict[int, bool]:
+    """Other sessions on this test's database with an open InnoDB transaction: server thread
+    id -> whether it waits for a lock.
+
+    Read from ``SHOW ENGINE INNODB STATUS``, made afresh on every call. INNODB_TRX is not:
+    InnoDB refreshes it only after 0.1 s without a reader, so a test polling it (or another
+    test polling beside it) can keep seeing a picture from before the transaction began.
+    """
+    status = (await rows(db, "SHOW ENGINE INNODB STATUS"))[0]["Status"]
+    section = status.split("LIST OF TRANSACTIONS FOR EACH SESSION:", 1)[1].split("\n--------\n", 1)[0]
+    found: dict[int, bool] = {}
+    for entry in section.split("---TRANSACTION ")[1:]:
+        thread = re.search(r"(?:MariaDB|MySQL) thread id (\d+)", entry)
+        if thread is not None and ", ACTIVE" in entry.split("\n", 1)[0]:
+            found[int(thread.group(1))] = "LOCK WAIT" in entry
+    ours = await rows(
+        db, "SELECT ID AS id FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND ID <> CONNECTION_ID()"
+    )
+    return {r["id"]: found[r["id"]] for r in ours if r["id"] in found}
+
+
 async def node_transaction_threads(db: Database) -> list[int]:
     """Server thread ids of other sessions on this test's database with an open InnoDB transaction."""
-    found = await rows(
-        db,
-        "SELECT p.ID AS id FROM information_schema.INNODB_TRX t "
-        "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
-        "WHERE p.DB = DATABASE() AND p.ID <> CONNECTION_ID()",
-    )
-    return [r["id"] for r in found]
+    return sorted(await node_transactions(db))
 
 
 async def locked_state(db: Database, task_id: str) -> str:
@@ -67,8 +82,8 @@ async def test_kill_of_the_claim_session_rolls_back_and_the_node_reconnects_by_i
             async with raw_worker(running.base_url, token) as w:
                 await w.hello([owner.queue_id])
                 await reserved.wait()
-                # The claim has written its reservation and attempt row, not committed.
-                threads = await node_transaction_threads(db)
+                # The claim holds its rows' locks and has chosen its reservations, not committed.
+                threads = await wait_until(lambda: node_transaction_threads(db), timeout_s=5)
                 assert len(threads) == 1, threads
                 await db.run(lambda tx: tx.execute_raw(f"KILL {int(threads[0])}"))
                 resume.set()
@@ -411,13 +426,7 @@ async def test_recovery_racing_a_workers_finish_settles_the_attempt_once(node_co
 
 
 async def waiting_for_a_row_lock(db: Database) -> bool:
-    found = await rows(
-        db,
-        "SELECT COUNT(*) AS n FROM information_schema.INNODB_TRX t "
-        "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
-        "WHERE p.DB = DATABASE() AND t.trx_state = 'LOCK WAIT'",
-    )
-    return bool(found[0]["n"])
+    return any((await node_transactions(db)).values())
 
 
 async def test_sigterm_while_the_database_is_black_holed_still_exits_within_the_grace(dsn, db, tmp_path):

@@ -210,6 +210,54 @@ async def test_deferred_writes_go_with_the_commit_and_fail_the_transaction_as_th
         await db.aclose()
 
 
+async def test_independent_reads_share_a_round_trip_and_deferred_counts_are_checked(dsn):
+    """``fetchall_each`` returns each read's rows from one packet (the opening in front);
+    a deferred write that changes other than the rows it names raises DatabaseError once
+    the packet is read, and the connection goes on working."""
+    db = Database(dsn, size=1)
+    try:
+        await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY, v INT) ENGINE=InnoDB"))
+        await db.run(lambda tx: tx.execute_raw("INSERT INTO t VALUES (1, 10), (2, 20), (3, 30)"))
+        QUERIES["test_read"] = "SELECT id, v FROM t WHERE id IN %(ids)s ORDER BY id"
+        QUERIES["test_bump"] = "UPDATE t SET v = v + 1 WHERE id IN %(ids)s"
+        counts = {}
+
+        async def reads(tx):
+            counts["before"] = tx.commands
+            found = await tx.fetchall_each(
+                tx.statement("test_read", {"ids": (1, 2)}),
+                tx.statement("test_read", {"ids": (9,)}),
+                tx.statement("test_read", {"ids": (3,)}),
+            )
+            counts["after"] = tx.commands
+            return found
+
+        assert await db.transaction(reads) == [[{"id": 1, "v": 10}, {"id": 2, "v": 20}], [], [{"id": 3, "v": 30}]]
+        assert counts["after"] - counts["before"] == 1
+        assert await db.transaction(lambda tx: tx.fetchall_each()) == []
+
+        async def expects(rows):
+            async def body(tx):
+                await tx.fetchall_each(tx.statement("test_read", {"ids": (1,)}))
+                tx.defer("test_bump", {"ids": (1, 2, 9)}, rows=rows)
+
+            return body
+
+        await db.transaction(await expects(2))
+        with pytest.raises(DatabaseError, match="test_bump changed 2 rows, not 3"):
+            await db.transaction(await expects(3))
+        # The packet was read to its end: the next transaction on the one connection works.
+        assert await db.run(lambda tx: tx.fetchall_raw("SELECT v FROM t ORDER BY id")) == [
+            {"v": 12},
+            {"v": 22},
+            {"v": 30},
+        ]
+    finally:
+        QUERIES.pop("test_read", None)
+        QUERIES.pop("test_bump", None)
+        await db.aclose()
+
+
 async def test_cancelled_transaction_leaves_no_broken_connection_in_the_pool(db):
     await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY) ENGINE=InnoDB"))
 

@@ -137,6 +137,45 @@ async def test_reservation_is_written_from_the_database_clock(db):
     assert attempt["connection_id"] == "conn-x"
 
 
+async def claim_round_trips(dsn, owner, **request):
+    """The reservations of one claim and the round trips it took (on a pool of one connection)."""
+    one = Database(dsn, size=1)
+    try:
+
+        async def commands(tx):
+            return tx.commands
+
+        before = await one.run(commands)
+        got = await dispatch_store(one).claim(claim_request(owner, **request))
+        return got, await one.run(commands) - before
+    finally:
+        await one.aclose()
+
+
+async def test_a_claim_is_three_round_trips_unless_a_quota_lock_comes_first(db, dsn):
+    """Without quotas: the gates with the first queue's candidates, the lock, then the
+    reservation and attempt rows with the commit. A queue's quota lock comes before its
+    candidates are read, and a paused first queue's early candidates are not used."""
+    owner = await tenant(db)
+    ids = await insert_tasks(db, owner, [TaskSpec(available_in_s=-5 + i) for i in range(5)])
+    got, trips = await claim_round_trips(dsn, owner)
+    assert ([r.task_id for r in got], trips) == (ids, 3)
+    assert [a["fencing_token"] for i in ids for a in await attempt_rows(db, i)] == [r.fencing_token for r in got]
+
+    limited = await tenant(db, application="limited", max_concurrency=3)
+    ids = await insert_tasks(db, limited, [TaskSpec(available_in_s=-5 + i) for i in range(5)])
+    got, trips = await claim_round_trips(dsn, limited)
+    # + the queue's lock and its live count, and the candidates read under them.
+    assert ([r.task_id for r in got], trips) == (ids[:3], 6)
+
+    second = await add_queue(db, owner, "second")
+    (later,) = await insert_tasks(db, second, [TaskSpec(available_in_s=-1)])
+    await TenancyStore(db).set_queue_paused(owner.namespace_id, owner.queue_id, True)
+    await insert_tasks(db, owner, [TaskSpec(available_in_s=-9)])
+    got, trips = await claim_round_trips(dsn, owner, queue_ids=(owner.queue_id, second.queue_id))
+    assert ([r.task_id for r in got], trips) == ([later], 4)
+
+
 async def test_each_reservation_gets_a_fresh_token(db):
     owner = await tenant(db)
     task_id = await insert_task(db, owner, available_in_s=-1)

@@ -124,5 +124,5 @@ def test_every_engine_sensitive_statement_is_listed_in_the_docs():
     text = (REPO / "docs" / "operations.md").read_text()
     section = text.split("### Engine compatibility", 1)[1].split("\n## ", 1)[0]
     users = sorted(name for name, sql in named_statements().items() if any(re.search(p, sql, re.I) for p in LISTED))
-    assert {"claim_reserve", "plan_lock_due", "ops_turns_upsert"} <= set(users)
+    assert {"claim_lock_tasks", "plan_lock_due", "ops_turns_upsert"} <= set(users)
     assert [name for name in users if f"`{name}`" not in section] == []

@@ -73,15 +73,21 @@ class Tx:
 
     * ``opening``: the statements that open the transaction (``START TRANSACTION``, an
       isolation level before it). A body that runs nothing opens nothing.
-    * writes the body ``defer``s: statements whose answer it does not need (no rows, no
-      count). ``commit`` sends what is left of them together with ``COMMIT``, so a body
-      that ends with writes pays one round trip for them and the commit together.
+    * writes the body ``defer``s: statements whose answer it does not need (no rows; at
+      most a count it knows in advance, ``rows``). ``commit`` sends what is left of them
+      together with ``COMMIT``, so a body that ends with writes pays one round trip for
+      them and the commit together.
+
+    A body that needs the rows of several reads that do not depend on each other asks for
+    them in one packet too (``fetchall_each``).
     """
 
     _conn: Any
     _leading: list[str] = attrs.field(factory=list)
     # How many of ``_leading`` (from the front) are the opening statements.
     _opening: int = attrs.field(init=False)
+    # The rows a deferred write must change, by its index in ``_leading``, with its name.
+    _expected: dict[int, tuple[str, int]] = attrs.field(factory=dict, init=False)
     # Something went to the server.
     _sent: bool = attrs.field(default=False, init=False)
 
@@ -92,19 +98,40 @@ class Tx:
         """The statement as the driver would send it (its values escaped by the driver)."""
         return self._conn.cursor().mogrify(sql, params)
 
-    async def _send(self, cursor: Any, last: str | None = None) -> None:
-        """The leading statements, then ``last`` if given, in one packet; ``cursor`` is
-        left on the last one's result (those before it are read and dropped)."""
-        statements, self._leading, self._opening = [*self._leading, *([] if last is None else [last])], [], 0
+    async def _send(self, cursor: Any, tail: Sequence[str] = ()) -> list[list[dict[str, Any]]]:
+        """The leading statements, then ``tail``, in one packet. ``cursor`` is left on the
+        last statement's result; the rows of the statements of ``tail`` before it are
+        returned, the results of the leading ones read and dropped.
+
+        A deferred write that changed other than the rows it was deferred with raises
+        ``DatabaseError`` once the whole packet is read (so the connection stays in step).
+        When ``COMMIT`` was in the packet the transaction is committed by then: a body
+        defers a count only where the row locks it holds guarantee it.
+        """
+        statements = [*self._leading, *tail]
+        expected, first_tail = self._expected, len(self._leading)
+        self._leading, self._opening, self._expected = [], 0, {}
+        results: list[list[dict[str, Any]]] = []
+        mismatch: str | None = None
         await cursor.execute("; ".join(statements))
-        for _ in statements[1:]:
-            await cursor.nextset()
         self._sent = True
+        for index in range(len(statements)):
+            if index:
+                await cursor.nextset()
+            if index in expected and mismatch is None:
+                name, rows = expected[index]
+                if cursor.rowcount != rows:
+                    mismatch = f"database error: {name} changed {cursor.rowcount} rows, not {rows}"
+            if first_tail <= index < len(statements) - 1:
+                results.append(list(await cursor.fetchall()))
+        if mismatch is not None:
+            raise DatabaseError(mismatch)
+        return results
 
     async def _execute(self, cursor: Any, sql: str, params: Any) -> None:
         """``cursor.execute(sql, params)``, with the leading statements in front when due."""
         if self._leading:
-            await self._send(cursor, self._text(sql, params))
+            await self._send(cursor, [self._text(sql, params)])
         else:
             await cursor.execute(sql, params)
             self._sent = True
@@ -124,17 +151,55 @@ class Tx:
         self._leading.append("COMMIT")
         await self.send_leading()
 
-    def defer(self, name: str, params: Mapping[str, Any] | None = None) -> None:
+    def defer(self, name: str, params: Mapping[str, Any] | None = None, *, rows: int | None = None) -> None:
         """Run the named write with the body's next statement (or its commit): for a write
-        whose answer (rows, count) the body does not read."""
-        self._leading.append(self._text(QUERIES[name], params))
+        whose answer the body does not read. With ``rows``, the write must change exactly
+        that many rows, or the statement that carries it raises ``DatabaseError`` (``_send``)."""
+        self._defer(name, self._text(QUERIES[name], params), rows)
 
     def defer_per_row(
-        self, name: str, rows: Mapping[str, Mapping[str, Any]], params: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        rows: Mapping[str, Mapping[str, Any]],
+        params: Mapping[str, Any] | None = None,
+        *,
+        changed: int | None = None,
     ) -> None:
-        """``execute_per_row``, deferred as ``defer`` does."""
+        """``execute_per_row``, deferred as ``defer`` does (``changed`` is its ``rows``)."""
         if rows:
-            self._leading.append(self._text(*per_row_statement(QUERIES[name], rows, params or {}, name=name)))
+            self._defer(name, self._text(*per_row_statement(QUERIES[name], rows, params or {}, name=name)), changed)
+
+    def _defer(self, name: str, text: str, rows: int | None) -> None:
+        if rows is not None:
+            self._expected[len(self._leading)] = (name, rows)
+        self._leading.append(text)
+
+    def statement(self, name: str, params: Mapping[str, Any] | None = None) -> str:
+        """The named statement with its values, for ``fetchall_each``."""
+        return self._text(QUERIES[name], params)
+
+    def union_statement(
+        self, branch: str, tail: str, branches: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
+    ) -> str:
+        """Named query ``branch`` once per item of ``branches`` joined with UNION ALL, then
+        ``tail``. ``{i}`` in the branch's text numbers its own parameters: the keys of
+        ``branches[i]`` are passed as ``<key>_<i>``; ``params`` are shared by all."""
+        template = QUERIES[branch]
+        sql = " UNION ALL ".join(template.replace("{i}", str(i)) for i in range(len(branches)))
+        values = dict(params)
+        for i, branch_params in enumerate(branches):
+            values.update({f"{key}_{i}": value for key, value in branch_params.items()})
+        return self._text(f"{sql} {QUERIES[tail]}", values)
+
+    async def fetchall_each(self, *statements: str) -> list[list[dict[str, Any]]]:
+        """The rows of each of ``statements`` (from ``statement`` or ``union_statement``),
+        sent in one packet with the leading statements: reads that do not depend on each
+        other cost one round trip."""
+        if not statements:
+            return []
+        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        results = await self._send(cursor, statements)
+        return [*results, list(await cursor.fetchall())]
 
     async def _run(self, name: str, params: Mapping[str, Any] | Sequence[Any] | None):
         sql = QUERIES[name]
@@ -198,17 +263,9 @@ class Tx:
     async def fetchall_union(
         self, branch: str, tail: str, branches: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
     ) -> list[dict[str, Any]]:
-        """Named query ``branch`` once per item of ``branches`` joined with UNION ALL, then
-        ``tail``. ``{i}`` in the branch's text numbers its own parameters: the keys of
-        ``branches[i]`` are passed as ``<key>_<i>``; ``params`` are shared by all."""
-        template = QUERIES[branch]
-        sql = " UNION ALL ".join(template.replace("{i}", str(i)) for i in range(len(branches)))
-        values = dict(params)
-        for i, branch_params in enumerate(branches):
-            values.update({f"{key}_{i}": value for key, value in branch_params.items()})
-        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
-        await self._execute(cursor, f"{sql} {QUERIES[tail]}", values)
-        return list(await cursor.fetchall())
+        """The rows of ``union_statement(branch, tail, branches, params)``."""
+        [rows] = await self.fetchall_each(self.union_statement(branch, tail, branches, params))
+        return rows
 
     async def execute_raw(self, sql: str, params: Any = None) -> int:
         """Run literal SQL. Only the migration runner and test fixtures use this."""

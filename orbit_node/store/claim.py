@@ -9,7 +9,6 @@ quotas are read from their locked rows and enforced by ``orbit_node.store.quota`
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -19,7 +18,6 @@ import attrs
 
 from ..claims import ClaimRequest
 from ..db import Database, Tx
-from ..errors import DatabaseError
 from ..ids import is_hex32
 from ..rules import MAX_PRIORITY
 from .ownership import LIVE_STATES, At, Reservation
@@ -91,9 +89,18 @@ class _Claim:
 
     async def run(self) -> list[Reservation]:
         tx, req = self.tx, self.req
-        gates = await tx.fetchall(
-            "claim_gates",
-            {"namespace_id": req.namespace_id, "application_id": req.application_id, "queue_ids": self.queue_ids},
+        # The gates and the first queue's candidates in one round trip. The candidates are
+        # used when nothing the gates say would have changed their read: the first queue is
+        # open and no quota lock comes before it (a quota's lock orders claims of its
+        # application or queue, and their candidates are read under it).
+        first = self.queue_ids[0]
+        early: list[dict[str, Any]] | None
+        gates, early = await tx.fetchall_each(
+            tx.statement(
+                "claim_gates",
+                {"namespace_id": req.namespace_id, "application_id": req.application_id, "queue_ids": self.queue_ids},
+            ),
+            self._candidates(first, self.limit),
         )
         if not gates or gates[0]["app_suspended"]:
             return []
@@ -105,6 +112,8 @@ class _Claim:
         if app_budget is not None and app_budget.remaining == 0:
             return []
         queue_budgets = await self._queue_budgets(queues)
+        if app_budget is not None or queues[0]["queue_id"] != first or first in queue_budgets:
+            early = None
 
         limit = self.limit if app_budget is None else min(self.limit, app_budget.remaining)
         taken: list[Mapping[str, Any]] = []
@@ -119,7 +128,7 @@ class _Claim:
                 want = min(want, budget.remaining)
             if want <= 0:
                 continue
-            rows = await self._claim_queue(queue_id, want)
+            rows = await self._claim_queue(queue_id, want, early if queue_id == first else None)
             taken.extend(rows)
             per_queue[queue_id] = len(rows)
         await self.writes.apply(tx)
@@ -130,7 +139,7 @@ class _Claim:
         reserved_s = epoch_second(reserved_at)
         if app_budget is not None and app_budget.window_s is not None:
             window_s, count = window_after(app_budget, len(taken), reserved_s)
-            await tx.execute(
+            tx.defer(
                 "claim_application_window",
                 {"application_id": req.application_id, "window_s": window_s, "window_count": count},
             )
@@ -138,9 +147,7 @@ class _Claim:
             budget = queue_budgets.get(queue_id)
             if count and budget is not None and budget.window_s is not None:
                 window_s, total = window_after(budget, count, reserved_s)
-                await tx.execute(
-                    "claim_queue_window", {"queue_id": queue_id, "window_s": window_s, "window_count": total}
-                )
+                tx.defer("claim_queue_window", {"queue_id": queue_id, "window_s": window_s, "window_count": total})
         await self.at("claim.reserved", [r.task_id for r in reservations])
         return reservations
 
@@ -188,8 +195,17 @@ class _Claim:
             )
         return budgets
 
-    async def _claim_queue(self, queue_id: str, want: int) -> list[Mapping[str, Any]]:
-        """Lock and keep up to ``want`` due tasks of one queue, in dispatch order."""
+    def _candidates(self, queue_id: str, limit: int) -> str:
+        """The read of a queue's first ``limit`` candidates in dispatch order (no locks)."""
+        return self.tx.union_statement(
+            "claim_candidates_branch", "claim_candidates_order", self.branches, {"queue_id": queue_id, "limit": limit}
+        )
+
+    async def _claim_queue(
+        self, queue_id: str, want: int, early: list[dict[str, Any]] | None = None
+    ) -> list[Mapping[str, Any]]:
+        """Lock and keep up to ``want`` due tasks of one queue, in dispatch order
+        (``early``: its first ``want`` candidates, read already)."""
         taken: list[Mapping[str, Any]] = []
         for _ in range(MAX_CLAIM_ROUNDS):
             need = want - len(taken)
@@ -197,12 +213,10 @@ class _Claim:
                 break
             # The candidates already tried come first in order: read past them.
             read_limit = need + len(self.tried)
-            candidates = await self.tx.fetchall_union(
-                "claim_candidates_branch",
-                "claim_candidates_order",
-                self.branches,
-                {"queue_id": queue_id, "limit": read_limit},
-            )
+            if early is not None and read_limit == want:
+                candidates, early = early, None
+            else:
+                [candidates] = await self.tx.fetchall_each(self._candidates(queue_id, read_limit))
             fresh = [c for c in candidates if c["task_id"] not in self.tried]
             picked = await self._pick(fresh, need)
             if picked:
@@ -295,21 +309,21 @@ class _Claim:
         lease = now + timedelta(seconds=self.reservation_lease_s)
         tokens = {r["task_id"]: f"{r['attempts'] + 1}-{secrets.token_hex(8)}" for r in rows}
         task_ids = tuple(tokens)
-        changed = await self.tx.execute(
+        # Neither answer is read: both go with the commit. The rows are locked by this
+        # transaction, so the reservation changes every one of them (``rows`` checks it; a
+        # claim that breaks it hands out nothing, and what it reserved expires).
+        self.tx.defer_per_row(
             "claim_reserve",
+            {task_id: {"fencing_token": token} for task_id, token in tokens.items()},
             {
-                "values": json.dumps([{"i": task_id, "t": token} for task_id, token in tokens.items()]),
                 "node_id": self.req.node_id,
                 "connection_id": self.req.connection_id,
                 "now": now,
                 "lease_expires_at": lease,
             },
+            changed=len(rows),
         )
-        if changed != len(rows):
-            # Impossible while we hold the row locks; refuse to hand out anything.
-            raise DatabaseError(f"claim reserved {changed} of {len(rows)} locked tasks")
-        # Its answer is not read: it goes with the commit.
-        self.tx.defer("claim_insert_attempts", {"task_ids": task_ids})
+        self.tx.defer("claim_insert_attempts", {"task_ids": task_ids}, rows=len(rows))
         reservations = [
             Reservation(
                 task_id=r["task_id"],

@@ -124,24 +124,21 @@ UPDATE resource_keys
  WHERE namespace_id = %(namespace_id)s
    AND resource_key = %(resource_key)s
 
--- Claim, step 3: the reservation. %(values)s maps task id -> fencing token.
--- %(values)s: a JSON array of {"i": task id, "t": its new fencing token}, read once by
--- JSON_TABLE and joined to the task rows by primary key (a JSON lookup per row would
--- parse the whole document for every row).
+-- Claim, step 3: the reservation of the rows the claim locked, each with its own new
+-- fencing token ({fencing_token}, a per-row value: Tx.defer_per_row). A single-table
+-- UPDATE by primary key (no temporary table).
 -- name: claim_reserve
-UPDATE JSON_TABLE(%(values)s, '$[*]' COLUMNS (
-         task_id CHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.i',
-         token VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.t')) v
-  STRAIGHT_JOIN tasks t ON t.task_id = v.task_id
-   SET t.state = 'reserved',
-       t.owner_node_id = %(node_id)s,
-       t.connection_id = %(connection_id)s,
-       t.fencing_token = v.token,
-       t.reserved_at = %(now)s,
-       t.lease_expires_at = %(lease_expires_at)s,
-       t.started_at = NULL,
-       t.finished_at = NULL
- WHERE t.state = 'queued'
+UPDATE tasks FORCE INDEX (PRIMARY)
+   SET state = 'reserved',
+       owner_node_id = %(node_id)s,
+       connection_id = %(connection_id)s,
+       fencing_token = {fencing_token},
+       reserved_at = %(now)s,
+       lease_expires_at = %(lease_expires_at)s,
+       started_at = NULL,
+       finished_at = NULL
+ WHERE task_id IN %(row_keys)s
+   AND state = 'queued'
 
 -- name: claim_insert_attempts
 INSERT INTO task_attempts (task_id, attempt, fencing_token, owner_node_id, connection_id, reserved_at)

@@ -29,6 +29,7 @@ from .. import __version__
 from .client import OrbitClient
 from .encoding import is_id
 from .errors import ConfigError, OrbitClientError, PermissionDeniedError, UnauthenticatedError
+from .messages import Error, NodeMessage
 
 # Reconnect backoff: first pause and cap.
 RECONNECT_INITIAL_S = 0.1
@@ -114,22 +115,22 @@ def hello_message(
     }
 
 
-def hello_refused(message: Mapping[str, Any]) -> WorkerRejected:
+def hello_refused(message: NodeMessage) -> WorkerRejected:
     """A ``WorkerRejected`` for the node's answer to a hello that is not a welcome."""
-    if message.get("type") != "error":
+    if not isinstance(message, Error):
         return WorkerRejected(
-            f"the node answered the hello with {message.get('type')!r}, expected 'welcome'",
+            f"the node answered the hello with {message.type!r}, expected 'welcome'",
             status=None,
             code="PROTOCOL",
             field=None,
         )
-    code, field = str(message.get("code")), message.get("field")
-    text = f"the node refused the Worker's hello ({code}"
-    text += f" at {field}): " if isinstance(field, str) else "): "
-    text += str(message.get("message"))
-    if isinstance(field, str) and field.startswith("queues"):
+    field = message.field
+    text = f"the node refused the Worker's hello ({message.code}"
+    text += f" at {field}): " if field is not None else "): "
+    text += message.message
+    if field is not None and field.startswith("queues"):
         text += " (a queue is its 32-hex queue_id, or a name resolved by Worker.from_env / queue_names)"
-    return WorkerRejected(text, status=None, code=code, field=field if isinstance(field, str) else None)
+    return WorkerRejected(text, status=None, code=message.code, field=field)
 
 
 def ws_url(url: str) -> str:
@@ -186,8 +187,9 @@ class Rotation:
         self.backoff_s = RECONNECT_INITIAL_S
 
 
-def describe_failure(exc: BaseException, url: str, connect_timeout_s: float) -> str:
-    """Why a connection to ``url`` failed or ended, in words, naming the node's address."""
+def describe_failure(exc: BaseException, url: str, connect_timeout_s: float, *, looking_up: bool) -> str:
+    """Why a connection to ``url`` failed or ended, in words, naming the node's address;
+    ``looking_up`` says the attempt failed while it looked the queue names up."""
     parts = urlsplit(ws_url(url))
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "wss" else 80)
@@ -213,7 +215,7 @@ def describe_failure(exc: BaseException, url: str, connect_timeout_s: float) -> 
         why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
         return f"the connection to {target} broke{why}"
     if isinstance(exc, OrbitClientError):
-        return f"looking up queue names at {url}: {exc}"
+        return f"looking up queue names at {url}: {exc}" if looking_up else f"{target}: {exc}"
     return str(exc) or type(exc).__name__
 
 

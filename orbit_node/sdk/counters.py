@@ -90,7 +90,7 @@ class WorkerCounters:
         while self.finished < count:
             await self._progress.wait()
 
-    def _finished(self, report: Mapping[str, Any], result: Mapping[str, Any], attempt: int, max_attempts: int) -> None:
-        self._ends[task_end(report, result, attempt, max_attempts)] += 1
+    def _finished(self, report: Mapping[str, Any], state: str | None, attempt: int, max_attempts: int) -> None:
+        self._ends[task_end(report, state, attempt, max_attempts)] += 1
         self._progress.set()
         self._progress = trio.Event()

@@ -67,12 +67,14 @@ class TransportError(OrbitClientError):
 
 
 class ProtocolError(OrbitClientError):
-    """The node answered with something that is not the API's envelope."""
+    """The node answered with something that is not the API's envelope, or sent the
+    Worker a message it cannot read (``sdk/messages.py``: the message names its type,
+    ``field`` the part at fault, e.g. ``tasks[0].token``)."""
 
     code = "PROTOCOL_ERROR"
 
-    def __init__(self, message: str, *, status: int | None = None):
-        super().__init__(message)
+    def __init__(self, message: str, *, status: int | None = None, field: str | None = None):
+        super().__init__(message, field=field)
         self.status = status
 
 

@@ -55,23 +55,6 @@ class WorkerTask:
     #: The task's resource key (at most one task per key runs at a time), or None.
     resource_key: str | None = None
 
-    @classmethod
-    def from_dispatch(cls, raw: Mapping[str, Any]) -> WorkerTask:
-        """The attempt a ``dispatch`` message describes (without its fencing token)."""
-        return cls(
-            task_id=raw["task_id"],
-            queue_id=raw["queue_id"],
-            handler=raw["handler"],
-            handler_version=raw["handler_version"],
-            payload_version=raw["payload_version"],
-            payload=raw["payload"],
-            attempt=raw["attempt"],
-            max_attempts=raw["max_attempts"],
-            priority=raw.get("priority", 0),
-            deadline=raw.get("deadline"),
-            resource_key=raw.get("resource_key"),
-        )
-
 
 #: A handler: ``async def`` or plain ``def``, taking a ``WorkerTask``, returning the result.
 Handler = Callable[[WorkerTask], Any]
@@ -126,11 +109,10 @@ TERMINAL_ENDS = ("completed", "failed", "cancelled", "expired")
 END_OF_STATE = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled", "expired": "expired"}
 
 
-def task_end(report: Mapping[str, Any], result: Mapping[str, Any], attempt: int, max_attempts: int) -> str:
-    """The counter of an accepted Finish: from the task's state in the ack, else (a node
+def task_end(report: Mapping[str, Any], state: str | None, attempt: int, max_attempts: int) -> str:
+    """The counter of an accepted Finish: from the task's ``state`` in the ack, else (a node
     that does not say) from the report and the attempt."""
-    state = result.get("state")
-    if isinstance(state, str):
+    if state is not None:
         return END_OF_STATE.get(state, "retried")
     if report["outcome"] == "succeeded":
         return "completed"

@@ -16,12 +16,8 @@ import attrs
 import trio
 
 from ..limits import MAX_TASKS_PER_MESSAGE
+from .messages import Ack, AckResult, Welcome
 
-# The protocol's bound on the tasks of one start/renew/finish/release message.
-# Ack codes of a transition the node could not decide (its database out of reach, its
-# queue of transitions full): nothing changed, the connection still holds the task, and
-# the same transition is sent again.
-UNDECIDED = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED"})
 # Pause before an undecided Start or Finish is sent again: first, and cap (doubling).
 UNDECIDED_RETRY_INITIAL_S = 0.25
 UNDECIDED_RETRY_MAX_S = 2.0
@@ -32,11 +28,11 @@ class Session:
     """One live connection: sending, and matching acks to requests by message id."""
 
     ws: Any
-    welcome: dict[str, Any]
+    welcome: Welcome
     # trio time of the last message from the node (heartbeat answers included).
     last_heard: float = attrs.field(factory=trio.current_time)
     _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
-    _waiting: dict[str, trio.MemorySendChannel[list[dict[str, Any]]]] = attrs.field(factory=dict)
+    _waiting: dict[str, trio.MemorySendChannel[tuple[AckResult, ...]]] = attrs.field(factory=dict)
     running: dict[str, tuple[str, trio.CancelScope]] = attrs.field(factory=dict)
     # Why the node asked to stop a task (``cancel_requested`` or ``deadline``), by task id:
     # set by a ``cancel`` (or a refused renew), read when the handler's report is built.
@@ -66,10 +62,10 @@ class Session:
     async def send(self, message: dict[str, Any]) -> None:
         await self.ws.send_message(json.dumps(message, separators=(",", ":")))
 
-    async def request(self, kind: str, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def request(self, kind: str, tasks: list[dict[str, Any]]) -> tuple[AckResult, ...]:
         """Send a start/renew/finish/release and wait for its ack's results."""
         message_id = f"m{next(self._ids)}"
-        send, recv = trio.open_memory_channel[list[dict[str, Any]]](1)
+        send, recv = trio.open_memory_channel[tuple[AckResult, ...]](1)
         self._waiting[message_id] = send
         try:
             await self.send({"type": kind, "id": message_id, "tasks": tasks})
@@ -77,11 +73,10 @@ class Session:
         finally:
             self._waiting.pop(message_id, None)
 
-    def resolve(self, ack: dict[str, Any]) -> None:
-        message_id = ack.get("id")
-        send = self._waiting.pop(message_id, None) if isinstance(message_id, str) else None
+    def resolve(self, ack: Ack) -> None:
+        send = self._waiting.pop(ack.id, None) if ack.id is not None else None
         if send is not None:
-            send.send_nowait(ack["results"])
+            send.send_nowait(ack.results)
 
 
 @attrs.define(eq=False)
@@ -96,14 +91,14 @@ class Batcher:
     kind: str
     # Messages sent per kind, shared with the Worker (a figure for tests and benchmarks).
     sent: dict[str, int]
-    _queued: list[tuple[dict[str, Any], trio.MemorySendChannel[dict[str, Any] | None]]] = attrs.field(factory=list)
+    _queued: list[tuple[dict[str, Any], trio.MemorySendChannel[AckResult | None]]] = attrs.field(factory=list)
     _wake: trio.Event = attrs.field(factory=trio.Event)
 
-    async def submit(self, items: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    async def submit(self, items: list[dict[str, Any]]) -> list[AckResult | None]:
         """Queue ``items``; returns each one's result (None if the ack did not name it)."""
         waits = []
         for item in items:
-            send, recv = trio.open_memory_channel[dict[str, Any] | None](1)
+            send, recv = trio.open_memory_channel[AckResult | None](1)
             self._queued.append((item, send))
             waits.append(recv)
         self._wake.set()
@@ -119,16 +114,16 @@ class Batcher:
                 self._wake = trio.Event()
             self.sent[self.kind] += 1
             results = await self.session.request(self.kind, [item for item, _ in batch])
-            by_id = {r.get("task_id"): r for r in results}
+            by_id = {r.task_id: r for r in results}
             for item, send in batch:
                 send.send_nowait(by_id.get(item["task_id"]))
 
 
-async def until_decided(batcher: Batcher, items: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
-    """Submit ``items``; the ones the node answers ``UNDECIDED`` are submitted again after a
-    pause (doubling up to ``UNDECIDED_RETRY_MAX_S``) until each has an answer that decides
+async def until_decided(batcher: Batcher, items: list[dict[str, Any]]) -> list[AckResult | None]:
+    """Submit ``items``; the ones the node answers without deciding (``AckResult.undecided``)
+    are submitted again after a pause (doubling up to ``UNDECIDED_RETRY_MAX_S``) until each has an answer that decides
     it. The session's end (the connection lost) stops the retries."""
-    results: list[dict[str, Any] | None] = [None] * len(items)
+    results: list[AckResult | None] = [None] * len(items)
     waiting = list(range(len(items)))
     pause = UNDECIDED_RETRY_INITIAL_S
     while True:
@@ -136,7 +131,7 @@ async def until_decided(batcher: Batcher, items: list[dict[str, Any]]) -> list[d
         again = []
         for index, answer in zip(waiting, answers, strict=True):
             results[index] = answer
-            if answer is not None and not answer.get("ok") and answer.get("code") in UNDECIDED:
+            if answer is not None and answer.undecided:
                 again.append(index)
         if not again:
             return results

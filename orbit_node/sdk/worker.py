@@ -83,7 +83,8 @@ from .handlers import (
     is_async,
     stopped,
 )
-from .session import UNDECIDED, Session, until_decided
+from .messages import Ack, Cancel, Dispatch, Dispatched, Drain, Error, Heartbeat, Unknown, Welcome, parse_message
+from .session import Session, until_decided
 
 __all__ = ["Handler", "PermanentError", "Worker", "WorkerRejected", "WorkerTask"]
 
@@ -311,7 +312,7 @@ class Worker(WorkerCounters):
                     pause = self._rotation.failed()
                     what = "worker connection lost" if self._connections > welcomed else "worker could not connect"
                     where = f" to {self._rotation.current}" if len(self.urls) > 1 else ""
-                    reason = describe_failure(exc, url, self.connect_timeout_s)
+                    reason = describe_failure(exc, url, self.connect_timeout_s, looking_up=self._queue_ids is None)
                     log.warning("%s (%s); reconnecting%s in %.1f s", what, reason, where, pause)
                     with trio.move_on_after(pause):
                         await self._drain_requested.wait()
@@ -356,8 +357,8 @@ class Worker(WorkerCounters):
                     answer = await ws.get_message()
                 if waited.cancelled_caught:
                     raise NodeSilent(f"no welcome from the node within {self.welcome_timeout_s:g} s of the hello")
-                welcome = json.loads(answer)
-                if welcome.get("type") != "welcome":
+                welcome = parse_message(answer)
+                if not isinstance(welcome, Welcome):
                     raise hello_refused(welcome)
                 # Welcomed: a drain now finishes what runs instead of ending the attempt.
                 self._connecting = None
@@ -383,25 +384,27 @@ class Worker(WorkerCounters):
     async def _receive(self, session: Session, nursery: trio.Nursery) -> None:
         while True:
             try:
-                message = json.loads(await session.ws.get_message())
+                message = parse_message(await session.ws.get_message())
             except ConnectionClosed:
                 if self._draining:
                     return
                 raise
             session.last_heard = trio.current_time()
-            kind = message.get("type")
-            if kind == "dispatch":
-                nursery.start_soon(self._start_and_run, session, message["tasks"])
-            elif kind == "ack":
-                session.resolve(message)
-            elif kind == "cancel":
-                for item in message["tasks"]:
-                    self._cancel(session, item["task_id"], item.get("reason", "cancel_requested"))
-            elif kind == "drain":
-                # The node is shutting down: finish what runs, then reconnect (or stop if draining).
-                nursery.start_soon(self._finish_then_close, session)
-            elif kind == "error":
-                log.warning("node refused a message: %s %s", message.get("code"), message.get("message"))
+            match message:
+                case Dispatch(tasks=tasks):
+                    nursery.start_soon(self._start_and_run, session, tasks)
+                case Ack():
+                    session.resolve(message)
+                case Cancel(tasks=tasks):
+                    for item in tasks:
+                        self._cancel(session, item.task_id, item.reason)
+                case Drain():
+                    # The node is shutting down: finish what runs, then reconnect (or stop if draining).
+                    nursery.start_soon(self._finish_then_close, session)
+                case Error(code=code, message=text):
+                    log.warning("node refused a message: %s %s", code, text)
+                case Heartbeat() | Welcome() | Unknown():
+                    pass  # heard from (last_heard), nothing more: a second welcome, a type unknown here
 
     @staticmethod
     def _cancel(session: Session, task_id: str, reason: str) -> None:
@@ -411,8 +414,8 @@ class Worker(WorkerCounters):
         if running is not None:
             running[1].cancel()
 
-    async def _start_and_run(self, session: Session, tasks: list[dict[str, Any]]) -> None:
-        refs = [{"task_id": t["task_id"], "token": t["token"]} for t in tasks]
+    async def _start_and_run(self, session: Session, tasks: tuple[Dispatched, ...]) -> None:
+        refs = [{"task_id": t.task.task_id, "token": t.token} for t in tasks]
         session.enter()
         try:
             if self._draining:
@@ -421,10 +424,10 @@ class Worker(WorkerCounters):
             results = await until_decided(session.starts, refs)
             async with trio.open_nursery() as nursery:
                 for t, result in zip(tasks, results, strict=False):
-                    if result is not None and result.get("ok"):
+                    if result is not None and result.ok:
                         nursery.start_soon(self._run_one, session, t)
                     else:
-                        session.cancels.pop(t["task_id"], None)
+                        session.cancels.pop(t.task.task_id, None)
         finally:
             session.leave()
 
@@ -438,12 +441,12 @@ class Worker(WorkerCounters):
             result = await result
         return result
 
-    async def _run_one(self, session: Session, raw: dict[str, Any]) -> None:
-        task = WorkerTask.from_dispatch(raw)
+    async def _run_one(self, session: Session, dispatched: Dispatched) -> None:
+        task, token = dispatched.task, dispatched.token
         key = (task.handler, task.handler_version, task.payload_version)
-        report: dict[str, Any] = {"task_id": task.task_id, "token": raw["token"]}
+        report: dict[str, Any] = {"task_id": task.task_id, "token": token}
         with trio.CancelScope() as scope:
-            session.running[task.task_id] = (raw["token"], scope)
+            session.running[task.task_id] = (token, scope)
             if task.task_id in session.cancels:
                 scope.cancel()  # the cancel came before the handler began
             try:
@@ -459,28 +462,28 @@ class Worker(WorkerCounters):
         finally:
             session.running.pop(task.task_id, None)
             session.cancels.pop(task.task_id, None)
-        if result is not None and result.get("ok"):
-            self._finished(report, result, task.attempt, task.max_attempts)
+        if result is not None and result.ok:
+            self._finished(report, result.state, task.attempt, task.max_attempts)
 
     async def _heartbeats(self, session: Session) -> None:
         """Send a heartbeat every interval; a node silent for its heartbeat timeout is gone
         (the network may drop packets without ever resetting the connection)."""
-        timeout = session.welcome["heartbeat_timeout_s"]
+        timeout = session.welcome.heartbeat_timeout_s
         while True:
-            await trio.sleep(session.welcome["heartbeat_interval_s"])
+            await trio.sleep(session.welcome.heartbeat_interval_s)
             if trio.current_time() - session.last_heard >= timeout:
                 raise NodeSilent(f"nothing from the node for {timeout:g} s")
             await session.send({"type": "heartbeat"})
 
     async def _renewals(self, session: Session) -> None:
         while True:
-            await trio.sleep(session.welcome["run_lease_s"] / 3)
+            await trio.sleep(session.welcome.run_lease_s / 3)
             refs = [{"task_id": task_id, "token": token} for task_id, (token, _) in session.running.items()]
             if not refs:
                 continue
             for result in await session.request("renew", refs):
-                if not result["ok"] and result.get("code") not in UNDECIDED:
-                    running = session.running.get(result["task_id"])
+                if not result.ok and not result.undecided:
+                    running = session.running.get(result.task_id)
                     if running is not None:
                         running[1].cancel()
 

@@ -4,15 +4,15 @@ Per connection, one nursery with:
 * the reader: parses frames, answers heartbeats at once, queues transitions;
 * the transition loop: start / renew / finish / release, in order, through the
   dispatch store (this is the only place the connection waits on SQL);
-* the writer: the only task that sends frames, from a send buffer bounded by
+* the writer: the only task that sends frames, from the send buffer the core bounds by
   messages and bytes (a Worker that leaves more unread is closed as a slow consumer);
 * the watchdog: closes a silent connection after ``heartbeat_timeout_s`` and
   retries a claim request the scheduler refused;
 * the shutdown watch: on node shutdown, tells the Worker to drain.
 
 What the protocol decides (hello first and once, the budget of protocol errors, when
-silence ends the connection, when to ask for a claim and for how many) is the pure
-``ConnectionCore``'s; this adapter awaits what it says.
+silence ends the connection, when to ask for a claim and for how many, whether a frame
+fits the send buffer) is the pure ``ConnectionCore``'s; this adapter awaits what it says.
 
 Claims are never awaited here: when the connection has free capacity and no
 outstanding request, it hands one ``ClaimRequest`` to the node's ``ClaimPool`` and
@@ -25,6 +25,7 @@ decided by ``core.ConnectionCore`` (sans-IO); this module only awaits and sends.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
@@ -41,7 +42,17 @@ from ..errors import NotFound, OrbitError
 from ..store.ownership import FinishItem, Reservation, TransitionResult
 from ..store.tenancy import Principal
 from . import protocol as p
-from .core import ConnectionCore, TaskHandle, TransitionKind, TransitionMessage, ack_result, finish_item, kind_of
+from .core import (
+    Close,
+    ConnectionCore,
+    TaskHandle,
+    TransitionKind,
+    TransitionMessage,
+    ack_result,
+    finish_item,
+    kind_of,
+)
+from .send_buffer import Frame, SendBuffer
 
 log = logging.getLogger("orbit.workers")
 
@@ -131,12 +142,10 @@ class WorkerConnection:
     transport: Transport
     hub: Hub
     core: ConnectionCore = attrs.field(init=False)
-    # UTF-8 bytes of the frames queued for the writer (``buffered_messages`` counts them).
-    buffered_bytes: int = attrs.field(default=0, init=False)
-    # Frames for the writer with their size, bounded by ``worker_send_buffer_messages``
-    # and ``worker_send_buffer_bytes``; queuing never blocks (see ``send``).
-    _out_send: trio.MemorySendChannel[tuple[str, int]] = attrs.field(init=False)
-    _out_recv: trio.MemoryReceiveChannel[tuple[str, int]] = attrs.field(init=False)
+    # Frames for the writer, as many as the core's send buffer lets through; queuing
+    # never blocks (see ``send``).
+    _out_send: trio.MemorySendChannel[Frame] = attrs.field(init=False)
+    _out_recv: trio.MemoryReceiveChannel[Frame] = attrs.field(init=False)
     # Transitions for the transition loop, bounded by MAX_QUEUED_TRANSITIONS.
     _tr_send: trio.MemorySendChannel[TransitionMessage] = attrs.field(init=False)
     _tr_recv: trio.MemoryReceiveChannel[TransitionMessage] = attrs.field(init=False)
@@ -157,8 +166,9 @@ class WorkerConnection:
             claim_batch_size=config.claim_batch_size,
             retry_after_s=config.scheduler.scan_cycle_s,
             heartbeat_timeout_s=config.heartbeat_timeout_s,
+            send_buffer=SendBuffer(config.worker_send_buffer_messages, config.worker_send_buffer_bytes),
         )
-        self._out_send, self._out_recv = trio.open_memory_channel[tuple[str, int]](config.worker_send_buffer_messages)
+        self._out_send, self._out_recv = trio.open_memory_channel[Frame](math.inf)
         self._tr_send, self._tr_recv = trio.open_memory_channel[TransitionMessage](MAX_QUEUED_TRANSITIONS)
 
     @property
@@ -169,7 +179,12 @@ class WorkerConnection:
     @property
     def buffered_messages(self) -> int:
         """Frames queued for the writer, not yet handed to the WebSocket."""
-        return self._out_send.statistics().current_buffer_used
+        return self.core.send_buffer.messages
+
+    @property
+    def buffered_bytes(self) -> int:
+        """UTF-8 bytes of the frames queued for the writer."""
+        return self.core.send_buffer.size
 
     @property
     def close_code(self) -> int | None:
@@ -179,30 +194,17 @@ class WorkerConnection:
     # -- plumbing ---------------------------------------------------------------------
 
     def send(self, message: dict[str, Any]) -> None:
-        """Queue a frame for the writer (never blocks); dropped once the connection closes.
+        """Queue a frame for the writer (never blocks) as the core says: nothing once the
+        connection closes; a frame that does not fit the send buffer closes it as a slow
+        consumer."""
+        frame = self.core.frame(message)
+        if isinstance(frame, Close):
+            self._close_slow_consumer(frame)
+        elif frame is not None:
+            self._out_send.send_nowait(frame)
 
-        A frame that would take the send buffer past ``worker_send_buffer_messages`` or
-        ``worker_send_buffer_bytes`` (a frame alone may exceed the byte bound) means the
-        Worker reads too slowly: it is closed as a slow consumer."""
-        if self._closing is not None:
-            return
-        text = p.dumps(message)
-        size = len(text.encode())
-        config = self.hub.config
-        if self.buffered_messages and self.buffered_bytes + size > config.worker_send_buffer_bytes:
-            self._close_slow_consumer()
-            return
-        try:
-            self._out_send.send_nowait((text, size))
-        except trio.WouldBlock:
-            self._close_slow_consumer()
-            return
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            return
-        self.buffered_bytes += size
-
-    def _close_slow_consumer(self) -> None:
-        """Drop every frame the Worker has not read and close with ``CLOSE_SLOW_CONSUMER``.
+    def _close_slow_consumer(self, close: Close) -> None:
+        """Drop every frame the Worker has not read and close with ``close``.
 
         Its tasks follow the lease rules as on any other close: reservations are released
         when the connection ends, running tasks keep their lease."""
@@ -212,13 +214,13 @@ class WorkerConnection:
             self.buffered_messages,
             self.buffered_bytes,
         )
-        self.close_soon(p.CLOSE_SLOW_CONSUMER, "slow consumer")
+        self.close_soon(close.code, close.reason)
         while True:
             try:
-                _, size = self._out_recv.receive_nowait()
+                frame = self._out_recv.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-            self.buffered_bytes -= size
+            self.core.frame_left(frame)
 
     def close_soon(self, code: int, reason: str) -> None:
         """Ask the writer to send what is queued, then close with ``code``."""
@@ -228,9 +230,9 @@ class WorkerConnection:
             self._out_send.close()
 
     async def _writer(self) -> None:
-        async for text, size in self._out_recv:
-            self.buffered_bytes -= size
-            await self.transport.send(text)
+        async for frame in self._out_recv:
+            self.core.frame_left(frame)
+            await self.transport.send(frame.text)
         code, reason = self._closing or (p.CLOSE_NORMAL, "")
         with trio.move_on_after(CLOSE_TIMEOUT_S):
             await self.transport.close(code, reason)

@@ -3,6 +3,7 @@ the claim SQL is replaced by a function that records when it was called)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from types import SimpleNamespace
 
@@ -18,7 +19,15 @@ from orbit_node.dispatch.scheduler import FairScheduler, cache_key
 from orbit_node.dsn import Dsn
 from orbit_node.store.tenancy import Principal
 from orbit_node.workers import protocol as p
-from orbit_node.workers.connection import WorkerConnection, WorkerConnectionClosed
+from orbit_node.workers.connection import (
+    Observer,
+    QueueLookup,
+    Registry,
+    TransitionStore,
+    Transport,
+    WorkerConnection,
+    WorkerConnectionClosed,
+)
 
 CAPS = frozenset({("h", "v1", "v1")})
 
@@ -235,29 +244,95 @@ class MemoryTransport:
 
 
 @attrs.define
-class StubHub:
-    """The hub a connection needs before hello: config, pool, shutdown event, registry calls."""
-
-    config: NodeConfig
-    pool: ClaimPool
-    shutdown_requested: trio.Event = attrs.field(factory=trio.Event)
+class StubRegistry:
+    registered: int = 0
     unregistered: int = 0
+
+    async def register(self, conn):
+        self.registered += 1
 
     async def unregister(self, conn):
         self.unregistered += 1
 
-    def transitions_for(self, application_id):
-        return None  # no transition reaches this hub before hello
+
+class SilentObserver:
+    def observe_dispatch(self, reservations):
+        pass
+
+    def observe_started(self, seconds):
+        pass
+
+    def observe_finish(self, results):
+        pass
+
+    def tasks_requeued(self, application_id, queue_id, due_at, due_in_s):
+        pass
+
+
+class NoStore:
+    """The stores of a connection that never gets past its hello."""
+
+    async def start_many(self, items):
+        raise AssertionError("no transition before hello")
+
+    async def renew_many(self, items):
+        raise AssertionError("no transition before hello")
+
+    async def release_many(self, items):
+        raise AssertionError("no transition before hello")
+
+    async def finish_many(self, items):
+        raise AssertionError("no transition before hello")
+
+    async def get_queue(self, namespace_id, queue_id):
+        raise AssertionError("no hello")
 
 
 PRINCIPAL = Principal("c" * 32, "n" * 32, "default", "test", "a" * 32, "app", {})
 
 
+def protocol_members(protocol: type) -> dict[str, inspect.Signature]:
+    """Each method a Protocol names, with its signature."""
+    return {name: inspect.signature(value) for name, value in vars(protocol).items() if not name.startswith("_")}
+
+
+@pytest.mark.parametrize(
+    "stub, protocol",
+    [
+        (MemoryTransport, Transport),
+        (StubRegistry, Registry),
+        (SilentObserver, Observer),
+        (NoStore, TransitionStore),
+        (NoStore, QueueLookup),
+    ],
+)
+def test_the_stubs_implement_all_a_connection_asks_of_its_parts(stub, protocol):
+    members = protocol_members(protocol)
+    assert members, protocol
+    for name, signature in members.items():
+        assert hasattr(stub, name), f"{stub.__name__} lacks {protocol.__name__}.{name}"
+        own = getattr(stub, name)
+        assert list(inspect.signature(own).parameters) == list(signature.parameters), name
+        assert inspect.iscoroutinefunction(own) == inspect.iscoroutinefunction(getattr(protocol, name)), name
+
+
 async def test_a_silent_connection_is_closed_after_the_heartbeat_timeout(autojump_clock):
     config = NodeConfig(dsn=Dsn.parse("mysql://root@127.0.0.1/x"), heartbeat_timeout_s=30)
-    hub = StubHub(config, ClaimPool(FairScheduler(config.scheduler), claim=None, release=None))
+    registry = StubRegistry()
     transport = MemoryTransport()
-    conn = WorkerConnection("c_1", PRINCIPAL, transport, hub)
+    conn = WorkerConnection(
+        "c_1",
+        PRINCIPAL,
+        transport,
+        config=config,
+        node_id="node-1",
+        pool=ClaimPool(FairScheduler(config.scheduler), claim=None, release=None),
+        shutdown_requested=trio.Event(),
+        transitions=NoStore(),
+        queues=NoStore(),
+        registry=registry,
+        observer=SilentObserver(),
+    )
     start = trio.current_time()
     with trio.fail_after(100):
         async with trio.open_nursery() as nursery:
@@ -272,7 +347,7 @@ async def test_a_silent_connection_is_closed_after_the_heartbeat_timeout(autojum
     assert transport.closed == (p.CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
     assert trio.current_time() - start == pytest.approx(50, abs=1.5)
     assert [json.loads(t)["type"] for t in transport.sent] == ["heartbeat", "error"]
-    assert hub.unregistered == 1
+    assert (registry.registered, registry.unregistered) == (0, 1)
 
 
 async def test_a_paced_out_request_widened_while_it_waits_claims_the_freed_capacity(autojump_clock):

@@ -8,7 +8,7 @@ import sys
 from datetime import datetime
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -27,6 +27,7 @@ from orbit_node.workers.core import (
     TransitionKind,
     kind_of,
 )
+from orbit_node.workers.send_buffer import Frame, SendBuffer
 
 RESERVED, RUNNING = TaskState.RESERVED, TaskState.RUNNING
 START, RENEW, FINISH, RELEASE = (
@@ -42,6 +43,8 @@ SCAN_CYCLE_S = 1.0
 EPOCH = datetime(2030, 1, 1)
 # When a retried task comes due again (database clock).
 DUE = datetime(2030, 1, 1, 0, 0, 2)
+# The send buffer's bounds: frames, UTF-8 bytes.
+SEND_MESSAGES, SEND_BYTES = 4, 100
 
 # Written out here, not read from RULES: the held states each transition accepts ...
 ACCEPTS = {START: {RESERVED}, RENEW: {RESERVED, RUNNING}, FINISH: {RUNNING}, RELEASE: {RESERVED}}
@@ -70,8 +73,14 @@ def hello(capacity: int = 8, *, resource_keys: bool = False) -> p.Hello:
     )
 
 
+def send_buffer() -> SendBuffer:
+    return SendBuffer(SEND_MESSAGES, SEND_BYTES)
+
+
 def core(capacity: int | None = 8, batch: int = BATCH) -> ConnectionCore:
-    c = ConnectionCore("c_1", "a" * 32, "n" * 32, claim_batch_size=batch, retry_after_s=SCAN_CYCLE_S)
+    c = ConnectionCore(
+        "c_1", "a" * 32, "n" * 32, claim_batch_size=batch, retry_after_s=SCAN_CYCLE_S, send_buffer=send_buffer()
+    )
     if capacity is not None:
         c.hello_received(hello(capacity), node_id="node-1")
     return c
@@ -284,7 +293,9 @@ def test_no_claim_before_hello():
 
 
 def test_the_claim_request_after_hello():
-    c = ConnectionCore("c_9", "a" * 32, "n" * 32, claim_batch_size=BATCH, retry_after_s=SCAN_CYCLE_S)
+    c = ConnectionCore(
+        "c_9", "a" * 32, "n" * 32, claim_batch_size=BATCH, retry_after_s=SCAN_CYCLE_S, send_buffer=send_buffer()
+    )
     c.hello_received(hello(5, resource_keys=True), node_id="node-7")
     request = c.next_claim()
     assert request == ClaimRequest(
@@ -695,7 +706,15 @@ def test_a_refusal_closes_when_it_says_so_or_once_the_budget_is_spent():
 
 
 def test_silence_ends_the_connection_and_the_watchdog_wakes_for_it_or_for_a_claim_retry():
-    c = ConnectionCore("c_1", "a" * 32, "n" * 32, claim_batch_size=BATCH, retry_after_s=5.0, heartbeat_timeout_s=30.0)
+    c = ConnectionCore(
+        "c_1",
+        "a" * 32,
+        "n" * 32,
+        claim_batch_size=BATCH,
+        retry_after_s=5.0,
+        heartbeat_timeout_s=30.0,
+        send_buffer=send_buffer(),
+    )
     c.hello_received(hello(), node_id="node-1")
     c.received(100.0)
     assert not c.silent(129.9) and c.silent(130.0)
@@ -705,3 +724,89 @@ def test_silence_ends_the_connection_and_the_watchdog_wakes_for_it_or_for_a_clai
     assert c.watch_until() == 106.0
     c.received(120.0)
     assert c.watch_until() == 106.0 and not c.silent(149.0) and c.silent(150.0)
+
+
+# -- the send buffer ------------------------------------------------------------------------------
+
+SLOW_CONSUMER = Close(p.CLOSE_SLOW_CONSUMER, "slow consumer")
+
+
+def sized(size: int) -> dict[str, str]:
+    """A message whose frame is ``size`` UTF-8 bytes (at least 8)."""
+    message = {"p": "x" * (size - 8)}
+    assert len(p.dumps(message).encode()) == size
+    return message
+
+
+def queued(c: ConnectionCore) -> tuple[int, int]:
+    return c.send_buffer.messages, c.send_buffer.size
+
+
+def test_a_frame_is_counted_in_utf8_bytes_until_it_leaves_the_buffer():
+    c = core()
+    frame = c.frame({"reason": "é"})
+    assert frame == Frame('{"reason":"é"}', 15)
+    assert queued(c) == (1, 15)
+    c.frame_left(frame)
+    assert queued(c) == (0, 0)
+
+
+def test_one_frame_too_many_closes_the_connection_as_a_slow_consumer():
+    c = core()
+    frames = [c.frame(sized(10)) for _ in range(SEND_MESSAGES)]
+    assert all(isinstance(f, Frame) for f in frames)
+    assert c.frame(sized(10)) == SLOW_CONSUMER
+    assert queued(c) == (SEND_MESSAGES, SEND_MESSAGES * 10)  # the refused frame is not counted
+    c.frame_left(frames[0])  # the writer took one: the next fits
+    assert isinstance(c.frame(sized(10)), Frame)
+
+
+def test_one_byte_too_many_closes_the_connection_as_a_slow_consumer():
+    c = core()
+    first = c.frame(sized(60))
+    assert isinstance(first, Frame)
+    assert isinstance(c.frame(sized(SEND_BYTES - 60)), Frame)  # exactly the bound fits
+    assert c.frame(sized(8)) == SLOW_CONSUMER
+    c.frame_left(first)
+    assert c.frame(sized(61)) == SLOW_CONSUMER
+    assert isinstance(c.frame(sized(60)), Frame)
+
+
+def test_a_frame_larger_than_the_byte_bound_goes_alone():
+    c = core()
+    big = c.frame(sized(SEND_BYTES * 3))
+    assert isinstance(big, Frame) and queued(c) == (1, SEND_BYTES * 3)
+    assert c.frame(sized(8)) == SLOW_CONSUMER
+    c.frame_left(big)
+    assert isinstance(c.frame(sized(8)), Frame)
+
+
+def test_nothing_is_queued_once_the_connection_closes():
+    c = core()
+    frame = c.frame(sized(10))
+    c.start_closing()
+    assert c.frame(sized(10)) is None
+    assert queued(c) == (1, 10)  # what was queued before still goes out
+    assert isinstance(frame, Frame)
+    c.frame_left(frame)
+    assert queued(c) == (0, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(8, 3 * SEND_BYTES), st.none()), max_size=40))
+def test_the_send_buffer_never_holds_more_than_its_bounds(steps):
+    """Frames of random sizes, and the writer taking the oldest (None): each frame is
+    queued exactly when it keeps both bounds (a lone frame may pass the byte bound)."""
+    c = core()
+    waiting: list[Frame] = []
+    for step in steps:
+        if step is None:
+            if waiting:
+                c.frame_left(waiting.pop(0))
+        else:
+            fits = not waiting or (len(waiting) < SEND_MESSAGES and sum(f.size for f in waiting) + step <= SEND_BYTES)
+            frame = c.frame(sized(step))
+            assert (frame == SLOW_CONSUMER) is not fits
+            if isinstance(frame, Frame):
+                waiting.append(frame)
+        assert queued(c) == (len(waiting), sum(f.size for f in waiting))

@@ -12,7 +12,6 @@ from __future__ import annotations
 from quart import Blueprint, websocket
 
 from ..errors import InvalidArgument, OrbitError, ResourceExhausted, Unavailable
-from ..workers.connection import WorkerConnection
 from . import envelope
 from .auth import bearer_token, node_state
 
@@ -66,7 +65,6 @@ async def connect():
         return envelope.failure(exc)
     try:
         await websocket.accept()
-        connection = WorkerConnection(hub.new_connection_id(), principal, QuartTransport(), hub)
-        await connection.serve()
+        await hub.connection(principal, QuartTransport()).serve()
     finally:
         hub.release_slot()

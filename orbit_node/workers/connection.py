@@ -4,19 +4,24 @@ Per connection, one nursery with:
 * the reader: parses frames, answers heartbeats at once, queues transitions;
 * the transition loop: start / renew / finish / release, in order, through the
   dispatch store (this is the only place the connection waits on SQL);
-* the writer: the only task that sends frames, from a send buffer bounded by
+* the writer: the only task that sends frames, from the send buffer the core bounds by
   messages and bytes (a Worker that leaves more unread is closed as a slow consumer);
 * the watchdog: closes a silent connection after ``heartbeat_timeout_s`` and
   retries a claim request the scheduler refused;
 * the shutdown watch: on node shutdown, tells the Worker to drain.
 
 What the protocol decides (hello first and once, the budget of protocol errors, when
-silence ends the connection, when to ask for a claim and for how many) is the pure
-``ConnectionCore``'s; this adapter awaits what it says.
+silence ends the connection, when to ask for a claim and for how many, whether a frame
+fits the send buffer) is the pure ``ConnectionCore``'s; this adapter awaits what it says.
 
 Claims are never awaited here: when the connection has free capacity and no
 outstanding request, it hands one ``ClaimRequest`` to the node's ``ClaimPool`` and
 goes on; the result arrives through ``_deliver``.
+
+Of the node, a connection is given values (the settings, the node id, the claim pool,
+the shutdown event, its application's ``TransitionStore`` and ``QueueLookup``) and two
+narrow protocols: the ``Registry`` of live connections and the ``Observer`` of what it
+reports. ``WorkerHub`` is both and builds connections (``WorkerHub.connection``).
 
 What the connection holds, when it asks for a claim and when a drain is done are
 decided by ``core.ConnectionCore`` (sans-IO); this module only awaits and sends.
@@ -25,6 +30,7 @@ decided by ``core.ConnectionCore`` (sans-IO); this module only awaits and sends.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
@@ -41,7 +47,17 @@ from ..errors import NotFound, OrbitError
 from ..store.ownership import FinishItem, Reservation, TransitionResult
 from ..store.tenancy import Principal
 from . import protocol as p
-from .core import ConnectionCore, TaskHandle, TransitionKind, TransitionMessage, ack_result, finish_item, kind_of
+from .core import (
+    Close,
+    ConnectionCore,
+    TaskHandle,
+    TransitionKind,
+    TransitionMessage,
+    ack_result,
+    finish_item,
+    kind_of,
+)
+from .send_buffer import Frame, SendBuffer
 
 log = logging.getLogger("orbit.workers")
 
@@ -100,22 +116,18 @@ class QueueLookup(Protocol):
     async def get_queue(self, namespace_id: str, queue_id: str) -> object: ...
 
 
-class Hub(Protocol):
-    """What a connection needs from the node's ``WorkerHub``."""
-
-    @property
-    def config(self) -> NodeConfig: ...
-    @property
-    def node_id(self) -> str: ...
-    def transitions_for(self, application_id: str) -> TransitionStore: ...
-    def queues_for(self, application_id: str) -> QueueLookup: ...
-    @property
-    def pool(self) -> ClaimPool: ...
-    @property
-    def shutdown_requested(self) -> trio.Event: ...
+class Registry(Protocol):
+    """The node's live connections (``WorkerHub``): a connection is in from its accepted
+    hello to its end."""
 
     async def register(self, conn: WorkerConnection) -> None: ...
     async def unregister(self, conn: WorkerConnection) -> None: ...
+
+
+class Observer(Protocol):
+    """What a connection reports (``WorkerHub``): its tasks for the metrics, and tasks it
+    put back in their queues for the claims that wait for them."""
+
     def observe_dispatch(self, reservations: Sequence[Reservation]) -> None: ...
     def observe_started(self, seconds: float) -> None: ...
     def observe_finish(self, results: Sequence[TransitionResult]) -> None: ...
@@ -126,30 +138,37 @@ class Hub(Protocol):
 
 @attrs.define(eq=False)
 class WorkerConnection:
+    """One Worker connection; ``WorkerHub.connection`` builds it with the node's parts."""
+
     connection_id: str
     principal: Principal
     transport: Transport
-    hub: Hub
+    config: NodeConfig = attrs.field(kw_only=True)
+    node_id: str = attrs.field(kw_only=True)
+    # The node's fair claim pool.
+    pool: ClaimPool = attrs.field(kw_only=True)
+    # Set once the node shuts down: the connection tells its Worker to drain.
+    shutdown_requested: trio.Event = attrs.field(kw_only=True)
+    # Where the Start/renew/Finish/release batches of this connection go (its application's
+    # lane of the group commit), and where its hello's queues are looked up (its shard).
+    transitions: TransitionStore = attrs.field(kw_only=True)
+    queues: QueueLookup = attrs.field(kw_only=True)
+    registry: Registry = attrs.field(kw_only=True)
+    observer: Observer = attrs.field(kw_only=True)
     core: ConnectionCore = attrs.field(init=False)
-    # UTF-8 bytes of the frames queued for the writer (``buffered_messages`` counts them).
-    buffered_bytes: int = attrs.field(default=0, init=False)
-    # Frames for the writer with their size, bounded by ``worker_send_buffer_messages``
-    # and ``worker_send_buffer_bytes``; queuing never blocks (see ``send``).
-    _out_send: trio.MemorySendChannel[tuple[str, int]] = attrs.field(init=False)
-    _out_recv: trio.MemoryReceiveChannel[tuple[str, int]] = attrs.field(init=False)
+    # Frames for the writer, as many as the core's send buffer lets through; queuing
+    # never blocks (see ``send``).
+    _out_send: trio.MemorySendChannel[Frame] = attrs.field(init=False)
+    _out_recv: trio.MemoryReceiveChannel[Frame] = attrs.field(init=False)
     # Transitions for the transition loop, bounded by MAX_QUEUED_TRANSITIONS.
     _tr_send: trio.MemorySendChannel[TransitionMessage] = attrs.field(init=False)
     _tr_recv: trio.MemoryReceiveChannel[TransitionMessage] = attrs.field(init=False)
     _closing: tuple[int, str] | None = attrs.field(default=None, init=False)
     _wake_watchdog: trio.Event = attrs.field(factory=trio.Event, init=False)
     _held_changed: trio.Event = attrs.field(factory=trio.Event, init=False)
-    # Where this connection's Start/renew/Finish/release batches go (its application's lane
-    # of the group commit).
-    _transition_store: TransitionStore = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        config = self.hub.config
-        self._transition_store = self.hub.transitions_for(self.principal.application_id)
+        config = self.config
         self.core = ConnectionCore(
             self.connection_id,
             self.principal.application_id,
@@ -157,8 +176,9 @@ class WorkerConnection:
             claim_batch_size=config.claim_batch_size,
             retry_after_s=config.scheduler.scan_cycle_s,
             heartbeat_timeout_s=config.heartbeat_timeout_s,
+            send_buffer=SendBuffer(config.worker_send_buffer_messages, config.worker_send_buffer_bytes),
         )
-        self._out_send, self._out_recv = trio.open_memory_channel[tuple[str, int]](config.worker_send_buffer_messages)
+        self._out_send, self._out_recv = trio.open_memory_channel[Frame](math.inf)
         self._tr_send, self._tr_recv = trio.open_memory_channel[TransitionMessage](MAX_QUEUED_TRANSITIONS)
 
     @property
@@ -169,7 +189,12 @@ class WorkerConnection:
     @property
     def buffered_messages(self) -> int:
         """Frames queued for the writer, not yet handed to the WebSocket."""
-        return self._out_send.statistics().current_buffer_used
+        return self.core.send_buffer.messages
+
+    @property
+    def buffered_bytes(self) -> int:
+        """UTF-8 bytes of the frames queued for the writer."""
+        return self.core.send_buffer.size
 
     @property
     def close_code(self) -> int | None:
@@ -179,30 +204,17 @@ class WorkerConnection:
     # -- plumbing ---------------------------------------------------------------------
 
     def send(self, message: dict[str, Any]) -> None:
-        """Queue a frame for the writer (never blocks); dropped once the connection closes.
+        """Queue a frame for the writer (never blocks) as the core says: nothing once the
+        connection closes; a frame that does not fit the send buffer closes it as a slow
+        consumer."""
+        frame = self.core.frame(message)
+        if isinstance(frame, Close):
+            self._close_slow_consumer(frame)
+        elif frame is not None:
+            self._out_send.send_nowait(frame)
 
-        A frame that would take the send buffer past ``worker_send_buffer_messages`` or
-        ``worker_send_buffer_bytes`` (a frame alone may exceed the byte bound) means the
-        Worker reads too slowly: it is closed as a slow consumer."""
-        if self._closing is not None:
-            return
-        text = p.dumps(message)
-        size = len(text.encode())
-        config = self.hub.config
-        if self.buffered_messages and self.buffered_bytes + size > config.worker_send_buffer_bytes:
-            self._close_slow_consumer()
-            return
-        try:
-            self._out_send.send_nowait((text, size))
-        except trio.WouldBlock:
-            self._close_slow_consumer()
-            return
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            return
-        self.buffered_bytes += size
-
-    def _close_slow_consumer(self) -> None:
-        """Drop every frame the Worker has not read and close with ``CLOSE_SLOW_CONSUMER``.
+    def _close_slow_consumer(self, close: Close) -> None:
+        """Drop every frame the Worker has not read and close with ``close``.
 
         Its tasks follow the lease rules as on any other close: reservations are released
         when the connection ends, running tasks keep their lease."""
@@ -212,13 +224,13 @@ class WorkerConnection:
             self.buffered_messages,
             self.buffered_bytes,
         )
-        self.close_soon(p.CLOSE_SLOW_CONSUMER, "slow consumer")
+        self.close_soon(close.code, close.reason)
         while True:
             try:
-                _, size = self._out_recv.receive_nowait()
+                frame = self._out_recv.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-            self.buffered_bytes -= size
+            self.core.frame_left(frame)
 
     def close_soon(self, code: int, reason: str) -> None:
         """Ask the writer to send what is queued, then close with ``code``."""
@@ -228,9 +240,9 @@ class WorkerConnection:
             self._out_send.close()
 
     async def _writer(self) -> None:
-        async for text, size in self._out_recv:
-            self.buffered_bytes -= size
-            await self.transport.send(text)
+        async for frame in self._out_recv:
+            self.core.frame_left(frame)
+            await self.transport.send(frame.text)
         code, reason = self._closing or (p.CLOSE_NORMAL, "")
         with trio.move_on_after(CLOSE_TIMEOUT_S):
             await self.transport.close(code, reason)
@@ -261,11 +273,11 @@ class WorkerConnection:
                 await self._cleanup()
 
     async def _cleanup(self) -> None:
-        self.hub.pool.leave(self.connection_id)
+        self.pool.leave(self.connection_id)
         unstarted = self.core.unstarted()
         if unstarted:
             try:
-                await self._transition_store.release_many(unstarted)
+                await self.transitions.release_many(unstarted)
             except Exception as exc:
                 log.warning(
                     "connection %s: could not release %d reservations (lease recovery will): %s",
@@ -275,7 +287,7 @@ class WorkerConnection:
                 )
         # Running tasks stay with their lease: the Worker may still be running them;
         # if it never reports, lease recovery counts a failed attempt.
-        await self.hub.unregister(self)
+        await self.registry.unregister(self)
 
     async def _reader(self) -> None:
         while True:
@@ -303,7 +315,7 @@ class WorkerConnection:
             return
         if isinstance(message, p.Drain):
             self.core.worker_drain()
-            self.hub.pool.leave(self.connection_id)
+            self.pool.leave(self.connection_id)
             return
         try:
             self._tr_send.send_nowait(message)
@@ -328,22 +340,20 @@ class WorkerConnection:
                     close_code=p.CLOSE_POLICY,
                 )
             try:
-                await self.hub.queues_for(self.principal.application_id).get_queue(
-                    self.principal.namespace_id, queue_id
-                )
+                await self.queues.get_queue(self.principal.namespace_id, queue_id)
             except NotFound:
                 raise p.MessageRefused(
                     "NOT_FOUND", f"queue {queue_id} not found", field=f"queues[{index}]", close_code=p.CLOSE_POLICY
                 ) from None
             except OrbitError as exc:
                 raise p.MessageRefused("UNAVAILABLE", exc.message, close_code=p.CLOSE_INTERNAL) from None
-        self.core.hello_received(hello, node_id=self.hub.node_id)
-        await self.hub.register(self)
-        config = self.hub.config
+        self.core.hello_received(hello, node_id=self.node_id)
+        await self.registry.register(self)
+        config = self.config
         self.send(
             p.welcome(
                 connection_id=self.connection_id,
-                node_id=self.hub.node_id,
+                node_id=self.node_id,
                 heartbeat_interval_s=config.heartbeat_timeout_s / 3,
                 heartbeat_timeout_s=config.heartbeat_timeout_s,
                 max_message_bytes=config.max_ws_message_bytes,
@@ -364,11 +374,11 @@ class WorkerConnection:
             return
         limit = self.core.claim_limit()
         if limit is not None:
-            self.hub.pool.widen(self.connection_id, limit)
+            self.pool.widen(self.connection_id, limit)
 
     def _submit(self, request: ClaimRequest) -> None:
         try:
-            self.hub.pool.request(request, self._deliver)
+            self.pool.request(request, self._deliver)
         except SchedulerRefused:
             self.core.claim_failed(trio.current_time())
             self._wake_watchdog.set()
@@ -387,7 +397,7 @@ class WorkerConnection:
         self.core.claim_delivered(result, trio.current_time())
         if result:
             self.send(p.dispatch(result))
-            self.hub.observe_dispatch(result)
+            self.observer.observe_dispatch(result)
         self.maybe_request_claim()
 
     # -- transitions --------------------------------------------------------------------
@@ -409,7 +419,7 @@ class WorkerConnection:
 
     async def _transition(self, message: TransitionMessage) -> None:
         kind = kind_of(message)
-        store = self._transition_store
+        store = self.transitions
         mine: Sequence[TaskHandle]
         # A finish goes to the store as FinishItems, the others as (task_id, token).
         if isinstance(message, p.Finish):
@@ -429,11 +439,11 @@ class WorkerConnection:
         results = [p.refused(task_id, "NOT_HELD") for task_id in not_held]
         results += [ack_result(outcome) for _, outcome in zip(mine, outcomes, strict=False)]
         for seconds in settled.started_after_s:
-            self.hub.observe_started(seconds)
+            self.observer.observe_started(seconds)
         for back in settled.requeued:
-            self.hub.tasks_requeued(self.principal.application_id, back.queue_id, back.due_at, back.due_in_s)
+            self.observer.tasks_requeued(self.principal.application_id, back.queue_id, back.due_at, back.due_in_s)
         if kind is TransitionKind.FINISH:
-            self.hub.observe_finish(outcomes)
+            self.observer.observe_finish(outcomes)
         self.send(p.ack(kind.value, results, message.id))
         if settled.cancels:
             self.send(p.cancel([(c.task_id, c.reason) for c in settled.cancels]))
@@ -455,7 +465,7 @@ class WorkerConnection:
                 await self._wake_watchdog.wait()
 
     async def _shutdown_watch(self) -> None:
-        await self.hub.shutdown_requested.wait()
+        await self.shutdown_requested.wait()
         # No new requests from here on; the pool's own shutdown answers a pending one
         # (PoolClosed) and lets an in-flight one deliver its reservations here.
         self.core.node_drain()

@@ -14,12 +14,14 @@ passes ``now``):
 * when to ask for the next claim and for how many tasks (``next_claim``), what a
   delivery or a failed request changes (``claim_delivered``, ``claim_failed``,
   ``claim_closed``, ``claim_retry``);
-* when a draining connection is done (``drained``).
+* when a draining connection is done (``drained``);
+* whether a frame for the Worker fits its send buffer, or the Worker reads too slowly
+  and the connection closes (``frame``, ``frame_left``).
 
 The four transitions are one table (``RULES``): the held states each accepts and
 what an accepted or a refused result does. ``WorkerConnection`` is the trio adapter
 around this object: it awaits the store, the claim pool and the WebSocket, and
-sends the frames ``protocol`` builds.
+sends the frames this object lets through.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..claims import ClaimRequest
 from ..store.ownership import FinishItem, Outcome, TransitionResult
 from ..wire import rfc3339
 from . import protocol as p
+from .send_buffer import Frame, SendBuffer
 
 if TYPE_CHECKING:
     from ..store.ownership import Reservation
@@ -209,7 +212,7 @@ class Settled:
 class ConnectionCore:
     """The held / outstanding / draining state of one Worker connection, and what the
     protocol decides about it: the order of its first messages, its budget of protocol
-    errors, when its silence ends it."""
+    errors, when its silence ends it, how much it may leave unread."""
 
     connection_id: str
     application_id: str
@@ -220,6 +223,8 @@ class ConnectionCore:
     retry_after_s: float
     # A connection silent this long is gone (``NodeConfig.heartbeat_timeout_s``).
     heartbeat_timeout_s: float = 30.0
+    # The frames queued for the writer, within the node's send buffer bounds.
+    send_buffer: SendBuffer = attrs.field(kw_only=True)
     # The caller's clock when the latest frame arrived (``received``).
     last_received: float = attrs.field(default=0.0, init=False)
     protocol_errors: int = attrs.field(default=0, init=False)
@@ -277,6 +282,24 @@ class ConnectionCore:
             return Close(p.CLOSE_PROTOCOL, "too many protocol errors")
         return None
 
+    def frame(self, message: Mapping[str, Any]) -> Frame | Close | None:
+        """The frame to queue for the writer for ``message``, counted in the send buffer.
+
+        None once the connection is closing: nothing more is queued. A ``Close`` when the
+        frame does not fit the send buffer: the Worker reads too slowly, the connection
+        closes as a slow consumer and the frames it left unread are dropped (``frame_left``)."""
+        if self.closing:
+            return None
+        frame = Frame.of(message)
+        if not self.send_buffer.fits(frame):
+            return Close(p.CLOSE_SLOW_CONSUMER, "slow consumer")
+        self.send_buffer.add(frame)
+        return frame
+
+    def frame_left(self, frame: Frame) -> None:
+        """A queued frame left the send buffer: the writer took it, or it was dropped."""
+        self.send_buffer.remove(frame)
+
     # -- connection life ---------------------------------------------------------------
 
     def hello_received(self, hello: p.Hello, *, node_id: str) -> None:
@@ -303,7 +326,7 @@ class ConnectionCore:
         self.node_draining = True
 
     def start_closing(self) -> None:
-        """The connection is closing: no new claims."""
+        """The connection is closing: no new claims, no new frames."""
         self.closing = True
 
     @property

@@ -6,7 +6,7 @@ import logging
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import attrs
 import trio
@@ -14,12 +14,11 @@ import trio
 from ..config import NodeConfig
 from ..dispatch.pool import ClaimPool
 from ..dispatch.signals import SignalRelay
-from ..store.tenancy import TenancyStore
+from ..store.ownership import Reservation, TransitionResult
+from ..store.tenancy import Principal, TenancyStore
 from ..store.workers import WorkerRegistryStore
+from .connection import TransitionStore, Transport, WorkerConnection
 from .table import ConnectionTable
-
-if TYPE_CHECKING:
-    from .connection import TransitionStore, WorkerConnection
 
 log = logging.getLogger("orbit.workers")
 
@@ -92,19 +91,36 @@ class WorkerHub:
         """Where the queues of ``application_id`` are (its shard)."""
         return self.shards.tenancy_for(application_id)
 
-    @staticmethod
-    def new_connection_id() -> str:
-        return "c_" + secrets.token_hex(12)
+    def connection(self, principal: Principal, transport: Transport) -> WorkerConnection:
+        """A new connection of ``principal`` over ``transport``, served by this node: its
+        transitions and queues are its application's shard's; it reports to this hub."""
+        return WorkerConnection(
+            "c_" + secrets.token_hex(12),
+            principal,
+            transport,
+            config=self.config,
+            node_id=self.node_id,
+            pool=self.pool,
+            shutdown_requested=self.shutdown_requested,
+            transitions=self.transitions_for(principal.application_id),
+            queues=self.queues_for(principal.application_id),
+            registry=self,
+            observer=self,
+        )
 
-    async def register(self, conn) -> None:
+    # -- the registry of live connections ------------------------------------------------
+
+    async def register(self, conn: WorkerConnection) -> None:
+        hello = conn.hello
+        assert hello is not None  # a connection registers once its hello is accepted
         self.connections[conn.connection_id] = conn
         self.on_application(conn.principal.application_id, conn.principal.application)
         log.info(
             "worker connected: %d queues, capacity %d, client %s %s",
-            len(conn.hello.queues),
-            conn.hello.capacity,
-            conn.hello.client_name or "-",
-            conn.hello.client_version or "-",
+            len(hello.queues),
+            hello.capacity,
+            hello.client_name or "-",
+            hello.client_version or "-",
         )
         try:
             # Finished even when the connection ends meanwhile (bounded): a write cut off
@@ -114,17 +130,17 @@ class WorkerHub:
                     connection_id=conn.connection_id,
                     node_id=self.node_id,
                     namespace_id=conn.principal.namespace_id,
-                    queues=conn.hello.queues,
-                    capabilities=conn.hello.capabilities,
-                    resource_key_support=conn.hello.resource_keys,
-                    capacity=conn.hello.capacity,
-                    client_name=conn.hello.client_name,
-                    client_version=conn.hello.client_version,
+                    queues=hello.queues,
+                    capabilities=hello.capabilities,
+                    resource_key_support=hello.resource_keys,
+                    capacity=hello.capacity,
+                    client_name=hello.client_name,
+                    client_version=hello.client_version,
                 )
         except Exception as exc:  # the registry informs operators; it decides nothing
             log.warning("could not record connection %s: %s", conn.connection_id, exc)
 
-    async def unregister(self, conn) -> None:
+    async def unregister(self, conn: WorkerConnection) -> None:
         if self.connections.pop(conn.connection_id, None) is not None:
             log.info("worker disconnected")
             try:
@@ -146,14 +162,14 @@ class WorkerHub:
 
     # -- what the connections report --------------------------------------------------
 
-    def observe_dispatch(self, reservations) -> None:
+    def observe_dispatch(self, reservations: Sequence[Reservation]) -> None:
         self.dispatched += len(reservations)
 
     def observe_started(self, seconds: float) -> None:
         """A Start was accepted ``seconds`` after its task was dispatched."""
         self.on_start(seconds)
 
-    def observe_finish(self, results) -> None:
+    def observe_finish(self, results: Sequence[TransitionResult]) -> None:
         for result in results:
             if result.duplicate:
                 continue  # a repeated Finish changed nothing

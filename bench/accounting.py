@@ -129,6 +129,8 @@ class Profiler:
         try:
             text = self._out.read_text()
             err = self._err.read_bytes()
+            if os.environ.get("ORBIT_BENCH_PROFILE_RAW"):
+                Path(os.environ["ORBIT_BENCH_PROFILE_RAW"]).write_text(text)
         except OSError:
             text, err = "", b""
         finally:

@@ -167,6 +167,8 @@ MALFORMED = [
     (welcome(connection_id=None), "connection_id", "expected a string, got null"),
     ({"type": "dispatch"}, "tasks", "missing"),
     ({"type": "dispatch", "tasks": {"0": {}}}, "tasks", "expected a list, got an object"),
+    # A dispatch of nothing would be answered with an empty start, which the node refuses.
+    ({"type": "dispatch", "tasks": []}, "tasks", "expected at least 1 item(s), got 0"),
     ({"type": "dispatch", "tasks": [[TASK]]}, "tasks[0]", "expected an object, got a list"),
     (dispatched(token=...), "tasks[0].token", "missing"),
     (dispatched(task_id=1), "tasks[0].task_id", "expected a string, got a number"),

@@ -204,9 +204,14 @@ class _Fields:
             raise self.malformed(name, "missing")
         return self.obj[name]
 
-    def objects(self, name: str) -> list[_Fields]:
+    def objects(self, name: str, *, at_least: int = 0) -> list[_Fields]:
+        items = self._required(name, list, "a list")
+        if len(items) < at_least:
+            raise _malformed(
+                self.kind, f"{self.where}{name}", f"expected at least {at_least} item(s), got {len(items)}"
+            )
         fields = []
-        for index, item in enumerate(self._required(name, list, "a list")):
+        for index, item in enumerate(items):
             path = f"{self.where}{name}[{index}]"
             if not isinstance(item, dict):
                 raise _malformed(self.kind, path, f"expected an object, got {_kind(item)}")
@@ -266,7 +271,7 @@ def _cancel(m: _Fields) -> Cancel:
 _PARSERS: dict[str, Callable[[_Fields], NodeMessage]] = {
     "welcome": _welcome,
     "heartbeat": lambda m: Heartbeat(),
-    "dispatch": lambda m: Dispatch(tuple(_dispatched(t) for t in m.objects("tasks"))),
+    "dispatch": lambda m: Dispatch(tuple(_dispatched(t) for t in m.objects("tasks", at_least=1))),
     "ack": _ack,
     "cancel": _cancel,
     "drain": lambda m: Drain(),

@@ -10,9 +10,13 @@ from datetime import datetime
 
 import pytest
 import trio
+import trio_mysql.connections
+from hypothesis import example, given
+from hypothesis import strategies as st
+from trio_mysql.constants import SERVER_STATUS
 
 from orbit_node.db import QUERIES, Database
-from orbit_node.db.driver import is_dropped
+from orbit_node.db.driver import DriverConnection, is_dropped
 from orbit_node.db.queries import parse_blocks
 from orbit_node.db.tx import per_row_statement
 from orbit_node.dsn import Dsn
@@ -456,3 +460,29 @@ async def test_a_connection_on_a_descriptor_above_1023_is_reused_until_the_serve
         assert after != first and high.statistics().open == 1
     finally:
         await high.aclose()
+
+
+VALUES = st.one_of(
+    st.text(),
+    st.text(alphabet="\\'\"\0\n\r\x1a%ab"),
+    st.none(),
+    st.integers(),
+    st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.datetimes(),
+    st.datetimes(timezones=st.timezones()),
+    st.binary(max_size=8),
+    st.lists(st.text(max_size=4), min_size=1, max_size=3).map(tuple),
+)
+
+
+@given(value=VALUES, no_backslash=st.booleans())
+@example(value='it\'s \\ "q"\0', no_backslash=False)
+@example(value="it's \\", no_backslash=True)
+@example(value=datetime(2026, 1, 2, 3, 4, 5), no_backslash=False)
+@example(value=datetime(5, 1, 2, 3, 4, 5, 6), no_backslash=False)
+def test_literals_are_the_drivers_own(value, no_backslash):
+    """The connection's one-step literals are the text the driver writes for every value."""
+    ours, drivers = DriverConnection(host="unused"), trio_mysql.connections.Connection(host="unused")
+    ours.server_status = drivers.server_status = SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES if no_backslash else 0
+    assert ours.literal(value) == drivers.literal(value)

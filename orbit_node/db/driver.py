@@ -1,6 +1,7 @@
 """trio-mysql as the node uses it: error numbers and their translation into
 ``orbit_node.errors``, the session set-up, the fast DATETIME conversion, and a
-connection class that really closes its socket when it gives a connection up."""
+connection class that really closes its socket when it gives a connection up and
+writes the most common values as SQL literals in one step."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import trio
 import trio_mysql
 import trio_mysql.converters
-from trio_mysql.constants import FIELD_TYPE
+from trio_mysql.constants import FIELD_TYPE, SERVER_STATUS
 
 from ..errors import DatabaseError, SchemaNotReady, Unavailable
 
@@ -70,6 +71,22 @@ def _close_stream(stream: Any) -> None:
             pass
 
 
+# What a string literal escapes (with backslashes, the server's default mode), as the
+# driver's trio_mysql.converters.escape_string does: a str.translate table by code point
+# (a list: translate looks an index up faster than a key).
+STRING_ESCAPES = [chr(code) for code in range(128)]
+for _char, _escaped in {
+    "\0": "\\0",
+    "\\": "\\\\",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\032": "\\Z",
+    '"': '\\"',
+    "'": "\\'",
+}.items():
+    STRING_ESCAPES[ord(_char)] = _escaped
+
+
 class DriverConnection(trio_mysql.connections.Connection):
     """trio-mysql's connection, closing its socket when it gives the connection up.
 
@@ -89,6 +106,26 @@ class DriverConnection(trio_mysql.connections.Connection):
     async def _execute_command(self, command: int, sql: Any) -> None:
         self.commands += 1
         await super()._execute_command(command, sql)
+
+    def literal(self, obj: Any) -> str:
+        """``obj`` as an SQL literal, the text the driver's own ``literal`` gives (every
+        statement's values pass here, through the driver's cursors). Strings, None and
+        integers and naive datetimes, nearly all of a bulk submit's tens of thousands of values, are written
+        here in one step instead of the driver's four calls; any other type goes through
+        the driver."""
+        kind = type(obj)
+        if kind is str:
+            if self.server_status & SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES:
+                return "'" + obj.replace("'", "''") + "'"
+            return "'" + obj.translate(STRING_ESCAPES) + "'"
+        if obj is None:
+            return "NULL"
+        if kind is int:
+            return str(obj)
+        if kind is datetime and obj.tzinfo is None:
+            # The driver's form: microseconds only when there are some.
+            return "'" + obj.isoformat(" ") + "'"
+        return self.escape(obj, self.encoders)
 
     def _force_close(self) -> None:
         _close_stream(self._sock)

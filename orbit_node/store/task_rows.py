@@ -75,7 +75,18 @@ class TaskSummary:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Any:
         """Build from a row of the named queries (subclasses read their own columns too)."""
-        return cls(**{f.name: row[f.metadata.get("column") or f.name] for f in attrs.fields(cls)})
+        return cls(**{name: row[column] for name, column in _columns(cls)})
+
+
+# Row type -> (field, the column it is read from) of each of its fields.
+_COLUMNS: dict[type, tuple[tuple[str, str], ...]] = {}
+
+
+def _columns(cls: type) -> tuple[tuple[str, str], ...]:
+    found = _COLUMNS.get(cls)
+    if found is None:
+        found = _COLUMNS[cls] = tuple((f.name, f.metadata.get("column") or f.name) for f in attrs.fields(cls))
+    return found
 
 
 @attrs.frozen(kw_only=True)

@@ -44,7 +44,7 @@ from .store.signals import SignalStore
 from .store.submit_group import SubmitGroups
 from .store.tasks import TaskStore
 from .store.tenancy import Principal, TenancyStore
-from .store.workers import WorkerRegistryStore
+from .store.worker_registry import WorkerRegistryStore
 from .workers.connection import TransitionStore
 from .workers.hub import WorkerHub
 from .workers.table import ConnectionTable

@@ -27,7 +27,7 @@ import trio
 
 from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.db import Database, migrate
-from orbit_node.store.dispatch import DispatchStore
+from orbit_node.store.leases import LeaseStore
 from orbit_node.store.ownership import FinishItem, Outcome
 from orbit_node.store.tenancy import TenancyStore
 
@@ -93,7 +93,7 @@ async def seed_tasks(db: Database, owner: dict[str, str], count: int) -> None:
     )
 
 
-async def drain(store: DispatchStore, owner: dict[str, str], *, tasks: int, workers: int, batch: int) -> DispatchRun:
+async def drain(store: LeaseStore, owner: dict[str, str], *, tasks: int, workers: int, batch: int) -> DispatchRun:
     done = 0
     transactions = 0
     claims = 0
@@ -163,7 +163,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         runs = []
         for batch in args.batches:
             await seed_tasks(db, owner, args.tasks)
-            store = DispatchStore(db, reservation_lease_s=30, run_lease_s=60, batch_size=batch)
+            store = LeaseStore(db, reservation_lease_s=30, run_lease_s=60, batch_size=batch)
             runs.append(await drain(store, owner, tasks=args.tasks, workers=args.workers, batch=batch))
         commits_after = await commit_rate(db, connections=args.workers, seconds=args.commit_seconds)
     finally:

@@ -1,7 +1,7 @@
 """Locks: row lock waits of claims across nodes, with an application quota and resource keys.
 
 ``--locks-nodes`` "nodes", each a process of its own (``python -m bench.locks SPEC
-OUT``) with its own ``Database`` pool and ``DispatchStore`` as a node has, x
+OUT``) with its own ``Database`` pool and ``LeaseStore`` as a node has, x
 ``--locks-claimers`` concurrent claimers each claim a batch of 16 from one of the
 application's queues, start it and finish it, until the backlog is drained or the
 window ends. Two phases in the same run, each on its own application and
@@ -31,7 +31,7 @@ import trio
 from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.db import Database
 from orbit_node.dsn import Dsn
-from orbit_node.store.dispatch import DispatchStore
+from orbit_node.store.leases import LeaseStore
 from orbit_node.store.ownership import FinishItem, Outcome
 from orbit_node.store.tenancy import TenancyStore
 
@@ -111,7 +111,7 @@ async def _node(
     """One node: ``claimers`` loops on one pool, from ``start_at`` (epoch) until the
     application has no live task left or ``seconds`` have passed."""
     pool = Database(dsn, size=claimers)
-    store = DispatchStore(pool, reservation_lease_s=30, run_lease_s=60, batch_size=CLAIM_BATCH)
+    store = LeaseStore(pool, reservation_lease_s=30, run_lease_s=60, batch_size=CLAIM_BATCH)
     queue_ids = app["queue_ids"]
     latencies: list[float] = []
     counts = {"claims": 0, "empty": 0, "tasks": 0}
@@ -288,7 +288,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     claimers = args.locks_nodes * args.locks_claimers
     notes = [
         f"{args.locks_nodes} nodes (processes, each one Database pool of {args.locks_claimers} and one "
-        "DispatchStore) x "
+        "LeaseStore) x "
         f"{args.locks_claimers} claimers = {claimers} loops of claim (batch {CLAIM_BATCH}) -> start -> finish over "
         f"{args.locks_queues} queues of one application; {args.locks_tasks:,} due tasks per phase, at most "
         f"{args.locks_seconds:g} s per phase (drained: "

@@ -3,7 +3,7 @@
 * raw commit rate: single-row autocommit INSERTs on 1, 4 and 16 connections (one round
   trip and one commit each): what the server can commit at all.
 * SQL floor: the dispatch core's own claim -> start -> finish transactions
-  (``DispatchStore``, batch 16, 4 loops = the node's 4 claim SQL slots) in a bare loop,
+  (``LeaseStore``, batch 16, 4 loops = the node's 4 claim SQL slots) in a bare loop,
   no HTTP, no WebSocket, no scheduler: the most Orbit's SQL can do on this server.
 
 Other scenarios call ``measure_floor`` so their ratios come from the same run.
@@ -15,7 +15,7 @@ import argparse
 from typing import Any
 
 from orbit_node.db import Database
-from orbit_node.store.dispatch import DispatchStore
+from orbit_node.store.leases import LeaseStore
 
 from . import claim, durability
 from .database import App, BenchDb, bench_database, count_statements, make_app
@@ -61,7 +61,7 @@ async def measure_floor(bdb: BenchDb, tasks: int, *, app: App | None = None) -> 
     db = Database(bdb.dsn, size=FLOOR_LOOPS + 2)
     try:
         await claim.seed_tasks(db, owner, tasks)
-        store = DispatchStore(db, reservation_lease_s=30, run_lease_s=60, batch_size=FLOOR_BATCH)
+        store = LeaseStore(db, reservation_lease_s=30, run_lease_s=60, batch_size=FLOOR_BATCH)
         async with count_statements(db) as statements:
             run = await claim.drain(store, owner, tasks=tasks, workers=FLOOR_LOOPS, batch=FLOOR_BATCH)
     finally:

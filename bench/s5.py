@@ -1,6 +1,6 @@
 """S5 backlog health: claims beside whatever a queue holds, submits during a claim burst.
 
-* claim latency (``DispatchStore.claim``, batch 16, one loop as a node's one in-flight
+* claim latency (``LeaseStore.claim``, batch 16, one loop as a node's one in-flight
   claim per application) for each queue *shape*, one queue per shape, each holding the
   same 1,000 due tasks of the claiming connection: ``plain`` (nothing else),
   ``other handler`` (200,000 due tasks of a handler the connection cannot run, due
@@ -29,7 +29,7 @@ import trio
 
 from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.db import Database
-from orbit_node.store.dispatch import DispatchStore
+from orbit_node.store.leases import LeaseStore
 from orbit_node.store.ownership import FinishItem, Outcome
 
 from . import HANDLER
@@ -130,7 +130,7 @@ def _request(app: App, queue_id: str) -> ClaimRequest:
     )
 
 
-async def _settle(db: Database, store: DispatchStore, app: App, queue_id: str, reservations) -> None:
+async def _settle(db: Database, store: LeaseStore, app: App, queue_id: str, reservations) -> None:
     """Start and finish what a claim took, and top its queue up with as many new due tasks."""
     if not reservations:
         return
@@ -143,8 +143,8 @@ async def _settle(db: Database, store: DispatchStore, app: App, queue_id: str, r
     await seed_tasks(db, app, len(reservations), queue_id=queue_id, available_s="-1")
 
 
-def _store(db: Database) -> DispatchStore:
-    return DispatchStore(db, reservation_lease_s=30, run_lease_s=60, batch_size=CLAIM_BATCH)
+def _store(db: Database) -> LeaseStore:
+    return LeaseStore(db, reservation_lease_s=30, run_lease_s=60, batch_size=CLAIM_BATCH)
 
 
 async def interleaved_claims(

@@ -1,6 +1,6 @@
 """Settle: Start and Finish batches with the transition statements before and after issue 23.
 
-The dispatch core's own Start and Finish transactions (``DispatchStore.start_many`` /
+The dispatch core's own Start and Finish transactions (``LeaseStore.start_many`` /
 ``finish_many``: lock the rows, decide, write), run on a private ``mariadbd``
 (tests/faults/mariadb.py: ``--no-defaults``, ``innodb_flush_log_at_trx_commit=1``), each
 phase twice against the same database with batches of the same size: once with the
@@ -25,7 +25,7 @@ import trio
 
 from orbit_node.claims import ClaimRequest
 from orbit_node.db import Database, Tx, migrate
-from orbit_node.store.dispatch import DispatchStore
+from orbit_node.store.leases import LeaseStore
 from orbit_node.store.ownership import FinishItem, TransitionResult
 from orbit_node.store.transitions import Writes
 from tests.faults.mariadb import PrivateMariaDB
@@ -38,7 +38,7 @@ VARIANTS = ("before", "after")
 KINDS = ("start", "finish, all succeed", "finish, 1 in 4 retried")
 COUNTERS = ("Questions", "Created_tmp_tables", "Created_tmp_disk_tables")
 
-# The statements the transitions wrote with before issue 23 (orbit_node/db/sql/dispatch.sql
+# The statements the transitions wrote with before issue 23 (orbit_node/db/sql/leases.sql
 # at 2f1cfde): values as a JSON array read by JSON_TABLE, text hex-encoded.
 PREVIOUS_START = """
 UPDATE tasks t
@@ -207,7 +207,7 @@ class Bench:
     """The phases of one run against one database."""
 
     db: Database
-    store: DispatchStore
+    store: LeaseStore
     app: App
     loops: int
     result_json: str
@@ -310,7 +310,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET backoff_initial_ms = 3600000"))
             bench = Bench(
                 db,
-                DispatchStore(db, reservation_lease_s=300, run_lease_s=300, batch_size=max(sizes)),
+                LeaseStore(db, reservation_lease_s=300, run_lease_s=300, batch_size=max(sizes)),
                 app,
                 loops,
                 json.dumps({"bench": "x" * max(0, args.settle_result_bytes - 13)}),

@@ -2,7 +2,7 @@
 
 Pure values (attrs only): the Worker protocol parses a hello into ``Capability``
 values, the connection builds one ``ClaimRequest`` from it, the fair scheduler
-queues and grants that request, and the dispatch store runs the claim SQL for it,
+queues and grants that request, and the lease store runs the claim SQL for it,
 narrowed to the queue whose turn it is (``ClaimRequest.for_queue``).
 """
 

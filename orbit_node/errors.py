@@ -4,7 +4,7 @@ Every error that crosses a public boundary (HTTP, WebSocket, CLI, SDK) is an
 ``OrbitError`` with a stable machine ``code`` and, where one field is at fault,
 the ``field`` it names.
 
-Errors of one layer live beside it and derive from these: the dispatch store's
+Errors of one layer live beside it and derive from these: the lease store's
 ``OwnershipLost``; the Worker protocol's ``MessageRefused`` (a bad inbound message,
 with the ``error`` frame's ``code`` and a WebSocket ``close_code``); a Worker
 connection's ``WorkerConnectionClosed``, as ``ClosedByNode`` when the node closed it and

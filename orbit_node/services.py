@@ -1,6 +1,6 @@
-"""The node's dispatch services, built once per node and shared, typed, by everything.
+"""The node's services, built once per node and shared, typed, by everything.
 
-``DispatchServices`` is one frozen value: the node's shards (``Shards``: the database of
+``NodeServices`` is one frozen value: the node's shards (``Shards``: the database of
 ORBIT_MYSQL_DSN and those of ORBIT_SHARDS), each a ``Shard`` with its repositories and,
 when the node runs them, its group commit of Worker transitions, claim-turn recorder,
 recovery sweeper and plan trigger; and the node-wide fair claim pool and Worker hub,
@@ -8,7 +8,7 @@ which reach an application's shard through ``Shards``. The API reads it
 (``NodeState.services``); nothing writes into it after it is built, but for the
 application ids ``Placement`` learns from verified credentials.
 
-``DispatchServices.build`` builds bottom-up, so nothing refers to what is not built yet:
+``NodeServices.build`` builds bottom-up, so nothing refers to what is not built yet:
 ``Placement`` (where applications live), each shard's repositories, the claim pool
 (routing claims over the repositories, ``StoreRouting``), the table of Worker
 connections, each shard's services (over the pool and the table, through the shard's
@@ -36,7 +36,7 @@ from .dispatch.turns import TurnRecorder
 from .dispatch.weights import WeightFollower
 from .errors import Unauthenticated, Unavailable
 from .metrics import NodeMetrics
-from .store.dispatch import DispatchStore
+from .store.leases import LeaseStore
 from .store.operations import OperationsStore
 from .store.ownership import Reservation
 from .store.plans import PlanStore
@@ -44,7 +44,7 @@ from .store.signals import SignalStore
 from .store.submit_group import SubmitGroups
 from .store.tasks import TaskStore
 from .store.tenancy import Principal, TenancyStore
-from .store.workers import WorkerRegistryStore
+from .store.worker_registry import WorkerRegistryStore
 from .workers.connection import TransitionStore
 from .workers.hub import WorkerHub
 from .workers.table import ConnectionTable
@@ -86,7 +86,7 @@ class Shard:
     submits: SubmitGroups
     plans: PlanStore
     operations: OperationsStore
-    store: DispatchStore
+    leases: LeaseStore
     registry: WorkerRegistryStore
     commits: GroupCommitter | None = None
     turns: TurnRecorder | None = None
@@ -97,10 +97,10 @@ class Shard:
 
     def transitions(self, application_id: str) -> TransitionStore:
         """Where Worker transitions of ``application_id`` go: its lane of this shard's group
-        commit (one application per transaction), or the store itself."""
+        commit (one application per transaction), or the lease store itself."""
         if self.commits is not None:
             return self.commits.for_application(application_id)
-        return self.store
+        return self.leases
 
 
 @attrs.define(eq=False)
@@ -186,16 +186,16 @@ class ShardView:
 
 @attrs.frozen
 class StoreRouting:
-    """The claim pool's way to an application's dispatch store."""
+    """The claim pool's way to an application's lease store."""
 
     placement: Placement
-    stores: Sequence[DispatchStore]
+    leases: Sequence[LeaseStore]
 
     async def claim(self, request: ClaimRequest) -> Sequence[Reservation]:
-        return await self.stores[self.placement.of_application(request.application_id)].claim(request)
+        return await self.leases[self.placement.of_application(request.application_id)].claim(request)
 
     async def release(self, application_id: str, items: Sequence[tuple[str, str]]) -> object:
-        return await self.stores[self.placement.of_application(application_id)].release_many(items)
+        return await self.leases[self.placement.of_application(application_id)].release_many(items)
 
 
 @attrs.frozen
@@ -287,7 +287,7 @@ def _shard(
     run: ServiceSet,
     label: str,
     db: Database,
-    store: DispatchStore,
+    leases: LeaseStore,
     placement: Placement,
     index: int,
     pool: ClaimPool | None,
@@ -299,7 +299,7 @@ def _shard(
     commits = turns = weights = signals = sweeper = trigger = None
     if pool is not None:
         view = ShardView(placement, index, pool.scheduler, table)
-        commits = GroupCommitter(store, max_concurrent_groups=concurrent_groups(config.scheduler.sql_slots))
+        commits = GroupCommitter(leases, max_concurrent_groups=concurrent_groups(config.scheduler.sql_slots))
         # Claim turns go to the database too: operators see every node's rotation in one
         # place. And the other nodes' turns come back from it: the share across nodes.
         turns = TurnRecorder(
@@ -320,7 +320,7 @@ def _shard(
         weights = WeightFollower(tenancy.application_weights, pool.scheduler.set_weight, view.holds)
     arrived = None if signals is None else signals.tasks_arrived
     if run.recovery:
-        sweeper = Sweeper(store, config.sweep_interval_s, tasks_arrived=arrived)
+        sweeper = Sweeper(leases, config.sweep_interval_s, tasks_arrived=arrived)
     if run.plans:
         trigger = PlanTrigger(plans, config.plan_interval_s, tasks_arrived=arrived)
     return Shard(
@@ -331,7 +331,7 @@ def _shard(
         submits=SubmitGroups(tasks),
         plans=plans,
         operations=operations,
-        store=store,
+        leases=leases,
         registry=WorkerRegistryStore(db),
         commits=commits,
         turns=turns,
@@ -343,7 +343,7 @@ def _shard(
 
 
 @attrs.frozen(kw_only=True)
-class DispatchServices:
+class NodeServices:
     """The node's shards with their services, and the node-wide ones: ONE fair claim pool
     (fairness rotates applications across every shard) and one Worker hub."""
 
@@ -362,7 +362,7 @@ class DispatchServices:
         metrics: NodeMetrics,
         shutdown_requested: trio.Event,
         run: ServiceSet,
-    ) -> DispatchServices:
+    ) -> NodeServices:
         """``db`` is ORBIT_MYSQL_DSN's database, ``shard_dbs`` one per ``config.shard_dsns``.
 
         Built bottom-up: where applications live, each shard's repositories, the claim
@@ -373,11 +373,11 @@ class DispatchServices:
             raise ValueError(f"{len(config.shard_dsns)} shard databases configured, {len(shard_dbs)} given")
         placement = Placement.from_config(config)
         databases = (db, *shard_dbs)
-        stores = [DispatchStore.from_config(shard_db, config) for shard_db in databases]
+        leases = [LeaseStore.from_config(shard_db, config) for shard_db in databases]
         pool: ClaimPool | None = None
         table = ConnectionTable()
         if run.workers:
-            routing = StoreRouting(placement, stores)
+            routing = StoreRouting(placement, leases)
             pool = ClaimPool(
                 FairScheduler(config.scheduler),
                 claim=routing.claim,
@@ -389,7 +389,7 @@ class DispatchServices:
         shards = Shards(
             placement,
             tuple(
-                _shard(config, node_id, run, labels[i], databases[i], stores[i], placement, i, pool, table)
+                _shard(config, node_id, run, labels[i], databases[i], leases[i], placement, i, pool, table)
                 for i in range(len(databases))
             ),
         )

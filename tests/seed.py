@@ -16,7 +16,7 @@ import attrs
 from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.db import Database
 from orbit_node.ids import time_ordered_id
-from orbit_node.store.dispatch import DispatchStore
+from orbit_node.store.leases import LeaseStore
 from orbit_node.store.tenancy import TenancyStore
 
 CAP = Capability("h", "v1", "v1")
@@ -208,9 +208,9 @@ def claim_request(
     )
 
 
-def dispatch_store(db: Database, **overrides: Any) -> DispatchStore:
+def lease_store(db: Database, **overrides: Any) -> LeaseStore:
     options = {"reservation_lease_s": 30.0, "run_lease_s": 60.0, "batch_size": 16, **overrides}
-    return DispatchStore(db, **options)
+    return LeaseStore(db, **options)
 
 
 async def task_row(db: Database, task_id: str) -> dict[str, Any]:

@@ -215,7 +215,7 @@ async def test_a_credential_can_be_written_to_a_private_credentials_file(dsn, db
 async def test_quota_suspend_and_resume_an_application(dsn, db):
     owner = await seed.tenant(db, application="shop")
     task_id = await seed.insert_task(db, owner)
-    store = seed.dispatch_store(db)
+    store = seed.lease_store(db)
 
     async def quota() -> tuple:
         row = await db.fetchone("app_by_name", {"name": "shop"})
@@ -290,7 +290,7 @@ async def test_queue_list_counts_backlog_by_state_and_by_priority(dsn, db):
     owner = await seed.tenant(db, application="shop", queue="work")
     idle = await seed.add_queue(db, owner, "idle")
     other = await seed.tenant(db, application="other", queue="elsewhere")
-    store = seed.dispatch_store(db)
+    store = seed.lease_store(db)
     await seed.insert_tasks(db, owner, [seed.TaskSpec(priority=p, available_in_s=-1) for p in (9, 9, 4, 0, 0)])
     await seed.insert_tasks(db, owner, [seed.TaskSpec(priority=2, available_in_s=3600)])
     done = await seed.insert_task(db, owner, priority=7)
@@ -321,7 +321,7 @@ async def test_queue_list_counts_backlog_by_state_and_by_priority(dsn, db):
 async def test_task_show_lists_its_attempts_without_their_tokens(dsn, db):
     owner = await seed.tenant(db, application="shop")
     task_id = await seed.insert_task(db, owner, payload='{"n": 123456789012345678901234567890}')
-    store = seed.dispatch_store(db)
+    store = seed.lease_store(db)
     (first,) = await store.claim(seed.claim_request(owner))
     await store.start(task_id, first.fencing_token)
     await store.finish(task_id, first.fencing_token, error={"code": "BOOM", "message": "try later"}, retryable=True)

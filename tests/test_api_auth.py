@@ -117,7 +117,7 @@ async def test_another_tenants_queue_or_task_is_404(running_node, db, index):
     async with running_node.client(stranger.token) as client:
         response = await client.request(method, path, **kwargs)
     field = "task_id" if "/tasks" in path and path != "/v1/tasks" else "queue_id"
-    # The explanation's message comes from the dispatch store ("task ... not found").
+    # The explanation's message comes from the lease store ("task ... not found").
     assert_error(response, 404, "NOT_FOUND", field, named=not path.endswith("/explain"))
     assert owner.application_id not in response.text
     assert await stored_counts(db) == before

@@ -86,8 +86,8 @@ def test_result_json_is_strict_and_has_a_latest_copy(tmp_path):
 def test_profile_summary_from_collapsed_stacks():
     text = "\n".join(
         [
-            "run (trio/_core/_run.py:1);claim (orbit_node/store/dispatch.py:10);_read (trio_mysql/connections.py:5) 6",
-            "run (trio/_core/_run.py:1);finish_many (orbit_node/store/dispatch.py:20) 3",
+            "run (trio/_core/_run.py:1);claim (orbit_node/store/leases.py:10);_read (trio_mysql/connections.py:5) 6",
+            "run (trio/_core/_run.py:1);finish_many (orbit_node/store/leases.py:20) 3",
             "run (trio/_core/_run.py:1);dumps (json/__init__.py:3) 1",
             "garbage line",
         ]
@@ -96,7 +96,7 @@ def test_profile_summary_from_collapsed_stacks():
     assert summary["samples"] == 10
     assert summary["self"][0] == {"frame": "_read (trio_mysql/connections.py)", "percent": 60.0}
     frames = [r["frame"] for r in summary["inclusive"]]
-    assert "claim (store/dispatch.py)" in frames and not any(f.startswith("run ") for f in frames)
+    assert "claim (store/leases.py)" in frames and not any(f.startswith("run ") for f in frames)
     components = {r["frame"]: r["percent"] for r in summary["components"]}
     assert components["MySQL driver (trio_mysql)"] == 60.0 and components["json"] == 10.0
 

@@ -10,7 +10,7 @@ import trio
 from orbit_node.db import Database
 from orbit_node.store.ownership import FinishItem
 
-from .seed import TaskSpec, claim_request, dispatch_store, insert_tasks, task_row, tenant
+from .seed import TaskSpec, claim_request, insert_tasks, lease_store, task_row, tenant
 
 
 class RowLocks:
@@ -46,7 +46,7 @@ async def drain_one_at_a_time(store, owner, count):
 async def test_a_locked_head_leaves_the_rest_in_order(db, dsn):
     owner = await tenant(db)
     ids = await insert_tasks(db, owner, [TaskSpec(available_in_s=-1, task_id=f"{i:032x}") for i in range(1, 10)])
-    store = dispatch_store(db)
+    store = lease_store(db)
     locks = RowLocks(dsn)
     try:
         async with trio.open_nursery() as nursery:
@@ -66,7 +66,7 @@ async def test_any_locked_rows_leave_exactly_the_first_free_ones_in_order(db, ds
     # Equal times and priorities: the order is task_id's; and a priority-3 task that is due.
     specs = [TaskSpec(available_in_s=-1, task_id=f"{i:032x}") for i in range(1, 41)]
     ids = await insert_tasks(db, owner, specs)
-    store = dispatch_store(db, batch_size=64)
+    store = lease_store(db, batch_size=64)
     for _ in range(3):
         queued = [i for i in ids if (await task_row(db, i))["state"] == "queued"]
         locked = sorted(rng.sample(queued, 6))
@@ -92,7 +92,7 @@ async def test_four_nodes_claiming_one_queue_keep_ownership_single_and_order(db,
     claims: list[list[str]] = []
 
     async def node_claimer(node_db, index):
-        store = dispatch_store(node_db, batch_size=16)
+        store = lease_store(node_db, batch_size=16)
         while True:
             got = await store.claim(claim_request(owner, limit=16, connection_id=f"conn-{index}"))
             if not got:

@@ -151,7 +151,7 @@ async def test_cancel_pause_and_resume_answer_what_they_did_and_are_audited(runn
     # One task is reserved and started by a Worker (through the store, as the node would).
     async with running_node.client(tenant.token) as api:
         running = await new_task(api, q1, "r")
-        store = seed.dispatch_store(db)
+        store = seed.lease_store(db)
         (attempt,) = await store.claim(seed.claim_request(seed_tenant(tenant), limit=1))
         await store.start(running, attempt.fencing_token)
         queued = await new_task(api, q1, "q")
@@ -314,7 +314,7 @@ async def test_attempts_errors_have_a_row_of_their_own_and_a_link_to_the_whole(r
     tenant = await make_tenant(db)
     owner = seed_tenant(tenant)
     task_id = await seed.insert_task(db, owner, max_attempts=5)
-    store = seed.dispatch_store(db)
+    store = seed.lease_store(db)
     errors = [
         {"code": "BOOM", "message": "short"},
         {"code": "TRACE", "message": "Traceback (most recent call last):\n" + "  frame <x>\n" * 500},

@@ -178,7 +178,7 @@ async def test_the_console_in_chromium(running_node, db, browser):
             "/v1/tasks", json=submit(inbox, {"note": markup}, priority=3), headers={"Idempotency-Key": "m"}
         )
         task_id = created.json()["data"]["task_id"]
-    store = seed.dispatch_store(db)
+    store = seed.lease_store(db)
     owner = seed.Tenant(shop.application_id, shop.namespace_id, inbox)
     (attempt,) = await store.claim(seed.claim_request(owner))
     assert attempt.task_id == task_id
@@ -322,7 +322,7 @@ async def test_the_console_writes_in_chromium(running_node, db, browser):
     big = json.dumps({"rows": [{"n": n, "text": "lorem ipsum " * 5} for n in range(12_000)]})
     assert len(big) > 1_000_000
     heavy = await seed.insert_task(db, in_reports, payload=big)
-    store = seed.dispatch_store(db)
+    store = seed.lease_store(db)
     (attempt,) = await store.claim(seed.claim_request(in_reports, limit=1))
     await store.start(heavy, attempt.fencing_token)
     trace = "Traceback (most recent call last):\n" + '  File "handler.py", line 7, in run\n' * 400

@@ -19,9 +19,9 @@ from .seed import (
     add_queue,
     attempt_rows,
     claim_request,
-    dispatch_store,
     insert_task,
     insert_tasks,
+    lease_store,
     task_row,
     tenant,
 )
@@ -42,7 +42,7 @@ async def hold_claim_open(db, owner, capability, task_id, nursery):
             await release.wait()
 
     async def run():
-        result.extend(await dispatch_store(db, hook=hook).claim(claim_request(owner, capabilities=(capability,))))
+        result.extend(await lease_store(db, hook=hook).claim(claim_request(owner, capabilities=(capability,))))
 
     nursery.start_soon(run)
     with trio.fail_after(10):
@@ -60,7 +60,7 @@ async def test_claim_never_locks_a_row_it_does_not_take(db):
     async with trio.open_nursery() as nursery:
         release, a_result = await hold_claim_open(db, owner, A, a_task, nursery)
         with trio.fail_after(10):
-            b_result = await dispatch_store(db).claim(claim_request(owner, capabilities=(B,), connection_id="conn-b"))
+            b_result = await lease_store(db).claim(claim_request(owner, capabilities=(B,), connection_id="conn-b"))
         assert [r.task_id for r in b_result] == [b_task]
         release.set()
     assert [r.task_id for r in a_result] == [a_task]
@@ -93,7 +93,7 @@ async def test_control_a_skip_locked_scan_would_hide_the_earlier_task(db, dsn):
             nursery.start_soon(naive.transaction, naive_claim)
             with trio.fail_after(10):
                 await scanned.wait()
-            b_result = await dispatch_store(db).claim(claim_request(owner, capabilities=(B,)))
+            b_result = await lease_store(db).claim(claim_request(owner, capabilities=(B,)))
             release.set()
     finally:
         await naive.aclose()
@@ -110,7 +110,7 @@ async def test_concurrent_claims_take_disjoint_rows(db):
         # The first claim (up to 16) locked all 10 tasks and pauses before committing.
         release, first = await hold_claim_open(db, owner, CAP, ids[-1], nursery)
         with trio.fail_after(10):  # SKIP LOCKED: the second claim does not wait, it finds nothing
-            second = await dispatch_store(db).claim(claim_request(owner, connection_id="conn-2"))
+            second = await lease_store(db).claim(claim_request(owner, connection_id="conn-2"))
         release.set()
     assert second == []
     assert sorted(r.task_id for r in first) == sorted(ids)
@@ -120,7 +120,7 @@ async def test_reservation_is_written_from_the_database_clock(db):
     owner = await tenant(db)
     payload = '{"n": 123456789012345678901234567890, "s": "ünï\\u0000code 🎉", "f": 1.0e400}'
     task_id = await insert_task(db, owner, payload=payload, priority=3, max_attempts=5, available_in_s=-1)
-    (r,) = await dispatch_store(db, reservation_lease_s=12.5).claim(
+    (r,) = await lease_store(db, reservation_lease_s=12.5).claim(
         claim_request(owner, connection_id="conn-x", node_id="n" * 32)
     )
     row = await task_row(db, task_id)
@@ -146,7 +146,7 @@ async def claim_round_trips(dsn, owner, **request):
             return tx.commands
 
         before = await one.run(commands)
-        got = await dispatch_store(one).claim(claim_request(owner, **request))
+        got = await lease_store(one).claim(claim_request(owner, **request))
         return got, await one.run(commands) - before
     finally:
         await one.aclose()
@@ -179,7 +179,7 @@ async def test_a_claim_is_three_round_trips_unless_a_quota_lock_comes_first(db, 
 async def test_each_reservation_gets_a_fresh_token(db):
     owner = await tenant(db)
     task_id = await insert_task(db, owner, available_in_s=-1)
-    store = dispatch_store(db)
+    store = lease_store(db)
     tokens = []
     for _ in range(3):
         (r,) = await store.claim(claim_request(owner))
@@ -193,7 +193,7 @@ async def test_paused_queue_and_suspended_application_yield_nothing(db):
     owner = await tenant(db)
     await insert_task(db, owner, available_in_s=-1)
     tenancy = TenancyStore(db)
-    store = dispatch_store(db)
+    store = lease_store(db)
     await tenancy.set_queue_paused(owner.namespace_id, owner.queue_id, True)
     assert await store.claim(claim_request(owner)) == []
     await tenancy.set_queue_paused(owner.namespace_id, owner.queue_id, False)
@@ -207,7 +207,7 @@ async def test_paused_queue_with_controls_yields_nothing(db):
     owner = await tenant(db, max_concurrency=10, max_starts_per_second=10)
     await insert_task(db, owner, available_in_s=-1)
     await TenancyStore(db).set_queue_paused(owner.namespace_id, owner.queue_id, True)
-    assert await dispatch_store(db).claim(claim_request(owner)) == []
+    assert await lease_store(db).claim(claim_request(owner)) == []
 
 
 async def test_only_declared_capabilities_are_offered(db):
@@ -221,7 +221,7 @@ async def test_only_declared_capabilities_are_offered(db):
             TaskSpec(handler="other"),
         ],
     )
-    store = dispatch_store(db)
+    store = lease_store(db)
     assert await store.claim(claim_request(owner, capabilities=(CAP,))) == []
     got = await store.claim(claim_request(owner, capabilities=(CAP, Capability("h", "v2", "v1"))))
     assert [(r.handler, r.handler_version, r.payload_version) for r in got] == [("h", "v2", "v1")]
@@ -232,7 +232,7 @@ async def test_resource_keyed_tasks_only_go_to_connections_that_declared_support
     keyed, plain = await insert_tasks(
         db, owner, [TaskSpec(available_in_s=-2, resource_key="printer"), TaskSpec(available_in_s=-1)]
     )
-    store = dispatch_store(db)
+    store = lease_store(db)
     assert [r.task_id for r in await store.claim(claim_request(owner))] == [plain]
     got = await store.claim(claim_request(owner, resource_key_support=True))
     assert [(r.task_id, r.resource_key) for r in got] == [(keyed, "printer")]
@@ -250,7 +250,7 @@ async def test_tasks_past_deadline_or_out_of_attempts_are_settled_not_offered(db
             TaskSpec(available_in_s=-10),
         ],
     )
-    got = await dispatch_store(db).claim(claim_request(owner, limit=1))
+    got = await lease_store(db).claim(claim_request(owner, limit=1))
     # Settled candidates do not count toward the batch of one.
     assert [r.task_id for r in got] == [good]
     states = {t: (await task_row(db, t)) for t in (late, spent, cancelled)}
@@ -264,9 +264,9 @@ async def test_tasks_past_deadline_or_out_of_attempts_are_settled_not_offered(db
 async def test_batch_size_caps_the_claim(db):
     owner = await tenant(db)
     await insert_tasks(db, owner, [TaskSpec(available_in_s=-1) for _ in range(5)])
-    assert len(await dispatch_store(db, batch_size=2).claim(claim_request(owner, limit=10))) == 2
-    assert len(await dispatch_store(db).claim(claim_request(owner, limit=1))) == 1
-    assert await dispatch_store(db).claim(claim_request(owner, limit=0)) == []
+    assert len(await lease_store(db, batch_size=2).claim(claim_request(owner, limit=10))) == 2
+    assert len(await lease_store(db).claim(claim_request(owner, limit=1))) == 1
+    assert await lease_store(db).claim(claim_request(owner, limit=0)) == []
 
 
 async def test_queues_are_served_in_the_requested_order(db):
@@ -275,7 +275,7 @@ async def test_queues_are_served_in_the_requested_order(db):
     (in_first,) = await insert_tasks(db, owner, [TaskSpec(available_in_s=-1)])
     # Older tasks in the second queue: there is no cross-queue priority comparison.
     in_second = await insert_tasks(db, second, [TaskSpec(available_in_s=-100), TaskSpec(available_in_s=-99)])
-    got = await dispatch_store(db).claim(claim_request(owner, limit=2, queue_ids=(owner.queue_id, second.queue_id)))
+    got = await lease_store(db).claim(claim_request(owner, limit=2, queue_ids=(owner.queue_id, second.queue_id)))
     assert [r.task_id for r in got] == [in_first, in_second[0]]
 
 
@@ -284,14 +284,14 @@ async def test_queues_of_other_namespaces_are_ignored(db):
     stranger = await tenant(db, application="other-app")
     await insert_task(db, stranger, available_in_s=-1)
     forged = claim_request(owner, queue_ids=(stranger.queue_id,))
-    assert await dispatch_store(db).claim(forged) == []
+    assert await lease_store(db).claim(forged) == []
 
 
 async def test_claim_creates_a_missing_occupancy_row_and_holds_it(db):
     owner = await tenant(db)
     task_id = await insert_task(db, owner, available_in_s=-1, resource_key="k")
     await db.run(lambda tx: tx.execute_raw("DELETE FROM resource_keys"))
-    (r,) = await dispatch_store(db).claim(claim_request(owner, resource_key_support=True))
+    (r,) = await lease_store(db).claim(claim_request(owner, resource_key_support=True))
     assert r.task_id == task_id
     rows = await db.run(lambda tx: tx.fetchall_raw("SELECT * FROM resource_keys"))
     assert [(x["resource_key"], x["holder_task_id"]) for x in rows] == [("k", task_id)]
@@ -308,5 +308,5 @@ async def test_a_stale_holder_does_not_block_a_key_forever(db):
         await tx.execute_raw("UPDATE resource_keys SET holder_task_id = %s", (done,))
 
     await db.transaction(corrupt)
-    (r,) = await dispatch_store(db).claim(claim_request(owner, resource_key_support=True))
+    (r,) = await lease_store(db).claim(claim_request(owner, resource_key_support=True))
     assert r.task_id == waiting

@@ -13,7 +13,7 @@ from orbit_node.api.app import NodeState, create_app
 from orbit_node.errors import NotFound
 from orbit_node.store.tenancy import TenancyStore
 
-from .seed import TaskSpec, claim_request, dispatch_store, insert_task, insert_tasks, tenant
+from .seed import TaskSpec, claim_request, insert_task, insert_tasks, lease_store, tenant
 
 
 def codes(explanation):
@@ -49,7 +49,7 @@ async def test_a_dispatchable_task_reports_its_position(db):
             TaskSpec(available_in_s=-10, priority=1),
         ],
     )
-    explanation = await dispatch_store(db).explain(owner.namespace_id, task)
+    explanation = await lease_store(db).explain(owner.namespace_id, task)
     assert explanation["dispatchable"] is True and explanation["reasons"] == []
     assert explanation["capable_connections"] == 1
     assert explanation["position"] == {
@@ -62,7 +62,7 @@ async def test_a_dispatchable_task_reports_its_position(db):
     # dispatch_at = available_at - 30 s, as RFC 3339 text.
     assert explanation["dispatch_at"].endswith("Z")
     json.dumps(explanation)  # JSON-ready
-    ahead = await dispatch_store(db).explain(owner.namespace_id, first)
+    ahead = await lease_store(db).explain(owner.namespace_id, first)
     assert ahead["position"]["due_tasks_ahead"] == 0
 
 
@@ -72,7 +72,7 @@ async def test_position_count_is_capped(db, monkeypatch):
     monkeypatch.setattr(store_explain, "POSITION_CAP", 3)
     owner = await tenant(db)
     *_, last = await insert_tasks(db, owner, [TaskSpec(available_in_s=-10 + i) for i in range(6)])
-    position = (await dispatch_store(db).explain(owner.namespace_id, last))["position"]
+    position = (await lease_store(db).explain(owner.namespace_id, last))["position"]
     assert (position["due_tasks_ahead"], position["capped"]) == (3, True)
 
 
@@ -80,7 +80,7 @@ async def test_not_due_and_no_capable_worker(db):
     owner = await tenant(db)
     await connect_worker(db, owner, capabilities=(("h", "v2", "v1"),))
     task = await insert_task(db, owner, available_in_s=120)
-    explanation = await dispatch_store(db).explain(owner.namespace_id, task)
+    explanation = await lease_store(db).explain(owner.namespace_id, task)
     assert codes(explanation) == ["NOT_DUE", "NO_CAPABLE_WORKER"]
     assert 119 < explanation["reasons"][0]["due_in_s"] <= 120
     assert explanation["position"] is None and explanation["capable_connections"] == 0
@@ -92,13 +92,13 @@ async def test_gates_quotas_and_rate(db):
     running, waiting = await insert_tasks(db, owner, [TaskSpec(available_in_s=-2), TaskSpec(available_in_s=-1)])
     tenancy = TenancyStore(db)
     await tenancy.set_application_quota(owner.application_id, max_concurrent_executions=1, max_starts_per_second=None)
-    await dispatch_store(db).claim(claim_request(owner, limit=1))
+    await lease_store(db).claim(claim_request(owner, limit=1))
     await tenancy.set_queue_paused(owner.namespace_id, owner.queue_id, True)
     await tenancy.set_application_suspended(owner.application_id, True)
     await db.run(
         lambda tx: tx.execute_raw("UPDATE queues SET start_window_s = UNIX_TIMESTAMP() + 60, start_window_count = 5")
     )
-    explanation = await dispatch_store(db).explain(owner.namespace_id, waiting)
+    explanation = await lease_store(db).explain(owner.namespace_id, waiting)
     assert codes(explanation) == [
         "QUEUE_PAUSED",
         "APPLICATION_SUSPENDED",
@@ -116,9 +116,9 @@ async def test_resource_key_held_by_another_task(db):
     holder, waiting = await insert_tasks(
         db, owner, [TaskSpec(available_in_s=-2, resource_key="k"), TaskSpec(available_in_s=-1, resource_key="k")]
     )
-    (r,) = await dispatch_store(db).claim(claim_request(owner, resource_key_support=True))
+    (r,) = await lease_store(db).claim(claim_request(owner, resource_key_support=True))
     assert r.task_id == holder
-    explanation = await dispatch_store(db).explain(owner.namespace_id, waiting)
+    explanation = await lease_store(db).explain(owner.namespace_id, waiting)
     assert codes(explanation) == ["RESOURCE_KEY_HELD", "NO_CAPABLE_WORKER"]
     assert explanation["reasons"][0]["holder_task_id"] == holder
     assert "resource-key support" in explanation["reasons"][1]["message"]
@@ -130,15 +130,15 @@ async def test_settlement_pending_reasons(db):
     task = await insert_task(
         db, owner, available_in_s=-5, deadline_in_s=-1, attempts=3, max_attempts=3, cancel_requested=True
     )
-    explanation = await dispatch_store(db).explain(owner.namespace_id, task)
+    explanation = await lease_store(db).explain(owner.namespace_id, task)
     assert codes(explanation) == ["CANCEL_REQUESTED", "DEADLINE_PASSED", "OUT_OF_ATTEMPTS"]
 
 
 async def test_a_reserved_task_names_its_owner_and_lease(db):
     owner = await tenant(db)
     task = await insert_task(db, owner, available_in_s=-1)
-    (r,) = await dispatch_store(db).claim(claim_request(owner, connection_id="conn-7"))
-    explanation = await dispatch_store(db).explain(owner.namespace_id, task)
+    (r,) = await lease_store(db).claim(claim_request(owner, connection_id="conn-7"))
+    explanation = await lease_store(db).explain(owner.namespace_id, task)
     (reason,) = explanation["reasons"]
     assert reason["code"] == "NOT_QUEUED" and explanation["state"] == "reserved"
     assert reason["connection_id"] == "conn-7"
@@ -149,7 +149,7 @@ async def test_unknown_and_foreign_tasks_are_not_found(db):
     owner = await tenant(db)
     stranger = await tenant(db, application="other")
     foreign = await insert_task(db, stranger)
-    store = dispatch_store(db)
+    store = lease_store(db)
     for task_id in (foreign, "0" * 32, "not-an-id"):
         with pytest.raises(NotFound):
             await store.explain(owner.namespace_id, task_id)

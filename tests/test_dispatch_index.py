@@ -13,7 +13,7 @@ from orbit_node.claims import Capability
 from orbit_node.db import Database
 from orbit_node.db.queries import QUERIES
 
-from .seed import CAP, TaskSpec, bulk_insert_tasks, claim_request, dispatch_store, insert_tasks, tenant
+from .seed import CAP, TaskSpec, bulk_insert_tasks, claim_request, insert_tasks, lease_store, tenant
 
 MANY = 20_000
 BATCH = 16
@@ -34,7 +34,7 @@ async def measured_claim(dsn, owner, *, resource_key_support=False):
     """One claim on a one-connection pool: (reservations, handler reads of the claim)."""
     one = Database(dsn, size=1)
     try:
-        store = dispatch_store(one, batch_size=BATCH)
+        store = lease_store(one, batch_size=BATCH)
         # Index condition pushdown filters rows inside the engine, out of the counters'
         # sight: off for the measured session, so every index entry visited is counted.
         await one.run(lambda tx: tx.execute_raw("SET SESSION optimizer_switch = 'index_condition_pushdown=off'"))
@@ -142,7 +142,7 @@ async def test_two_capabilities_and_resource_keys_merge_in_dispatch_order(db, ds
     ids = await insert_tasks(db, owner, specs)
     # The order P3 defines: dispatch_at = available_at - 30 s x priority, then available_at, task_id.
     order = sorted(range(12), key=lambda i: (-100 + i - 30 * (i % 3), -100 + i, ids[i]))
-    store = dispatch_store(db, batch_size=BATCH)
+    store = lease_store(db, batch_size=BATCH)
     got = await store.claim(
         claim_request(owner, limit=12, capabilities=(CAP, Capability("g", "v1", "v1")), resource_key_support=True)
     )

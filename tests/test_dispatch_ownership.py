@@ -1,6 +1,6 @@
 """Ownership under load: 4 simulated nodes x 16 claimers over 5,000 tasks.
 
-Each node has its own connection pool, dispatch store and recovery sweeper. Claimers
+Each node has its own connection pool, lease store and recovery sweeper. Claimers
 start and finish what they get, but also forget reservations (left to the sweeper),
 give some back, fail some attempts (retried with backoff) and are sometimes too slow
 (their run lease runs out, moved into the past on the database clock: their Finish must
@@ -22,7 +22,7 @@ from orbit_node.db import Database
 from orbit_node.store.ownership import FinishItem, Outcome
 
 from .helpers import wait_until
-from .seed import add_queue, bulk_insert_tasks, claim_request, dispatch_store, tenant
+from .seed import add_queue, bulk_insert_tasks, claim_request, lease_store, tenant
 
 NODES = 4
 CLAIMERS_PER_NODE = 16
@@ -118,7 +118,7 @@ async def test_exactly_one_owner_none_lost_none_finished_twice(db, dsn):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(monitor)
                 for node, pool in enumerate(pools):
-                    store = dispatch_store(pool, reservation_lease_s=1.0, run_lease_s=1.0, batch_size=8)
+                    store = lease_store(pool, reservation_lease_s=1.0, run_lease_s=1.0, batch_size=8)
                     nursery.start_soon(sweeper, store)
                     for index in range(CLAIMERS_PER_NODE):
                         nursery.start_soon(claimer, node, index, store)

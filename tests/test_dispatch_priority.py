@@ -11,11 +11,11 @@ from datetime import timedelta
 import attrs
 import pytest
 
-from .seed import TaskSpec, claim_request, dispatch_store, insert_tasks, task_row, tenant
+from .seed import TaskSpec, claim_request, insert_tasks, lease_store, task_row, tenant
 
 
 async def first_claimed(db, owner) -> str:
-    reservations = await dispatch_store(db).claim(claim_request(owner, limit=1))
+    reservations = await lease_store(db).claim(claim_request(owner, limit=1))
     assert len(reservations) == 1
     return reservations[0].task_id
 
@@ -52,7 +52,7 @@ async def test_future_high_priority_task_is_never_offered(db):
     due, _future = await insert_tasks(
         db, owner, [TaskSpec(available_in_s=0), TaskSpec(available_in_s=3600, priority=9)]
     )
-    reservations = await dispatch_store(db).claim(claim_request(owner, limit=16))
+    reservations = await lease_store(db).claim(claim_request(owner, limit=16))
     assert [r.task_id for r in reservations] == [due]
 
 
@@ -101,7 +101,7 @@ async def test_claim_returns_a_batch_in_dispatch_order(db):
             TaskSpec(available_in_s=-5, priority=4),  # dispatch_at -125
         ],
     )
-    reservations = await dispatch_store(db).claim(claim_request(owner, limit=16))
+    reservations = await lease_store(db).claim(claim_request(owner, limit=16))
     assert [r.task_id for r in reservations] == [ids[1], ids[2], ids[3], ids[0]]
     assert [r.priority for r in reservations] == [9, 1, 4, 0]
 
@@ -113,7 +113,7 @@ async def test_retry_keeps_the_frozen_priority_and_recomputes_dispatch_at(db):
     )
     before = await task_row(db, task_id)
     assert before["dispatch_at"] == before["available_at"] - timedelta(seconds=150)
-    store = dispatch_store(db)
+    store = lease_store(db)
     (reservation,) = await store.claim(claim_request(owner))
     await store.start(task_id, reservation.fencing_token)
     result = await store.finish(

@@ -13,7 +13,7 @@ from orbit_node.store.ownership import FinishItem
 from orbit_node.store.quota import epoch_second, quota_budget, window_after
 from orbit_node.store.tenancy import TenancyStore
 
-from .seed import TaskSpec, add_queue, claim_request, dispatch_store, insert_tasks, tenant
+from .seed import TaskSpec, add_queue, claim_request, insert_tasks, lease_store, tenant
 
 CLAIMERS = 8
 
@@ -36,7 +36,7 @@ async def claim_all_at_once(pools, request_for):
     results = [None] * len(pools)
 
     async def one(index, pool):
-        store = dispatch_store(pool)
+        store = lease_store(pool)
         await go.wait()
         results[index] = await store.claim(request_for(index))
 
@@ -58,7 +58,7 @@ async def live_count(db, column, value):
 
 
 async def finish_some(db, reservations, count):
-    store = dispatch_store(db)
+    store = lease_store(db)
     chosen = random.sample(reservations, count)
     await store.start_many([(r.task_id, r.fencing_token) for r in chosen])
     results = await store.finish_many([FinishItem(r.task_id, r.fencing_token, "null") for r in chosen])
@@ -99,7 +99,7 @@ async def test_queue_concurrency_cap_holds_and_other_queues_are_unaffected(db, p
         assert await live_count(db, "queue_id", owner.queue_id) == 3
         live = await finish_some(db, live, 2)
     # The capped queue is full; the other queue of the same application is not held back.
-    assert len(await dispatch_store(db).claim(claim_request(free, limit=16))) == 16
+    assert len(await lease_store(db).claim(claim_request(free, limit=16))) == 16
 
 
 @pytest.mark.parametrize("scope", ["application", "queue"])
@@ -122,7 +122,7 @@ async def test_start_rate_holds_per_database_second(db, pools, scope):
 async def test_a_full_start_window_grants_nothing_until_the_next_second(db):
     owner = await tenant(db, max_starts_per_second=2)
     await insert_tasks(db, owner, [TaskSpec(available_in_s=-1) for _ in range(10)])
-    store = dispatch_store(db)
+    store = lease_store(db)
     first = await store.claim(claim_request(owner))
     second = await store.claim(claim_request(owner))
     window = await db.run(lambda tx: tx.fetchall_raw("SELECT start_window_s, start_window_count FROM queues"))
@@ -149,11 +149,11 @@ async def test_resource_key_exclusivity_under_concurrent_claimers(db, pools):
         pools, lambda i: claim_request(owner, resource_key_support=True, connection_id=f"c{i}")
     )
     assert sorted(r.task_id for r in got) == sorted([keyed[0], other_key])
-    got_elsewhere = await dispatch_store(db).claim(claim_request(other_ns, resource_key_support=True))
+    got_elsewhere = await lease_store(db).claim(claim_request(other_ns, resource_key_support=True))
     assert [r.task_id for r in got_elsewhere] == [same_key_elsewhere]
     # The key passes on, in dispatch order, only when its holder finishes.
     holder = next(r for r in got if r.task_id == keyed[0])
-    store = dispatch_store(db)
+    store = lease_store(db)
     assert await store.claim(claim_request(owner, resource_key_support=True)) == []
     await store.start(holder.task_id, holder.fencing_token)
     await store.finish(holder.task_id, holder.fencing_token, result_json="1")

@@ -17,10 +17,10 @@ from .seed import (
     TaskSpec,
     attempt_rows,
     claim_request,
-    dispatch_store,
     expire_lease,
     insert_task,
     insert_tasks,
+    lease_store,
     task_row,
     tenant,
 )
@@ -36,7 +36,7 @@ async def claimed(db, store, *, start=False, **spec):
 
 
 async def test_an_expired_reservation_is_queued_again_without_using_an_attempt(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await claimed(db, store, resource_key="k")
     before = await task_row(db, r.task_id)
     await expire_lease(db, r.task_id)
@@ -50,7 +50,7 @@ async def test_an_expired_reservation_is_queued_again_without_using_an_attempt(d
 
 
 async def test_an_expired_run_lease_is_a_failed_attempt_retried_with_backoff(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     owner, r = await claimed(db, store, start=True, backoff_initial_ms=60_000)
     await expire_lease(db, r.task_id)
     assert await store.recover() == RecoveryStats(retried=1)
@@ -63,7 +63,7 @@ async def test_an_expired_run_lease_is_a_failed_attempt_retried_with_backoff(db)
 
 
 async def test_an_expired_run_lease_on_the_last_attempt_fails_the_task(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await claimed(db, store, start=True, max_attempts=1)
     await expire_lease(db, r.task_id)
     assert await store.recover() == RecoveryStats(failed=1)
@@ -72,7 +72,7 @@ async def test_an_expired_run_lease_on_the_last_attempt_fails_the_task(db):
 
 @pytest.mark.parametrize("start", [False, True], ids=["reserved", "running"])
 async def test_cancel_requested_tasks_whose_lease_expired_are_cancelled(db, start):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await claimed(db, store, start=start)
     await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET cancel_requested = 1"))
     await expire_lease(db, r.task_id)
@@ -98,7 +98,7 @@ async def test_queued_tasks_past_their_deadline_expire(db):
             TaskSpec(),
         ],
     )
-    assert await dispatch_store(db).recover() == RecoveryStats(expired=1)
+    assert await lease_store(db).recover() == RecoveryStats(expired=1)
     assert (await task_row(db, late))["state"] == "expired"
     assert (await task_row(db, on_time))["state"] == "queued"
     assert (await task_row(db, no_deadline))["state"] == "queued"
@@ -106,7 +106,7 @@ async def test_queued_tasks_past_their_deadline_expire(db):
 
 async def test_a_valid_lease_is_never_touched(db):
     """Whatever the node's clock says: only NOW(6) decides, and these leases are valid on it."""
-    store = dispatch_store(db)
+    store = lease_store(db)
     owner = await tenant(db)
     await insert_tasks(db, owner, [TaskSpec(available_in_s=-1, deadline_in_s=0.5) for _ in range(3)])
     reserved, running, past_deadline = await store.claim(claim_request(owner))
@@ -124,7 +124,7 @@ async def test_a_valid_lease_is_never_touched(db):
 
 
 async def test_stale_tokens_are_refused_after_recovery_requeued_the_task(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     owner, old = await claimed(db, store)
     await expire_lease(db, old.task_id)
     await store.recover()
@@ -167,10 +167,10 @@ async def test_finish_racing_recovery_recovery_first(db):
             locked.set()
             await release.wait()
 
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await claimed(db, store, start=True)
     await expire_lease(db, r.task_id)
-    sweeper = dispatch_store(db, hook=hook)
+    sweeper = lease_store(db, hook=hook)
     finish_result = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sweeper.recover)
@@ -200,13 +200,13 @@ async def test_finish_racing_recovery_finish_first(db, dsn):
             locked.set()
             await release.wait()
 
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await claimed(db, store, start=True)
     later_db = LaterDatabase(dsn, size=1, ahead_s=3600)
-    finisher = dispatch_store(db, hook=hook)
+    finisher = lease_store(db, hook=hook)
     finish_result = []
     try:
-        sweeper = dispatch_store(later_db)
+        sweeper = lease_store(later_db)
         async with trio.open_nursery() as nursery:
 
             async def finish():
@@ -239,7 +239,7 @@ def _success(r):
 
 
 async def test_concurrent_sweepers_settle_each_row_once(db, dsn):
-    store = dispatch_store(db)
+    store = lease_store(db)
     owner = await tenant(db)
     await insert_tasks(db, owner, [TaskSpec(available_in_s=-1) for _ in range(300)])
     claimed_ids = []
@@ -251,7 +251,7 @@ async def test_concurrent_sweepers_settle_each_row_once(db, dsn):
     totals = []
 
     async def sweep(pool):
-        sweeper = dispatch_store(pool)
+        sweeper = lease_store(pool)
         while (stats := await sweeper.recover(limit=40)).total or stats.saturated:
             totals.append(stats)
 
@@ -270,7 +270,7 @@ async def test_concurrent_sweepers_settle_each_row_once(db, dsn):
 
 
 async def test_recovery_service_sweeps_on_its_interval(db, node_config):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await claimed(db, store)
     await expire_lease(db, r.task_id)
     async with trio.open_nursery() as nursery:
@@ -285,7 +285,7 @@ async def test_recovery_service_sweeps_on_its_interval(db, node_config):
 async def test_each_application_is_recovered_in_its_own_transaction(db):
     """The shard key (docs/scaling.md): one sweep over two applications' expired leases
     locks and settles each application's tasks in a transaction of its own."""
-    store = dispatch_store(db)
+    store = lease_store(db)
     owners = [await tenant(db, application=name) for name in ("shard-a", "shard-b")]
     claimed_ids = {}
     for owner in owners:
@@ -309,7 +309,7 @@ async def test_the_sweeper_announces_each_queue_it_put_tasks_back_in_after_the_c
     """What a pass requeues wakes waiting claims on every node (through the signals):
     an expired reservation is due now, a retried run lease when its backoff ends; a task
     that failed for good announces nothing."""
-    store = dispatch_store(db)
+    store = lease_store(db)
     heard = []
 
     def tasks_arrived(queue_id, due_at, due_in_s):

@@ -14,10 +14,10 @@ from .seed import (
     TaskSpec,
     attempt_rows,
     claim_request,
-    dispatch_store,
     expire_lease,
     insert_task,
     insert_tasks,
+    lease_store,
     task_row,
     tenant,
 )
@@ -45,7 +45,7 @@ async def holder_of(db, key):
 
 
 async def test_start_moves_reserved_to_running_with_a_run_lease(db):
-    store = dispatch_store(db, run_lease_s=45)
+    store = lease_store(db, run_lease_s=45)
     _, r = await reserved(db, store)
     result = await store.start(r.task_id, r.fencing_token)
     assert result.outcome is Outcome.STARTED and not result.duplicate
@@ -61,7 +61,7 @@ async def test_start_moves_reserved_to_running_with_a_run_lease(db):
 
 
 async def test_ownership_lost_is_a_typed_failed_precondition(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await reserved(db, store)
     with pytest.raises(OwnershipLost) as info:
         await store.start(r.task_id, "1-0000000000000000")
@@ -75,7 +75,7 @@ async def test_ownership_lost_is_a_typed_failed_precondition(db):
 
 
 async def test_batch_forms_return_one_outcome_per_item(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     owner = await tenant(db)
     await insert_tasks(db, owner, [TaskSpec(available_in_s=-1) for _ in range(3)])
     r1, r2, r3 = await store.claim(claim_request(owner))
@@ -112,7 +112,7 @@ async def test_batch_forms_return_one_outcome_per_item(db):
 
 
 async def test_an_expired_reservation_cannot_start_even_before_recovery(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await reserved(db, store)
     await expire_lease(db, r.task_id, seconds_ago=0.001)
     result = (await store.start_many([(r.task_id, r.fencing_token)]))[0]
@@ -121,7 +121,7 @@ async def test_an_expired_reservation_cannot_start_even_before_recovery(db):
 
 
 async def test_start_past_deadline_settles_expired_and_frees_the_key(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await reserved(db, store, deadline_in_s=30, resource_key="k")
     await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET deadline = NOW(6) - INTERVAL 1 SECOND"))
     result = await store.start(r.task_id, r.fencing_token)
@@ -136,7 +136,7 @@ async def test_start_past_deadline_settles_expired_and_frees_the_key(db):
 
 
 async def test_start_with_cancel_requested_settles_cancelled(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await reserved(db, store)
     await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET cancel_requested = 1"))
     assert (await store.start(r.task_id, r.fencing_token)).outcome is Outcome.CANCELLED
@@ -144,7 +144,7 @@ async def test_start_with_cancel_requested_settles_cancelled(db):
 
 
 async def test_renew_extends_a_valid_lease_and_reports_cancellation(db):
-    store = dispatch_store(db, run_lease_s=60)
+    store = lease_store(db, run_lease_s=60)
     _, r = await running(db, store)
     await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET cancel_requested = 1"))
     result = await store.renew(r.task_id, r.fencing_token)
@@ -155,7 +155,7 @@ async def test_renew_extends_a_valid_lease_and_reports_cancellation(db):
 
 
 async def test_renew_of_a_reservation_uses_the_reservation_lease(db):
-    store = dispatch_store(db, reservation_lease_s=7, run_lease_s=60)
+    store = lease_store(db, reservation_lease_s=7, run_lease_s=60)
     _, r = await reserved(db, store)
     result = await store.renew(r.task_id, r.fencing_token)
     # now + 7 s, not now + 60 s.
@@ -164,7 +164,7 @@ async def test_renew_of_a_reservation_uses_the_reservation_lease(db):
 
 
 async def test_an_expired_run_lease_cannot_be_renewed_or_finished(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await running(db, store)
     await expire_lease(db, r.task_id, seconds_ago=0.001)
     with pytest.raises(OwnershipLost) as info:
@@ -176,7 +176,7 @@ async def test_an_expired_run_lease_cannot_be_renewed_or_finished(db):
 
 
 async def test_success_stores_the_result_text_exactly_and_frees_the_key(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await running(db, store, resource_key="k")
     assert await holder_of(db, "k") == r.task_id
     result_text = '{"big": 123456789012345678901234567890123, "x": 1.10, "s": "\\"ü🎉\\\\", "n": null}'
@@ -195,7 +195,7 @@ async def test_success_stores_the_result_text_exactly_and_frees_the_key(db):
 
 
 async def test_retryable_failure_goes_back_to_the_queue_until_attempts_run_out(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     owner, r = await running(db, store, max_attempts=2, backoff_initial_ms=10, backoff_max_ms=10)
     first = await store.finish(r.task_id, r.fencing_token, error={"code": "E1", "message": "m"}, retryable=True)
     assert (first.outcome, first.ok, first.state) == (Outcome.RETRY, True, "queued")
@@ -218,7 +218,7 @@ async def test_retryable_failure_goes_back_to_the_queue_until_attempts_run_out(d
 
 
 async def test_non_retryable_failure_fails_at_once(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await running(db, store, max_attempts=5)
     result = await store.finish(r.task_id, r.fencing_token, error={"code": "BAD"}, retryable=False)
     assert result.outcome is Outcome.FAILED
@@ -226,7 +226,7 @@ async def test_non_retryable_failure_fails_at_once(db):
 
 
 async def test_a_retry_that_could_not_start_before_the_deadline_expires(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await running(db, store, deadline_in_s=5, backoff_initial_ms=60_000)
     result = await store.finish(r.task_id, r.fencing_token, error={"code": "E"}, retryable=True)
     assert result.outcome is Outcome.EXPIRED
@@ -234,7 +234,7 @@ async def test_a_retry_that_could_not_start_before_the_deadline_expires(db):
 
 
 async def test_failure_after_cancel_requested_is_cancelled_not_retried(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await running(db, store)
     await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET cancel_requested = 1"))
     result = await store.finish(r.task_id, r.fencing_token, error={"code": "STOPPED"}, retryable=True)
@@ -243,7 +243,7 @@ async def test_failure_after_cancel_requested_is_cancelled_not_retried(db):
 
 
 async def test_duplicate_finish_returns_the_recorded_outcome_and_writes_nothing(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await running(db, store)
     first = await store.finish(r.task_id, r.fencing_token, result_json='"first"')
     task_before, attempts_before = await task_row(db, r.task_id), await attempt_rows(db, r.task_id)
@@ -255,7 +255,7 @@ async def test_duplicate_finish_returns_the_recorded_outcome_and_writes_nothing(
 
 
 async def test_duplicate_finish_of_a_retried_attempt_is_answered_while_the_next_runs(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     owner, r = await running(db, store, backoff_initial_ms=1, backoff_max_ms=1)
     await store.finish(r.task_id, r.fencing_token, error={"code": "E"}, retryable=True)
     await db.run(lambda tx: tx.execute_raw("UPDATE tasks SET available_at = NOW(6) - INTERVAL 1 SECOND"))
@@ -268,7 +268,7 @@ async def test_duplicate_finish_of_a_retried_attempt_is_answered_while_the_next_
 
 
 async def test_a_late_finish_from_an_older_attempt_is_refused(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     owner, r = await reserved(db, store)
     await store.release(r.task_id, r.fencing_token)
     (newer,) = await store.claim(claim_request(owner))
@@ -280,7 +280,7 @@ async def test_a_late_finish_from_an_older_attempt_is_refused(db):
 
 
 async def test_release_returns_a_reservation_without_using_an_attempt(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     owner, r = await reserved(db, store, resource_key="k", priority=2)
     before = await task_row(db, r.task_id)
     result = await store.release(r.task_id, r.fencing_token)
@@ -298,14 +298,14 @@ async def test_release_returns_a_reservation_without_using_an_attempt(db):
 
 
 async def test_a_started_task_cannot_be_released(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await running(db, store)
     result = (await store.release_many([(r.task_id, r.fencing_token)]))[0]
     assert (result.outcome, result.lost_reason) == (Outcome.OWNERSHIP_LOST, LostReason.WRONG_STATE)
 
 
 async def test_an_oversized_error_is_cut_down_to_fit(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     _, r = await running(db, store)
     await store.finish(
         r.task_id, r.fencing_token, error={"code": "HUGE", "message": "x" * 200_000, "extra": [1] * 9999}

@@ -73,7 +73,7 @@ async def test_a_node_with_a_skewed_clock_neither_recovers_early_nor_extends_a_l
     owner, token = await tenant_with_token(db)
     probe, reserved, running = await seed.insert_tasks(db, owner, [seed.TaskSpec() for _ in range(3)])
     future = await seed.insert_task(db, owner, available_in_s=60)
-    store = seed.dispatch_store(db, reservation_lease_s=RESERVATION_LEASE_S, run_lease_s=RUN_LEASE_S)
+    store = seed.lease_store(db, reservation_lease_s=RESERVATION_LEASE_S, run_lease_s=RUN_LEASE_S)
     claimed = {r.task_id: r for r in await store.claim(seed.claim_request(owner, limit=3))}
     await store.start(running, claimed[running].fencing_token)
     # Only the probe's reservation has run out (on the database clock); the others are valid

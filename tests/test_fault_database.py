@@ -12,7 +12,7 @@ import trio
 
 from orbit_node.db import Database, migrate
 from orbit_node.services import default_services
-from orbit_node.store.dispatch import DispatchStore
+from orbit_node.store.leases import LeaseStore
 from orbit_node.store.ownership import RecoveryStats
 
 from . import seed
@@ -68,7 +68,7 @@ async def test_kill_of_the_claim_session_rolls_back_and_the_node_reconnects_by_i
     owner, token = await tenant_with_token(db)
     task_id = await seed.insert_task(db, owner)
     async with run_node(node_config, services=default_services()) as running:
-        store = running.node.state.services.shards.main.store
+        store = running.node.state.services.shards.main.leases
         pool = running.node.state.services.pool
         reserved, resume = trio.Event(), trio.Event()
 
@@ -363,8 +363,8 @@ async def test_recovery_racing_a_workers_finish_settles_the_attempt_once(node_co
         # The node's own sweeper passes once at start, then stays out of the race.
         config = attrs.evolve(node_config, sweep_interval_s=3600)
         async with run_node(config, services=default_services()) as running:
-            node_store: DispatchStore = running.node.state.services.shards.main.store
-            later = DispatchStore.from_config(later_db if first == "finish" else db, node_config)
+            node_store: LeaseStore = running.node.state.services.shards.main.leases
+            later = LeaseStore.from_config(later_db if first == "finish" else db, node_config)
             (node_store if first == "finish" else later).hook = hook
             with trio.fail_after(60):
                 async with raw_worker(running.base_url, token) as w:

@@ -1,4 +1,4 @@
-"""Scenario 10: a Hypothesis state machine drives the real DispatchStore on a real MariaDB.
+"""Scenario 10: a Hypothesis state machine drives the real LeaseStore on a real MariaDB.
 
 Rules: submit, claim, start, renew, finish, release, cancel, expire (a lease moved into
 the past on the database clock), recover, making retries due, and a well-behaved Worker
@@ -54,7 +54,7 @@ def machine_for(db, seen: dict[str, int]):
         def __init__(self):
             super().__init__()
             self.owner = call(seed.tenant, db, application=f"model{next(counter)}")
-            self.store = seed.dispatch_store(db)
+            self.store = seed.lease_store(db)
             self.tasks: list[str] = []
             # Every token handed out per task, in order: the last one is the latest.
             self.tokens: dict[str, list[str]] = {}

@@ -65,7 +65,7 @@ async def test_node_killed_after_a_claim_commits_before_the_dispatch_arrives(dsn
                 assert [(t["task_id"], t["attempt"]) for t in again] == [(task_id, 1)]
                 new_token = again[0]["token"]
                 assert new_token != old_token
-                store = seed.dispatch_store(db)
+                store = seed.lease_store(db)
                 for transition in (store.start, store.renew, store.release):
                     with pytest.raises(OwnershipLost):
                         await transition(task_id, old_token)

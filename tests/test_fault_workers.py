@@ -34,7 +34,7 @@ async def test_reset_mid_run_then_a_frozen_worker_past_its_lease_is_refused(node
     terminal state, written by attempt 3."""
     owner, token = await tenant_with_token(db)
     task_id = await seed.insert_task(db, owner, **FAST_RETRY)
-    store = seed.dispatch_store(db)
+    store = seed.lease_store(db)
     async with run_node(node_config, services=default_services()) as node:
         with trio.fail_after(60):
             # Attempt 1: the connection is reset while the task runs.

@@ -10,7 +10,7 @@ from orbit_node.dispatch.commit import GroupCommitter
 from orbit_node.errors import DatabaseError, Unavailable
 from orbit_node.store.ownership import FinishItem, LostReason, Outcome
 
-from .seed import TaskSpec, claim_request, dispatch_store, insert_tasks, task_row, tenant
+from .seed import TaskSpec, claim_request, insert_tasks, lease_store, task_row, tenant
 
 
 async def reservations(db, store, count):
@@ -65,7 +65,7 @@ async def run_while_held(committer, gate, first, later):
 
 async def test_batches_that_arrive_during_a_commit_share_the_next_transaction(db):
     gate = Gate("start.locked")
-    store = dispatch_store(db, hook=gate)
+    store = lease_store(db, hook=gate)
     pairs = await reservations(db, store, 6)
     committer = GroupCommitter(store)
     lane = committer.for_application("app")
@@ -84,7 +84,7 @@ async def test_batches_that_arrive_during_a_commit_share_the_next_transaction(db
 
 async def test_kinds_mix_in_one_group_and_a_refused_row_never_fails_the_others(db):
     gate = Gate("start.locked")
-    store = dispatch_store(db)
+    store = lease_store(db)
     pairs = await reservations(db, store, 5)
     await store.start_many(pairs[2:4])
     store.hook = gate
@@ -111,7 +111,7 @@ async def test_kinds_mix_in_one_group_and_a_refused_row_never_fails_the_others(d
 
 async def test_a_batch_naming_a_task_of_the_forming_group_waits_for_the_next_one(db):
     gate = Gate("start.locked")
-    store = dispatch_store(db, hook=gate)
+    store = lease_store(db, hook=gate)
     pairs = await reservations(db, store, 3)
     committer = GroupCommitter(store)
     lane = committer.for_application("app")
@@ -149,7 +149,7 @@ class FailingStore:
 
 async def test_a_failed_group_runs_its_batches_alone_so_only_the_faulty_one_fails(db):
     gate = Gate("start.locked")
-    store = dispatch_store(db, hook=gate)
+    store = lease_store(db, hook=gate)
     pairs = await reservations(db, store, 4)
     failing = FailingStore(store, bad=pairs[2][0])
     committer = GroupCommitter(failing)
@@ -166,7 +166,7 @@ async def test_a_failed_group_runs_its_batches_alone_so_only_the_faulty_one_fail
 
 
 async def test_without_a_running_committer_a_batch_runs_alone(db):
-    store = dispatch_store(db)
+    store = lease_store(db)
     pairs = await reservations(db, store, 2)
     committer = GroupCommitter(store)
     lane = committer.for_application("app")
@@ -178,7 +178,7 @@ async def test_without_a_running_committer_a_batch_runs_alone(db):
 
 async def test_a_batch_cancelled_before_its_group_formed_is_withdrawn(db):
     gate = Gate("start.locked")
-    store = dispatch_store(db, hook=gate)
+    store = lease_store(db, hook=gate)
     pairs = await reservations(db, store, 2)
     committer = GroupCommitter(store)
     lane = committer.for_application("app")
@@ -200,7 +200,7 @@ async def test_a_batch_cancelled_before_its_group_formed_is_withdrawn(db):
 
 async def test_batches_left_when_the_committer_stops_get_an_error_not_a_hang(db):
     gate = Gate("start.locked")
-    store = dispatch_store(db, hook=gate)
+    store = lease_store(db, hook=gate)
     pairs = await reservations(db, store, 2)
     committer = GroupCommitter(store)
     lane = committer.for_application("app")
@@ -227,7 +227,7 @@ async def test_batches_of_two_applications_never_share_a_transaction(db):
     """The application is the shard key: each group holds one application's batches; the
     lanes of two applications commit side by side, each grouping its own waiting batches."""
     gate = Gate("start.locked")
-    store = dispatch_store(db, hook=gate)
+    store = lease_store(db, hook=gate)
     pairs = await reservations(db, store, 5)
     seen = []
 

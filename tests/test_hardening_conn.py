@@ -107,7 +107,7 @@ async def test_a_binary_frame_is_refused_and_closes_4002(node_config, db):
 async def test_a_reservation_whose_lease_expired_cannot_be_released_even_before_recovery(db):
     owner = await seed.tenant(db)
     task_id = await seed.insert_task(db, owner)
-    store = seed.dispatch_store(db)
+    store = seed.lease_store(db)
     (r,) = await store.claim(seed.claim_request(owner, limit=1))
     await seed.expire_lease(db, task_id, seconds_ago=0.001)
     result = (await store.release_many([(task_id, r.fencing_token)]))[0]

@@ -262,7 +262,7 @@ async def test_two_nodes_in_one_process_keep_separate_registries(node_config, db
 async def test_recovered_leases_and_replayed_transactions_are_counted(node_config, db, dsn):
     config = attrs.evolve(node_config, metrics="open", metrics_port=0, sweep_interval_s=0.05)
     owner = await seed.tenant(db)
-    store = seed.dispatch_store(db)
+    store = seed.lease_store(db)
     task_id = await seed.insert_task(db, owner)
     (reservation,) = await store.claim(seed.claim_request(owner))
     await seed.expire_lease(db, reservation.task_id)

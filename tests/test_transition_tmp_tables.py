@@ -17,7 +17,7 @@ from orbit_node.db import QUERIES, Database, migrate
 from orbit_node.db.tx import per_row_statement
 from orbit_node.store.ownership import FinishItem, Outcome
 
-from .seed import TaskSpec, attempt_rows, claim_request, dispatch_store, expire_lease, insert_tasks, task_row, tenant
+from .seed import TaskSpec, attempt_rows, claim_request, expire_lease, insert_tasks, lease_store, task_row, tenant
 
 
 async def tmp_tables(db: Database) -> tuple[int, int]:
@@ -43,7 +43,7 @@ async def created_by(db: Database, step) -> int:
 async def test_start_renew_finish_release_and_recovery_create_no_temporary_table(dsn):
     db = Database(dsn, size=1)  # every statement on one connection, whose counters we read
     try:
-        store = dispatch_store(db)
+        store = lease_store(db)
         owner = await tenant(db)
         await insert_tasks(db, owner, [TaskSpec(available_in_s=-1, max_attempts=2) for _ in range(8)])
         got = await store.claim(claim_request(owner, limit=8))
@@ -75,7 +75,7 @@ async def test_start_and_finish_work_when_the_server_cannot_create_a_temporary_f
     db = Database(private_mariadb.dsn(), size=2)
     try:
         await migrate.up(db)
-        store = dispatch_store(db)
+        store = lease_store(db)
         owner = await tenant(db)
         await insert_tasks(db, owner, [TaskSpec(available_in_s=-1, max_attempts=2) for _ in range(3)])
         got = await store.claim(claim_request(owner, limit=3))
@@ -107,7 +107,7 @@ async def test_start_and_finish_work_when_the_server_cannot_create_a_temporary_f
 async def test_transition_writes_read_only_their_rows_by_their_index(db):
     """With an IN list covering most of a small table the optimizer would scan all of it
     (and under load, every row of task_attempts, which only grows); each write names its index."""
-    store = dispatch_store(db)
+    store = lease_store(db)
     owner = await tenant(db)
     await insert_tasks(db, owner, [TaskSpec(available_in_s=-1) for _ in range(16)])
     got = await store.claim(claim_request(owner, limit=16))

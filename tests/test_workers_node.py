@@ -74,7 +74,7 @@ async def test_worker_disconnecting_mid_task_task_comes_back_after_lease_expiry_
     owner = await seed.tenant(db)
     token = await token_for(db, owner)
     task_id = await seed.insert_task(db, owner)
-    store = full_node.node.state.services.shards.main.store
+    store = full_node.node.state.services.shards.main.leases
     with trio.fail_after(20):
         async with raw_worker(full_node.base_url, token) as w:
             await w.hello([owner.queue_id])
@@ -236,7 +236,7 @@ async def test_node_shutdown_with_work_in_flight_loses_no_task(node_config, db):
                 finish.set()
             # The node has exited here.
             await worker.drain()
-    store = seed.dispatch_store(db)
+    store = seed.lease_store(db)
     for task_id in ids:
         row = await seed.task_row(db, task_id)
         if row["state"] in ("reserved", "running"):

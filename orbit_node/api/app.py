@@ -17,7 +17,7 @@ from .metrics import begin_request, observe_response
 from .metrics import blueprint as metrics_blueprint
 from .readiness import Readiness
 from .state import NodeState
-from .workers import blueprint as workers_blueprint
+from .worker_socket import blueprint as worker_socket_blueprint
 
 log = logging.getLogger("orbit.http")
 
@@ -127,7 +127,7 @@ def create_app(state: NodeState) -> QuartTrio:
 
     app.register_blueprint(v1_blueprint())
     # The Worker endpoint authenticates at the handshake itself (HTTP refusals, no upgrade).
-    app.register_blueprint(workers_blueprint)
+    app.register_blueprint(worker_socket_blueprint)
     if state.config.console:
         # The read-only console: HTML pages with a session cookie of their own (api/console/).
         app.register_blueprint(console_blueprint)

@@ -20,6 +20,6 @@ blueprint = Blueprint("explain", __name__)
 @blueprint.get("/tasks/<task_id>/explain")
 async def explain_task(task_id: str):
     who = require_any("tasks:read")
-    explanation = await shard().store.explain(who.namespace_id, rules.path_id(task_id, "task_id"))
+    explanation = await shard().leases.explain(who.namespace_id, rules.path_id(task_id, "task_id"))
     who.require("tasks:read", explanation["queue_id"])
     return envelope.ok(explanation)

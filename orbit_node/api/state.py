@@ -11,7 +11,7 @@ import trio
 from ..config import NodeConfig
 from ..db import Database
 from ..metrics import NodeMetrics
-from ..services import DispatchServices, ServiceSet, Shard, Shards
+from ..services import NodeServices, ServiceSet, Shard, Shards
 from ..store.tenancy import Principal
 from .credentials import CredentialCache
 
@@ -32,7 +32,7 @@ class NodeState:
     metrics: NodeMetrics
     # Verified bearer credentials (/v1 and /metrics), trusted for config.credential_cache_s.
     credentials: CredentialCache
-    services: DispatchServices
+    services: NodeServices
     # Signs console session cookies: ORBIT_CONSOLE_SECRET, or random for this process.
     console_key: bytes = attrs.field(repr=False)
 
@@ -59,7 +59,7 @@ class NodeState:
 
         ``shard_dbs``: one database per ``config.shard_dsns``, in that order."""
         metrics = NodeMetrics(node_id, db)
-        services = DispatchServices.build(
+        services = NodeServices.build(
             config=config,
             db=db,
             shard_dbs=shard_dbs,

@@ -2,6 +2,6 @@
 and its empty-result cache.
 
 The ownership rules themselves (claims, leases, fencing, quotas) live in the database
-transactions of ``orbit_node.store.dispatch``. Import submodules directly; this package
+transactions of ``orbit_node.store.leases``. Import submodules directly; this package
 imports nothing so that importing one part never pulls in the others.
 """

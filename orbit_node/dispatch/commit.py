@@ -70,7 +70,7 @@ MAX_CONCURRENT_GROUPS = concurrent_groups(4)
 
 
 class PartStore(Protocol):
-    """The dispatch store's transition parts (``store.dispatch.DispatchStore``)."""
+    """The lease store's transition parts (``store.leases.LeaseStore``)."""
 
     def start_part(self, items: Iterable[tuple[str, str]]) -> TransitionPart: ...
     def renew_part(self, items: Iterable[tuple[str, str]]) -> TransitionPart: ...
@@ -82,7 +82,7 @@ class PartStore(Protocol):
 @attrs.define(eq=False)
 class Lane:
     """One application's way into the group commit: the four transitions of the
-    dispatch store, each batch committed in a group of that application's batches."""
+    lease store, each batch committed in a group of that application's batches."""
 
     committer: GroupCommitter
     application_id: str
@@ -106,7 +106,7 @@ class GroupCommitter(GroupCommit[TransitionPart, list[TransitionResult]]):
     per application (the lane).
 
     ``for_application(id)`` gives the ``Lane`` with the same ``start_many`` /
-    ``renew_many`` / ``release_many`` / ``finish_many`` as the dispatch store, so a
+    ``renew_many`` / ``release_many`` / ``finish_many`` as the lease store, so a
     connection does not know which one it talks to. Until ``run`` is running (and
     after it stopped), a batch runs on its own transaction.
     """

@@ -49,10 +49,10 @@ class ClaimPoolStatistics:
 @attrs.define(eq=False)
 class ClaimPool:
     scheduler: FairScheduler
-    # Runs the claim SQL (``DispatchStore.claim``); returns the reservations.
+    # Runs the claim SQL (``LeaseStore.claim``); returns the reservations.
     claim: Callable[[ClaimRequest], Awaitable[Sequence[Reservation]]]
     # Gives an application's (task_id, token) reservations back when their connection is
-    # gone (``DispatchStore.release_many`` of the application's shard).
+    # gone (``LeaseStore.release_many`` of the application's shard).
     release: Callable[[str, Sequence[tuple[str, str]]], Awaitable[object]]
     # Called with (grant, outcome, seconds) after each claim: metrics hook.
     observe: Callable[[Grant, str, float], None] | None = None

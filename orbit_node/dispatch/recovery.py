@@ -17,7 +17,7 @@ import logging
 import attrs
 
 from ..periodic import PeriodicService
-from ..store.dispatch import DispatchStore
+from ..store.leases import LeaseStore
 from ..store.ownership import RecoveryStats
 from ..store.recovery import Requeued
 
@@ -26,7 +26,7 @@ log = logging.getLogger("orbit.recovery")
 
 @attrs.define(eq=False)
 class Sweeper(PeriodicService):
-    store: DispatchStore
+    store: LeaseStore
     interval_s: float
     totals: RecoveryStats = attrs.field(factory=RecoveryStats)
     # Hears of each queue a pass put tasks back in (queue_id, due_at, due_in_s).

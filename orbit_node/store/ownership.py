@@ -1,5 +1,5 @@
 """Values of the ownership protocol, shared by the claim, the transitions and recovery
-(``orbit_node.store.dispatch`` runs them): what a claim hands out, what a transition is
+(``orbit_node.store.leases`` runs them): what a claim hands out, what a transition is
 asked and answers, what a recovery pass did.
 """
 

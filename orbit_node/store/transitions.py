@@ -113,7 +113,7 @@ class Writes:
 
     Per-task values are keyed by task id and named as the per-row columns of the settle
     statements (``settle_terminal``, ``settle_requeue``, ``settle_attempts`` in
-    db/sql/dispatch.sql, run by ``Tx.execute_per_row``; an attempt's token names its row
+    db/sql/leases.sql, run by ``Tx.execute_per_row``; an attempt's token names its row
     instead); a value left out is NULL.
     """
 

@@ -3,7 +3,7 @@
 Per connection, one nursery with:
 * the reader: parses frames, answers heartbeats at once, queues transitions;
 * the transition loop: start / renew / finish / release, in order, through the
-  dispatch store (this is the only place the connection waits on SQL);
+  lease store (this is the only place the connection waits on SQL);
 * the writer: the only task that sends frames, from the send buffer the core bounds by
   messages and bytes (a Worker that leaves more unread is closed as a slow consumer);
 * the watchdog: closes a silent connection after ``heartbeat_timeout_s`` and
@@ -102,7 +102,7 @@ class Transport(Protocol):
 
 
 class TransitionStore(Protocol):
-    """The dispatch store's guarded transitions (``store.dispatch.DispatchStore``)."""
+    """The lease store's guarded transitions (``store.leases.LeaseStore``)."""
 
     async def start_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]: ...
     async def renew_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]: ...

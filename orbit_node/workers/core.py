@@ -6,7 +6,7 @@ draining. It decides, synchronously and without a clock of its own (the caller
 passes ``now``):
 
 * which task references of a ``start`` / ``renew`` / ``finish`` / ``release`` are
-  this connection's to send to the dispatch store, and which are refused
+  this connection's to send to the lease store, and which are refused
   ``NOT_HELD`` (``split``);
 * what the store's answer changes: a started reservation runs, a refused,
   finished or released task is dropped, a renewed one may carry a cancel notice
@@ -454,7 +454,7 @@ class ConnectionCore:
         return Settled(tuple(started), tuple(cancels), tuple(dropped), tuple(requeued))
 
 
-# -- translation between the protocol and the dispatch store ----------------------------
+# -- translation between the protocol and the lease store -------------------------------
 
 
 def finish_item(report: p.FinishReport) -> FinishItem:

@@ -16,7 +16,7 @@ from ..dispatch.pool import ClaimPool
 from ..dispatch.signals import SignalRelay
 from ..store.ownership import Reservation, TransitionResult
 from ..store.tenancy import Principal, TenancyStore
-from ..store.workers import WorkerRegistryStore
+from ..store.worker_registry import WorkerRegistryStore
 from .connection import TransitionStore, Transport, WorkerConnection
 from .table import ConnectionTable
 

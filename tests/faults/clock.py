@@ -2,7 +2,7 @@
 
 A ``LaterDatabase`` is a pool whose sessions run with MariaDB's ``SET timestamp``:
 ``NOW(6)`` and ``UNIX_TIMESTAMP()`` in those sessions answer the real database time
-of the connect plus ``ahead_s`` (frozen there). A ``DispatchStore`` over it acts like
+of the connect plus ``ahead_s`` (frozen there). A ``LeaseStore`` over it acts like
 a node whose statements run ``ahead_s`` seconds later: a lease that is valid now has
 run out for it, while every other session still sees it valid.
 """

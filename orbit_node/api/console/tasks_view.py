@@ -132,7 +132,7 @@ async def task(task_id: str):
     for attempt in story["attempt_history"]:
         if attempt["error"] is not None:
             attempt["error"] = error_preview(attempt["error"], ATTEMPT_PREVIEW_CHARS)
-    explanation = await shard().store.explain(who.namespace_id, task_id)
+    explanation = await shard().leases.explain(who.namespace_id, task_id)
     return await page(
         f"Task {task_id}",
         "console/panels/task.html",

@@ -23,7 +23,7 @@ from ...errors import InvalidArgument, NotFound, OrbitError
 from ...ids import is_hex32
 from ...rules import LIST_LIMIT_MAX
 from ...store.actions import CANCEL_REQUESTED, RETRIED
-from ...store.dispatch import DispatchStore
+from ...store.leases import LeaseStore
 from ...store.operations import OperationsStore
 from ...store.signals import Signal, SignalStore
 from ...store.tasks import TaskStore
@@ -269,9 +269,7 @@ def list_render(page: dict[str, Any], args: argparse.Namespace) -> None:
 
 async def explain_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
     task = await OperationsStore(db).task(task_id(args.task_id))
-    store = DispatchStore(
-        db, reservation_lease_s=EXPLAIN_LEASE_S, run_lease_s=EXPLAIN_LEASE_S, batch_size=EXPLAIN_BATCH
-    )
+    store = LeaseStore(db, reservation_lease_s=EXPLAIN_LEASE_S, run_lease_s=EXPLAIN_LEASE_S, batch_size=EXPLAIN_BATCH)
     explanation = await store.explain(task["namespace_id"], args.task_id)
     return {"explanation": explanation, "application": task["application"], "namespace": task["namespace"]}
 

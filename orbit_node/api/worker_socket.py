@@ -15,7 +15,7 @@ from ..errors import InvalidArgument, OrbitError, ResourceExhausted, Unavailable
 from . import envelope
 from .auth import bearer_token, node_state
 
-blueprint = Blueprint("workers", __name__)
+blueprint = Blueprint("worker_socket", __name__)
 
 
 class ConnectionLimitReached(ResourceExhausted):

@@ -1,7 +1,9 @@
-"""The dispatch core in the database: claims, leases with fencing, retries, recovery.
+"""The lease store: who holds a task, from its claim to Finish, release or recovery.
 
-MySQL transactions decide who may run what; ``DispatchStore`` is the one repository
-that runs their SQL (``db/sql/dispatch.sql``). See ``docs/dispatch.md`` for the design.
+A claim hands out reservation leases with fencing tokens; Start turns one into a run
+lease, renew extends it, Finish (with retries and backoff) and release end it, and the
+recovery sweep takes back the expired ones. MySQL transactions decide who may run what; ``LeaseStore`` is the one repository
+that runs their SQL (``db/sql/leases.sql``). See ``docs/dispatch.md`` for the design.
 Each transaction lives in its own module: the claim in ``claim``, Start/renew/Finish/
 release and the recovery sweep in ``transitions``, the explanation in ``explain``; the
 values they share are in ``ownership``, the pure quota and backoff rules in ``quota``
@@ -43,7 +45,7 @@ from .transitions import (
 
 
 @attrs.define(eq=False)
-class DispatchStore:
+class LeaseStore:
     db: Database
     reservation_lease_s: float = attrs.field(kw_only=True)
     run_lease_s: float = attrs.field(kw_only=True)
@@ -62,7 +64,7 @@ class DispatchStore:
         )
 
     @classmethod
-    def from_config(cls, db: Database, config: Any) -> DispatchStore:
+    def from_config(cls, db: Database, config: Any) -> LeaseStore:
         """Build from a ``NodeConfig`` (leases and claim batch size)."""
         return cls(
             db,

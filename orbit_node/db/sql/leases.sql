@@ -1,4 +1,4 @@
--- Dispatch core: claims, transitions, recovery and explanations (orbit_node.store.dispatch).
+-- The lease store: claims, transitions, recovery and explanations (orbit_node.store.leases).
 --
 -- Every time that decides ownership is the database clock NOW(6) (UTC sessions).
 -- Lock order, always: applications -> queues -> tasks -> resource_keys. Claims and the

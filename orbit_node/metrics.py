@@ -27,8 +27,8 @@ from prometheus_client.exposition import choose_encoder
 
 from . import __version__
 from .db import Database
+from .dispatch.claim_pool import ClaimPool
 from .dispatch.commit import GroupCommitter
-from .dispatch.pool import ClaimPool
 from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import Grant
 from .dispatch.signals import SignalRelay

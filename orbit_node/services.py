@@ -26,9 +26,9 @@ import trio
 from .claims import ClaimRequest
 from .config import NodeConfig
 from .db import Database
+from .dispatch.claim_pool import ClaimPool
 from .dispatch.commit import GroupCommitter, concurrent_groups
 from .dispatch.plan_trigger import PlanTrigger
-from .dispatch.pool import ClaimPool
 from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import FairScheduler
 from .dispatch.signals import SignalRelay

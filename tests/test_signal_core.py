@@ -14,7 +14,7 @@ import trio.testing
 
 from orbit_node.config import SchedulerLimits, SignalTiming
 from orbit_node.dispatch.cache import EmptyResultCache
-from orbit_node.dispatch.pool import ClaimPool
+from orbit_node.dispatch.claim_pool import ClaimPool
 from orbit_node.dispatch.scheduler import FairScheduler
 from orbit_node.dispatch.signal_core import Heard, Outbox, ReadCursor, ReadPace, sort_out
 from orbit_node.errors import ConfigError

@@ -28,7 +28,7 @@ import trio
 from ..config import SignalTiming
 from ..errors import OrbitError
 from ..store.signals import Signal, SignalStore
-from .pool import ClaimPool
+from .claim_pool import ClaimPool
 from .signal_core import Heard, Outbox, ReadCursor, ReadPace, sort_out
 
 log = logging.getLogger("orbit.signals")

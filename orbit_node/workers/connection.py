@@ -41,7 +41,7 @@ import trio
 from .. import logs
 from ..claims import ClaimRequest
 from ..config import NodeConfig
-from ..dispatch.pool import ClaimPool, PoolClosed
+from ..dispatch.claim_pool import ClaimPool, PoolClosed
 from ..dispatch.scheduler import SchedulerRefused
 from ..errors import NotFound, OrbitError
 from ..store.ownership import FinishItem, Reservation, TransitionResult

@@ -12,7 +12,7 @@ import attrs
 import trio
 
 from ..config import NodeConfig
-from ..dispatch.pool import ClaimPool
+from ..dispatch.claim_pool import ClaimPool
 from ..dispatch.signals import SignalRelay
 from ..store.ownership import Reservation, TransitionResult
 from ..store.tenancy import Principal, TenancyStore

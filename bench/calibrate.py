@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--units-rounds", type=int, default=5, help="R: rounds; R is their median (default 5)")
     parser.add_argument(
+        "--units-helpers",
+        type=int,
+        default=3,
+        help="R: helper processes run one after the other; R is the lowest of their medians (default 3)",
+    )
+    parser.add_argument(
         "--units-seconds", type=float, default=3.0, help="H: length of the GET /healthz phase (default 3)"
     )
 
@@ -59,7 +65,14 @@ async def measure_r(dsn: Dsn, *, trips: int, rounds: int) -> tuple[float, int]:
 async def measure_units(args: argparse.Namespace, *, h: bool = True) -> Units:
     """R and (unless ``h`` is False: the scenario measures H itself) H, on a new bench database."""
     async with bench_database() as bdb:
-        r_us, trips = await measure_r(bdb.dsn, trips=args.units_trips, rounds=args.units_rounds)
+        # Other work on the machine only adds CPU to a round trip (a server just started,
+        # the last scenario's processes ending): the lowest of a few helpers' medians is
+        # the round trip's own cost.
+        measured = [
+            await measure_r(bdb.dsn, trips=args.units_trips, rounds=args.units_rounds)
+            for _ in range(max(1, args.units_helpers))
+        ]
+        r_us, trips = min(measured)
         if not h:
             return Units(r_us=r_us, r_trips=trips)
         app = await make_app(bdb.db, "units")

@@ -77,8 +77,15 @@ async def measure_units(args: argparse.Namespace, *, h: bool = True) -> Units:
             return Units(r_us=r_us, r_trips=trips)
         app = await make_app(bdb.db, "units")
         async with node_process(bdb.dsn) as node:
-            row = await measure_requests(
-                node, app.token, app.queue_id, "GET /healthz", H_CLIENTS, seconds=args.units_seconds
+            # Two phases, the cheaper one kept (as R's helpers: other work only adds CPU).
+            row = min(
+                [
+                    await measure_requests(
+                        node, app.token, app.queue_id, "GET /healthz", H_CLIENTS, seconds=args.units_seconds
+                    )
+                    for _ in range(2)
+                ],
+                key=lambda measured: measured["node_cpu_us_per_request"],
             )
     return Units(
         r_us=r_us,

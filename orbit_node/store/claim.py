@@ -23,7 +23,7 @@ from ..rules import MAX_PRIORITY
 from .ownership import LIVE_STATES, At, Reservation
 from .quota import Budget, epoch_second, quota_budget, window_after
 from .task_rows import PRIORITY_STEP_S
-from .transitions import ATTEMPTS_ERROR, CANCELLED_ERROR, DEADLINE_ERROR, TaskRow, Writes
+from .transitions import ATTEMPTS_ERROR, CANCELLED_ERROR, DEADLINE_ERROR, Writes
 
 # A claim re-reads candidates of a queue at most this often when rows it picked were
 # locked by another transaction (a concurrent claim, an operator's query, a cancel) or
@@ -258,14 +258,14 @@ class _Claim:
         """Settle locked candidates that can never run; they do not count toward the batch."""
         runnable = []
         for row in locked:
-            # A queued task holds no resource key: settling it releases nothing.
-            task = attrs.evolve(TaskRow.from_row(row), resource_key=None)
+            # A queued task holds no resource key and no open attempt: settling it is its
+            # terminal state alone.
             if row["past_deadline"]:
-                self.writes.settle(task, "expired", error=DEADLINE_ERROR)
+                self.writes.terminate(row["task_id"], "expired", error=DEADLINE_ERROR)
             elif row["cancel_requested"]:
-                self.writes.settle(task, "cancelled", error=CANCELLED_ERROR)
+                self.writes.terminate(row["task_id"], "cancelled", error=CANCELLED_ERROR)
             elif row["attempts"] >= row["max_attempts"]:
-                self.writes.settle(task, "failed", error=ATTEMPTS_ERROR)
+                self.writes.terminate(row["task_id"], "failed", error=ATTEMPTS_ERROR)
             else:
                 runnable.append(row)
         return runnable
@@ -328,8 +328,8 @@ class _Claim:
             Reservation(
                 task_id=r["task_id"],
                 queue_id=r["queue_id"],
-                namespace_id=r["namespace_id"],
-                application_id=r["application_id"],
+                namespace_id=self.req.namespace_id,
+                application_id=self.req.application_id,
                 handler=r["handler"],
                 handler_version=r["handler_version"],
                 payload_version=r["payload_version"],

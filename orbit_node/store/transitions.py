@@ -146,13 +146,18 @@ class Writes:
         self.attempts[row.task_id] = values
 
     def settle(self, row: TaskRow, state: str, *, result: str | None = None, error: str | None = None) -> None:
+        self.terminate(row.task_id, state, result=result, error=error)
+        self._release_key(row)
+
+    def terminate(self, task_id: str, state: str, *, result: str | None = None, error: str | None = None) -> None:
+        """The task's terminal state, result and error: all that settling a task that
+        holds no resource key writes (``settle`` releases a row's key as well)."""
         values = {"state": state}
         if result is not None:
             values["result"] = result
         if error is not None:
             values["error"] = error
-        self.terminal[row.task_id] = values
-        self._release_key(row)
+        self.terminal[task_id] = values
 
     def back_to_queue(self, row: TaskRow, *, available_at: datetime | None = None, error: str | None = None) -> None:
         self.requeue[row.task_id] = {"available_at": available_at, "error": error}

@@ -92,12 +92,14 @@ SELECT rk.resource_key, rk.holder_task_id, h.state AS holder_state
    AND rk.resource_key IN %(keys)s
 
 -- Claim, step 2: lock exactly the chosen candidates by primary key; rows another claim
--- holds are skipped, rows that changed since step 1 are re-checked out.
+-- holds are skipped, rows that changed since step 1 are re-checked out. Only the columns
+-- a reservation carries and those that say a candidate can never run: a queued task has
+-- no token, lease or open attempt, and its namespace and application are the claimer's
+-- (claim_gates); each column of a result costs the node its description and a value per
+-- row.
 -- name: claim_lock_tasks
-SELECT task_id, queue_id, namespace_id, application_id, handler, handler_version,
-       payload_version, payload, priority, attempts, max_attempts, deadline, resource_key,
-       available_at, cancel_requested, state, fencing_token, lease_expires_at, FALSE AS lease_valid,
-       backoff_initial_ms, backoff_max_ms, backoff_multiplier,
+SELECT task_id, queue_id, handler, handler_version, payload_version, payload, priority,
+       attempts, max_attempts, deadline, resource_key, available_at, cancel_requested,
        (deadline IS NOT NULL AND deadline <= NOW(6)) AS past_deadline,
        NOW(6) AS now
   FROM tasks

@@ -329,3 +329,20 @@ async def test_the_sweeper_announces_each_queue_it_put_tasks_back_in_after_the_c
     assert now_due == (queue_of[reserved.task_id], None, None)
     # The backoff (60 s, jittered) as the transaction's own clock measured it.
     assert later[:2] == (queue_of[running.task_id], retried["available_at"]) and 0 < later[2] <= 60.0
+
+
+async def test_a_resource_key_the_sweeper_frees_wakes_its_queue_at_once(db, node_config):
+    """A keyed task that the sweeper fails for good, or retries after a backoff, gives its
+    key up now: its queue is announced as due now, for a task waiting for that key."""
+    store = lease_store(db)
+    heard = []
+    _, done = await claimed(db, store, start=True, max_attempts=1, resource_key="k1")
+    _, later = await claimed(db, store, start=True, backoff_initial_ms=60_000, resource_key="k2")
+    for r in (done, later):
+        await expire_lease(db, r.task_id)
+    sweeper = Sweeper(store, node_config.sweep_interval_s, tasks_arrived=lambda *h: heard.append(h))
+    assert await sweeper.sweep() == RecoveryStats(retried=1, failed=1)
+    queue_id = (await task_row(db, done.task_id))["queue_id"]
+    assert (queue_id, None, None) in heard
+    retried = await task_row(db, later.task_id)
+    assert [h[:2] for h in heard if h[1] is not None] == [(queue_id, retried["available_at"])]

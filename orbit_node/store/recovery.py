@@ -30,8 +30,9 @@ async def run_recovery(
     The candidates of several applications are settled in one transaction per
     application: no transaction touches two applications' rows (the shard key of
     ``docs/scaling.md``). Once a transaction has committed, ``requeued`` hears of every
-    queue it put tasks back in (once per queue and due time), so waiting claims on every
-    node can be woken.
+    queue it put tasks back in (once per queue and due time) and, as due now, of every
+    queue whose task gave up its resource key, so waiting claims on every node can be
+    woken.
     """
 
     async def candidates(tx: Tx) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -59,6 +60,10 @@ async def run_recovery(
                     due_at = requeue["available_at"]
                     due_in_s = None if due_at is None else (due_at - row.now).total_seconds()
                     back[(row.queue_id, due_at, due_in_s)] = None
+                if row.task_id in writes.keys:
+                    # Its resource key is free now (whenever the task itself is due): a
+                    # task of its queue waiting for the key may go.
+                    back[(row.queue_id, None, None)] = None
             stats = RecoveryStats(
                 requeued=counts[Outcome.RELEASED],
                 retried=counts[Outcome.RETRY],

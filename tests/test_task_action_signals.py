@@ -22,6 +22,13 @@ from .wsclient import raw_worker
 BOUND_S = 4 * WAKE_BOUND_S
 
 
+def silent_worker_config(node_config):
+    """The slow scan cycle, and a heartbeat timeout beyond BOUND_S: the raw Worker of these
+    tests sends nothing after its hello, and on a busy machine (orbit-admin starting
+    slowly) a test may run past the default 30 s and be closed for its silence."""
+    return slow_cycle(node_config, heartbeat_timeout_s=2 * BOUND_S)
+
+
 async def admin(dsn, *args: str):
     result = await trio.to_thread.run_sync(functools.partial(cli, "orbit-admin", *args, dsn=dsn))
     assert result.returncode == 0, result.stderr
@@ -51,7 +58,7 @@ async def failed_task(one, tenant, db, key: str) -> str:
 
 async def test_a_retry_wakes_the_waiting_worker_of_another_node(node_config, db, dsn):
     tenant = await make_tenant(db, "retry")
-    async with nodes(slow_cycle(node_config), 2) as (one, two):
+    async with nodes(silent_worker_config(node_config), 2) as (one, two):
         by_api = await failed_task(one, tenant, db, "a")
         by_admin = await failed_task(one, tenant, db, "b")
         with trio.fail_after(BOUND_S):
@@ -76,7 +83,7 @@ async def test_a_retry_wakes_the_waiting_worker_of_another_node(node_config, db,
 
 async def test_resuming_a_queue_wakes_the_waiting_worker_of_another_node(node_config, db, dsn):
     tenant = await make_tenant(db, "resume")
-    async with nodes(slow_cycle(node_config), 2) as (one, two):
+    async with nodes(silent_worker_config(node_config), 2) as (one, two):
         async with one.client(tenant.token) as http:
             await http.post(f"/v1/queues/{tenant.queue_id}/pause")
         first = await submit(one, tenant, "a")

@@ -163,7 +163,6 @@ class WorkerConnection:
     # Transitions for the transition loop, bounded by MAX_QUEUED_TRANSITIONS.
     _tr_send: trio.MemorySendChannel[TransitionMessage] = attrs.field(init=False)
     _tr_recv: trio.MemoryReceiveChannel[TransitionMessage] = attrs.field(init=False)
-    _closing: tuple[int, str] | None = attrs.field(default=None, init=False)
     _wake_watchdog: trio.Event = attrs.field(factory=trio.Event, init=False)
     _held_changed: trio.Event = attrs.field(factory=trio.Event, init=False)
 
@@ -199,7 +198,7 @@ class WorkerConnection:
     @property
     def close_code(self) -> int | None:
         """The close code the node chose for this connection, once it chose one."""
-        return None if self._closing is None else self._closing[0]
+        return None if self.core.closing is None else self.core.closing.code
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -234,19 +233,17 @@ class WorkerConnection:
 
     def close_soon(self, code: int, reason: str) -> None:
         """Ask the writer to send what is queued, then close with ``code``."""
-        if self._closing is None:
-            self._closing = (code, reason)
-            self.core.start_closing()
+        if self.core.start_closing(code, reason):
             self._out_send.close()
 
     async def _writer(self) -> None:
         async for frame in self._out_recv:
             self.core.frame_left(frame)
             await self.transport.send(frame.text)
-        code, reason = self._closing or (p.CLOSE_NORMAL, "")
+        close = self.core.closing or Close(p.CLOSE_NORMAL, "")
         with trio.move_on_after(CLOSE_TIMEOUT_S):
-            await self.transport.close(code, reason)
-        raise ClosedByNode(reason, close_code=code)
+            await self.transport.close(close.code, close.reason)
+        raise ClosedByNode(close.reason, close_code=close.code)
 
     # -- the connection's life ----------------------------------------------------------
 

@@ -233,8 +233,9 @@ class ConnectionCore:
     outstanding: bool = attrs.field(default=False, init=False)
     worker_draining: bool = attrs.field(default=False, init=False)
     node_draining: bool = attrs.field(default=False, init=False)
-    # The connection is closing: no new claims.
-    closing: bool = attrs.field(default=False, init=False)
+    # How the connection closes, once the node chose (the first choice stands): no new
+    # claims, no new frames.
+    closing: Close | None = attrs.field(default=None, init=False)
     # When to ask again after a refused or failed claim request (caller's clock).
     retry_claim_at: float | None = attrs.field(default=None, init=False)
     _held: dict[str, Held] = attrs.field(factory=dict, init=False)
@@ -288,7 +289,7 @@ class ConnectionCore:
         None once the connection is closing: nothing more is queued. A ``Close`` when the
         frame does not fit the send buffer: the Worker reads too slowly, the connection
         closes as a slow consumer and the frames it left unread are dropped (``frame_left``)."""
-        if self.closing:
+        if self.closing is not None:
             return None
         frame = Frame.of(message)
         if not self.send_buffer.fits(frame):
@@ -325,9 +326,13 @@ class ConnectionCore:
         """The node is shutting down: no new claims; an in-flight one still delivers."""
         self.node_draining = True
 
-    def start_closing(self) -> None:
-        """The connection is closing: no new claims, no new frames."""
-        self.closing = True
+    def start_closing(self, code: int = p.CLOSE_NORMAL, reason: str = "") -> bool:
+        """The connection closes with ``code``: no new claims, no new frames. False when it
+        was closing already (the first close stands)."""
+        if self.closing is not None:
+            return False
+        self.closing = Close(code, reason)
+        return True
 
     @property
     def held(self) -> Mapping[str, Held]:
@@ -358,7 +363,7 @@ class ConnectionCore:
         return max(1, -(-min(self.hello.capacity, self.claim_batch_size) // 2))
 
     def _may_claim(self) -> bool:
-        return not (self._claim is None or self.worker_draining or self.node_draining or self.closing)
+        return not (self._claim is None or self.worker_draining or self.node_draining or self.closing is not None)
 
     def next_claim(self) -> ClaimRequest | None:
         """The claim request to submit now, or None; a returned request is outstanding.

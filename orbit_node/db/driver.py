@@ -109,10 +109,10 @@ class DriverConnection(trio_mysql.connections.Connection):
 
     def literal(self, obj: Any) -> str:
         """``obj`` as an SQL literal, the text the driver's own ``literal`` gives (every
-        statement's values pass here, through the driver's cursors). Strings, None and
-        integers and naive datetimes, nearly all of a bulk submit's tens of thousands of values, are written
-        here in one step instead of the driver's four calls; any other type goes through
-        the driver."""
+        statement's values pass here, through the driver's cursors). Strings, None,
+        integers and naive datetimes (nearly all of a bulk submit's tens of thousands of
+        values) are written here in one step instead of the driver's four calls; any
+        other type goes through the driver."""
         kind = type(obj)
         if kind is str:
             if self.server_status & SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES:

@@ -13,8 +13,10 @@ import trio
 import trio_mysql
 import trio_mysql.converters
 from trio_mysql.constants import FIELD_TYPE, SERVER_STATUS
+from trio_mysql.protocol import MysqlPacket
 
 from ..errors import DatabaseError, SchemaNotReady, Unavailable
+from .results import Result, packet_now
 
 # Errors after which the same transaction may simply be run again. On Galera a
 # certification failure at COMMIT, and a local transaction aborted by a replicated one,
@@ -103,9 +105,33 @@ class DriverConnection(trio_mysql.connections.Connection):
     # Commands sent on this connection (each one round trip): a figure for tests and benchmarks.
     commands: int = 0
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Column descriptions this connection has parsed, by their bytes (``results``).
+        self.known_columns: dict[tuple[bytes, ...], Any] = {}
+        super().__init__(*args, **kwargs)
+
     async def _execute_command(self, command: int, sql: Any) -> None:
         self.commands += 1
         await super()._execute_command(command, sql)
+
+    async def _read_packet(self, packet_type: Any = MysqlPacket) -> Any:
+        """The driver's, in one step when the read buffer holds the whole packet."""
+        data = packet_now(self)
+        if data is None:
+            return await super()._read_packet(packet_type)
+        return packet_type(data, self.encoding)
+
+    async def _read_query_result(self, unbuffered: bool = False) -> Any:
+        """The driver's, reading a buffered result with ``results.Result``."""
+        if unbuffered:
+            return await super()._read_query_result(unbuffered=True)
+        self._result = None
+        result = Result(self)
+        await result.read()
+        self._result = result
+        if result.server_status is not None:
+            self.server_status = result.server_status
+        return result.affected_rows
 
     def literal(self, obj: Any) -> str:
         """``obj`` as an SQL literal, the text the driver's own ``literal`` gives (every

@@ -13,6 +13,7 @@ import trio_mysql.cursors
 
 from ..errors import DatabaseError
 from .queries import QUERIES
+from .results import Rows
 
 # The statements the driver's executemany joins into multi-row INSERTs (any other is run
 # once per row, which Tx.execute_rows refuses).
@@ -197,13 +198,13 @@ class Tx:
         other cost one round trip."""
         if not statements:
             return []
-        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        cursor = self._conn.cursor(Rows)
         results = await self._send(cursor, statements)
         return [*results, list(await cursor.fetchall())]
 
     async def _run(self, name: str, params: Mapping[str, Any] | Sequence[Any] | None):
         sql = QUERIES[name]
-        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        cursor = self._conn.cursor(Rows)
         await self._execute(cursor, sql, params)
         return cursor
 
@@ -244,7 +245,7 @@ class Tx:
             raise ValueError(f"query {name!r} is not an INSERT whose VALUES list holds only placeholders")
         # The driver may split the rows into several INSERTs: what leads goes out alone.
         await self.send_leading()
-        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        cursor = self._conn.cursor(Rows)
         await cursor.executemany(sql, rows)
         return cursor.rowcount
 
@@ -256,7 +257,7 @@ class Tx:
         if not rows:
             return 0
         sql, values = per_row_statement(QUERIES[name], rows, params or {}, name=name)
-        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        cursor = self._conn.cursor(Rows)
         await self._execute(cursor, sql, values)
         return cursor.rowcount
 
@@ -269,12 +270,12 @@ class Tx:
 
     async def execute_raw(self, sql: str, params: Any = None) -> int:
         """Run literal SQL. Only the migration runner and test fixtures use this."""
-        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        cursor = self._conn.cursor(Rows)
         await self._execute(cursor, sql, params)
         return cursor.rowcount
 
     async def fetchall_raw(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
-        cursor = self._conn.cursor(trio_mysql.cursors.DictCursor)
+        cursor = self._conn.cursor(Rows)
         await self._execute(cursor, sql, params)
         return list(await cursor.fetchall())
 

@@ -462,6 +462,17 @@ async def test_a_connection_on_a_descriptor_above_1023_is_reused_until_the_serve
         await high.aclose()
 
 
+# What a sequence (an IN list, a list of pairs) holds: the types written in one step and
+# others (booleans, floats, datetimes) that send the whole sequence the driver's way.
+ITEMS = st.one_of(
+    st.text(alphabet="\\'\"\0\n\r\x1a%ab"),
+    st.none(),
+    st.integers(),
+    st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.datetimes(),
+    st.tuples(st.text(max_size=4), st.text(alphabet="\\'ab", max_size=4)),
+)
 VALUES = st.one_of(
     st.text(),
     st.text(alphabet="\\'\"\0\n\r\x1a%ab"),
@@ -473,6 +484,8 @@ VALUES = st.one_of(
     st.datetimes(timezones=st.timezones()),
     st.binary(max_size=8),
     st.lists(st.text(max_size=4), min_size=1, max_size=3).map(tuple),
+    st.lists(ITEMS, min_size=1, max_size=4).map(tuple),
+    st.lists(ITEMS, min_size=1, max_size=4),
 )
 
 
@@ -481,6 +494,8 @@ VALUES = st.one_of(
 @example(value="it's \\", no_backslash=True)
 @example(value=datetime(2026, 1, 2, 3, 4, 5), no_backslash=False)
 @example(value=datetime(5, 1, 2, 3, 4, 5, 6), no_backslash=False)
+@example(value=("it's", None, 7, ("a\\b", "t")), no_backslash=True)
+@example(value=("x", 1.5), no_backslash=False)
 def test_literals_are_the_drivers_own(value, no_backslash):
     """The connection's one-step literals are the text the driver writes for every value."""
     ours, drivers = DriverConnection(host="unused"), trio_mysql.connections.Connection(host="unused")

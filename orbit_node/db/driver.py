@@ -89,6 +89,30 @@ for _char, _escaped in {
     STRING_ESCAPES[ord(_char)] = _escaped
 
 
+def sequence_literal(items: tuple[Any, ...] | list[Any]) -> str | None:
+    """A tuple or list (an ``IN`` list, a row of pairs) of strings, None, integers and
+    such sequences as the driver writes it: ``(a,b)``, each string escaped with
+    backslashes whatever the server's mode (the driver escapes a sequence's items so);
+    None when an item is of another type (the driver's own way then)."""
+    parts = []
+    for item in items:
+        kind = type(item)
+        if kind is str:
+            parts.append("'" + item.translate(STRING_ESCAPES) + "'")
+        elif item is None:
+            parts.append("NULL")
+        elif kind is int:
+            parts.append(str(item))
+        elif kind is tuple or kind is list:
+            text = sequence_literal(item)
+            if text is None:
+                return None
+            parts.append(text)
+        else:
+            return None
+    return "(" + ",".join(parts) + ")"
+
+
 class DriverConnection(trio_mysql.connections.Connection):
     """trio-mysql's connection, closing its socket when it gives the connection up.
 
@@ -151,6 +175,10 @@ class DriverConnection(trio_mysql.connections.Connection):
         if kind is datetime and obj.tzinfo is None:
             # The driver's form: microseconds only when there are some.
             return "'" + obj.isoformat(" ") + "'"
+        if kind is tuple or kind is list:
+            text = sequence_literal(obj)
+            if text is not None:
+                return text
         return self.escape(obj, self.encoders)
 
     def _force_close(self) -> None:

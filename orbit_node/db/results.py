@@ -60,6 +60,8 @@ class Columns:
             else:
                 encoding = "ascii"
             converter = connection.decoders.get(field_type)
+            if converter is int and encoding == "ascii":
+                encoding = None  # int() reads the digits' bytes as they are
             self.converters.append((encoding, None if converter is converters.through else converter))
         # The keys of a dict row (``DictCursorMixin``): a repeated name gets its table's.
         names: list[str] = []

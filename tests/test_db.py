@@ -462,25 +462,21 @@ async def test_a_connection_on_a_descriptor_above_1023_is_reused_until_the_serve
         await high.aclose()
 
 
-# What a sequence (an IN list, a list of pairs) holds: the types written in one step and
-# others (booleans, floats, datetimes) that send the whole sequence the driver's way.
-ITEMS = st.one_of(
+# Values of every type the node passes, each also as an item of a sequence (an IN list, a
+# list of pairs): strings, None and integers are written in one step, other types
+# (booleans, floats, datetimes) send the value, or the whole sequence, the driver's way.
+SCALARS = st.one_of(
     st.text(alphabet="\\'\"\0\n\r\x1a%ab"),
     st.none(),
     st.integers(),
     st.booleans(),
     st.floats(allow_nan=False, allow_infinity=False),
     st.datetimes(),
-    st.tuples(st.text(max_size=4), st.text(alphabet="\\'ab", max_size=4)),
 )
+ITEMS = SCALARS | st.tuples(st.text(max_size=4), st.text(alphabet="\\'ab", max_size=4))
 VALUES = st.one_of(
+    SCALARS,
     st.text(),
-    st.text(alphabet="\\'\"\0\n\r\x1a%ab"),
-    st.none(),
-    st.integers(),
-    st.booleans(),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.datetimes(),
     st.datetimes(timezones=st.timezones()),
     st.binary(max_size=8),
     st.lists(st.text(max_size=4), min_size=1, max_size=3).map(tuple),

@@ -20,6 +20,8 @@ from typing import Any
 # recursion limit, so parsing and re-serialising can never hit it.
 MAX_JSON_DEPTH = 64
 SURROGATES = re.compile(r"[\ud800-\udfff]")
+# What json.loads builds containers as (the object hook returns a plain dict).
+CONTAINERS = frozenset({dict, list})
 
 
 class NotStrictJson(ValueError):
@@ -36,11 +38,13 @@ def show(value: Any) -> str:
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise NotStrictJson(f"duplicate object key {show(key)}")
-        result[key] = value
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise NotStrictJson(f"duplicate object key {show(key)}")
+            seen.add(key)
     return result
 
 
@@ -66,8 +70,20 @@ def _check_tree(value: Any, *, strings: bool) -> None:
     """Depth limit and (with ``strings``) lone surrogates, without recursion.
 
     A surrogate can only come from a ``\\u`` escape (strict UTF-8 decoding refuses encoded
-    ones), so a text without one needs only its containers visited.
+    ones), so a text without one needs only its containers visited, a level at a time.
     """
+    if not strings:
+        level = [value] if type(value) in CONTAINERS else []
+        depth = 0
+        while level:
+            if depth >= MAX_JSON_DEPTH:
+                raise NotStrictJson(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+            below = []
+            for item in level:
+                below += [v for v in (item.values() if type(item) is dict else item) if type(v) in CONTAINERS]
+            level = below
+            depth += 1
+        return
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
@@ -77,13 +93,11 @@ def _check_tree(value: Any, *, strings: bool) -> None:
         elif isinstance(item, (dict, list)):
             if depth >= MAX_JSON_DEPTH:
                 raise NotStrictJson(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
-            children = item.values() if isinstance(item, dict) else item
-            if strings:
-                if isinstance(item, dict):
-                    stack.extend((k, depth + 1) for k in item)
-                stack.extend((v, depth + 1) for v in children)
+            if isinstance(item, dict):
+                stack.extend((k, depth + 1) for k in item)
+                stack.extend((v, depth + 1) for v in item.values())
             else:
-                stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
+                stack.extend((v, depth + 1) for v in item)
 
 
 def loads(raw: bytes | str) -> Any:

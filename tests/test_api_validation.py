@@ -10,6 +10,8 @@ import urllib.parse
 import pytest
 import trio
 
+from orbit_node import strict_json
+
 from .nodeutil import Tenant, assert_error, make_tenant, stored_counts
 
 NOTHING = {"tasks": 0, "idempotency_records": 0, "resource_keys": 0}
@@ -472,3 +474,29 @@ async def test_a_refused_body_does_not_leave_a_hung_connection(running_node, db,
             assert_error(unauthenticated, 401, "UNAUTHENTICATED", "authorization")
             assert (await client.get("/healthz")).status_code == 200
     assert await stored_counts(db) == NOTHING
+
+
+@pytest.mark.parametrize("escape", ["", "\\u00e9"])
+@pytest.mark.parametrize("shape", ["list", "object", "mixed"])
+def test_nesting_is_refused_beyond_the_limit_exactly(shape, escape):
+    """64 levels of containers are read, 65 refused, with or without a \\u escape (a
+    text with one is walked for lone surrogates too)."""
+
+    def nested(levels: int) -> str:
+        text = f'"{escape}x"'
+        for level in range(levels):
+            kind = shape if shape != "mixed" else ("list", "object")[level % 2]
+            text = f"[{text}, 1]" if kind == "list" else f'{{"k": {text}, "n": 2}}'
+        return text
+
+    assert strict_json.loads(nested(strict_json.MAX_JSON_DEPTH)) is not None
+    with pytest.raises(strict_json.NotStrictJson, match="nested deeper than 64"):
+        strict_json.loads(nested(strict_json.MAX_JSON_DEPTH + 1))
+
+
+@pytest.mark.parametrize(
+    "text", ['{"a": 1, "b": 2, "a": 3}', '[{"x": {"y": 1, "y": 1}}]', '{"a": {"b": 1}, "a": {"b": 1}}']
+)
+def test_a_duplicate_key_is_named_at_any_depth(text):
+    with pytest.raises(strict_json.NotStrictJson, match="duplicate object key"):
+        strict_json.loads(text)

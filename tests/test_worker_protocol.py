@@ -8,6 +8,8 @@ import json
 import attrs
 import jsonschema
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from orbit_node import strict_json
 from orbit_node.workers import protocol as p
@@ -129,6 +131,63 @@ def test_a_message_is_read_as_strictly_as_a_request_body(text, why):
     with pytest.raises(p.MessageRefused) as info:
         p.parse_message(text)
     assert info.value.code == "MALFORMED_MESSAGE" and why in info.value.message, info.value.message
+
+
+TASK_IDS = st.text("0123456789abcdef", min_size=32, max_size=32)
+TOKENS = st.builds("{}-{}".format, st.integers(0, 9_999_999_999), st.text("0123456789abcdef", min_size=16, max_size=16))
+RESULTS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@given(st.lists(st.tuples(TASK_IDS, TOKENS, st.none() | st.just("absent") | RESULTS), min_size=1, max_size=64))
+def test_well_formed_batches_read_as_written(items):
+    """Start and Finish batches read into what each item says (well-formed items take a
+    shorter way than the field-by-field checks; the values are the same)."""
+    start = p.parse_message(json.dumps({"type": "start", "tasks": [{"task_id": t, "token": k} for t, k, _ in items]}))
+    assert start == p.Start(tuple(p.TaskRef(t, k) for t, k, _ in items), None)
+    reports = []
+    for task_id, token, result in items:
+        report = {"task_id": task_id, "token": token, "outcome": "succeeded"}
+        if result != "absent":
+            report["result"] = result
+        reports.append(report)
+    finish = p.parse_message(json.dumps({"type": "finish", "id": "m-1", "tasks": reports}))
+    expected = [
+        p.FinishReport(
+            t,
+            k,
+            "succeeded",
+            json.dumps(None if r == "absent" else r, separators=(",", ":"), ensure_ascii=False),
+            None,
+            False,
+        )
+        for t, k, r in items
+    ]
+    assert finish == p.Finish(tuple(expected), "m-1")
+
+
+@pytest.mark.parametrize(
+    "bad,field",
+    [
+        ({"note": 1}, "tasks[1].note"),
+        ({"token": "x"}, "tasks[1].token"),
+        ({"task_id": 7}, "tasks[1].task_id"),
+        ({"error": {}}, "tasks[1].error"),
+    ],
+)
+def test_one_bad_item_among_well_formed_ones_is_named(bad, field):
+    good = {"task_id": TASK, "token": TOKEN, "outcome": "succeeded", "result": 1}
+    with pytest.raises(p.MessageRefused) as info:
+        p.parse_message(json.dumps({"type": "finish", "tasks": [good, {**good, **bad}, good]}))
+    assert info.value.field == field
+    refs = [{"task_id": TASK, "token": TOKEN}, {"task_id": TASK, "token": TOKEN, **bad}]
+    if "error" not in bad:
+        with pytest.raises(p.MessageRefused) as info:
+            p.parse_message(json.dumps({"type": "start", "tasks": refs}))
+        assert info.value.field == field
 
 
 def test_finish_keeps_big_integers_exact():

@@ -52,6 +52,13 @@ _VERSION = VERSION
 _HEX32 = QUEUE_ID
 _TOKEN = re.compile(r"[0-9]{1,10}-[0-9a-f]{16}")
 _MESSAGE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+# The keys of a task reference, and of a succeeded task's report (``result`` optional).
+_REF_KEYS = frozenset({"task_id", "token"})
+_SUCCEEDED_KEYS = frozenset({"task_id", "token", "outcome", "result"})
+# A result as stored (compact, UTF-8 as it is), and every outbound message: one encoder
+# each, instead of one built by every json.dumps call with these options.
+_RESULT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_MESSAGE_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 class MessageRefused(OrbitError):
@@ -180,10 +187,31 @@ def _message_id(obj: Mapping[str, Any]) -> str | None:
     return _string(obj["id"], _MESSAGE_ID, "id") if "id" in obj else None
 
 
+def _well_formed(task_id: Any, token: Any) -> bool:
+    return (
+        type(task_id) is str
+        and type(token) is str
+        and _HEX32.fullmatch(task_id) is not None
+        and _TOKEN.fullmatch(token) is not None
+    )
+
+
+def _ref(item: Any) -> TaskRef | None:
+    """A well-formed task reference at once; None sends it through the checks that name
+    what is wrong."""
+    if type(item) is dict and item.keys() == _REF_KEYS and _well_formed(item["task_id"], item["token"]):
+        return TaskRef(item["task_id"], item["token"])
+    return None
+
+
 def _task_refs(obj: Mapping[str, Any]) -> tuple[TaskRef, ...]:
     _fields(obj, {"tasks"}, {"id"}, "")
     refs = []
     for i, item in enumerate(_list(obj["tasks"], "tasks", low=1, high=MAX_TASKS_PER_MESSAGE)):
+        ref = _ref(item)
+        if ref is not None:
+            refs.append(ref)
+            continue
         item = _object(item, f"tasks[{i}]")
         _fields(item, {"task_id", "token"}, set(), f"tasks[{i}].")
         refs.append(
@@ -233,6 +261,16 @@ def _finish(obj: Mapping[str, Any]) -> Finish:
     _fields(obj, {"tasks"}, {"id"}, "")
     reports = []
     for i, item in enumerate(_list(obj["tasks"], "tasks", low=1, high=MAX_TASKS_PER_MESSAGE)):
+        if (
+            type(item) is dict
+            and item.get("outcome") == "succeeded"
+            and item.keys() <= _SUCCEEDED_KEYS
+            and _well_formed(item.get("task_id"), item.get("token"))
+        ):
+            # A well-formed success at once; anything else is checked field by field below.
+            stored = _RESULT_JSON.encode(item.get("result"))
+            reports.append(FinishReport(item["task_id"], item["token"], "succeeded", stored, None, False))
+            continue
         where = f"tasks[{i}]"
         item = _object(item, where)
         _fields(item, {"task_id", "token", "outcome"}, {"result", "error", "retryable"}, f"{where}.")
@@ -240,7 +278,7 @@ def _finish(obj: Mapping[str, Any]) -> Finish:
         if outcome == "succeeded":
             if "error" in item or "retryable" in item:
                 raise _invalid("a succeeded task carries result, not error/retryable", f"{where}.error")
-            result_json = json.dumps(item.get("result"), separators=(",", ":"), ensure_ascii=False)
+            result_json = _RESULT_JSON.encode(item.get("result"))
             error = None
             retryable = False
         elif outcome == "failed":
@@ -324,7 +362,7 @@ def parse_message(data: str | bytes) -> Message:
 
 
 def dumps(message: Mapping[str, Any]) -> str:
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _MESSAGE_JSON.encode(message)
 
 
 def welcome(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from orbit_node.api.credentials import CredentialCache
 from orbit_node.config import NodeConfig
@@ -104,6 +105,97 @@ async def test_failures_are_not_remembered_and_the_memory_is_bounded(db):
     assert counting.lookups == 0
     await cache.authenticate(tokens[0])
     assert counting.lookups == 1 and len(cache) == 4
+
+
+@attrs.define
+class GatedTenancy(CountingTenancy):
+    """Holds every question until ``gate`` is set; the first ``refuse`` questions are
+    refused (a credential whose creation had not committed when they were asked)."""
+
+    gate: trio.Event = attrs.Factory(trio.Event)
+    refuse: int = 0
+
+    async def authenticate(self, token):
+        self.lookups += 1
+        refused = self.lookups <= self.refuse
+        await self.gate.wait()
+        if refused:
+            raise Unauthenticated("authorization: unknown or revoked credential", field="authorization")
+        if self.down:
+            raise Unavailable("database unreachable")
+        return await self.inner.authenticate(token)
+
+
+async def ask_together(cache, token, callers: int, *, stale: tuple[bool, ...] = ()):
+    """``callers`` concurrent authentications of ``token``; each one's principal or error."""
+    outcomes: list = [None] * callers
+
+    async def one(i):
+        try:
+            outcomes[i] = await cache.authenticate(token, stale_if_unavailable=i < len(stale) and stale[i])
+        except (Unauthenticated, Unavailable) as exc:
+            outcomes[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i in range(callers):
+            nursery.start_soon(one, i)
+        await trio.testing.wait_all_tasks_blocked()
+        cache.tenancy.gate.set()
+    return outcomes
+
+
+async def test_concurrent_misses_ask_the_database_once(db):
+    tenant = await make_tenant(db)
+    tenancy = TenancyStore(db)
+    credential_id, token = await tenancy.create_credential(tenant.namespace_id, "busy", {"tasks:read": "*"})
+    other_id, other = await tenancy.create_credential(tenant.namespace_id, "other", {"tasks:read": "*"})
+    clock = FakeClock()
+    gated = GatedTenancy(tenancy)
+    cache = CredentialCache(gated, ttl_s=1.0, clock=clock)  # type: ignore[arg-type]
+    outcomes = await ask_together(cache, token, 16)
+    assert [o.credential_id for o in outcomes] == [credential_id] * 16 and gated.lookups == 1
+    # When the entry expires under load, one question again; another token asks its own.
+    clock.now += 1.0
+    gated.gate = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask_together, cache, token, 8)
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await cache.authenticate(other)).credential_id == other_id
+    assert gated.lookups == 3
+
+
+async def test_a_refusal_is_not_shared_with_those_who_waited(db):
+    """A question asked before the credential's creation committed is refused; the requests
+    that waited for it ask for themselves and are accepted."""
+    tenant = await make_tenant(db)
+    tenancy = TenancyStore(db)
+    credential_id, token = await tenancy.create_credential(tenant.namespace_id, "new", {"tasks:read": "*"})
+    gated = GatedTenancy(tenancy, refuse=1)
+    cache = CredentialCache(gated, ttl_s=1.0, clock=FakeClock())  # type: ignore[arg-type]
+    outcomes = await ask_together(cache, token, 5)
+    refused = [o for o in outcomes if isinstance(o, Unauthenticated)]
+    accepted = [o.credential_id for o in outcomes if o not in refused]
+    assert len(refused) == 1 and accepted == [credential_id] * 4 and gated.lookups == 5
+
+
+async def test_a_stale_answer_is_the_metrics_callers_alone(db):
+    """While the database is down, the /metrics caller that asked gets its stale credential;
+    a /v1 request that waited for that question still gets Unavailable."""
+    tenant = await make_tenant(db)
+    tenancy = TenancyStore(db)
+    credential_id, token = await tenancy.create_credential(tenant.namespace_id, "m", {"metrics:read": "*"})
+    clock = FakeClock()
+    gated = GatedTenancy(tenancy)
+    gated.gate.set()
+    cache = CredentialCache(gated, ttl_s=1.0, clock=clock)  # type: ignore[arg-type]
+    await cache.authenticate(token)
+    clock.now += 5.0
+    gated.down, gated.gate = True, trio.Event()
+    for stale in ((True, False), (False, True)):  # whichever asks first
+        gated.gate = trio.Event()
+        outcomes = await ask_together(cache, token, 2, stale=stale)
+        metrics, v1 = outcomes if stale[0] else outcomes[::-1]
+        assert metrics.credential_id == credential_id and isinstance(v1, Unavailable)
 
 
 async def test_zero_asks_the_database_on_every_request(db):

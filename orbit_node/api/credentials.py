@@ -13,6 +13,12 @@ asks the database on every request.
   one is forgotten (a node sees a handful of distinct credentials in practice).
 * The time of an entry is taken before the database is asked: an answer read just before
   a revocation committed is trusted until ``ttl_s`` after the question, never longer.
+* One question at a time per credential: requests that miss while the database is being
+  asked about the same token wait for that answer instead of each asking (when an entry
+  expires under load, every concurrent request of the credential would otherwise ask at
+  once). A shared answer is a success only: when the question fails or is cancelled,
+  each waiter asks for itself, so a refusal is never handed to a request that arrived
+  after the question was asked.
 """
 
 from __future__ import annotations
@@ -45,6 +51,14 @@ class Verifier(Protocol):
 
 
 @attrs.define(eq=False)
+class _Question:
+    """A verification under way: its answer, once ``answered`` is set (None: it failed)."""
+
+    answered: trio.Event = attrs.field(factory=trio.Event)
+    principal: Principal | None = None
+
+
+@attrs.define(eq=False)
 class CredentialCache:
     tenancy: Verifier
     ttl_s: float = DEFAULT_TTL_S
@@ -53,6 +67,8 @@ class CredentialCache:
     clock: Callable[[], float] = trio.current_time
     # sha256(token) -> (clock time the verification began, the principal), least recently used first.
     _entries: OrderedDict[bytes, tuple[float, Principal]] = attrs.field(factory=OrderedDict, init=False)
+    # sha256(token) -> the verification under way.
+    _asking: dict[bytes, _Question] = attrs.field(factory=dict, init=False)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -70,8 +86,32 @@ class CredentialCache:
             self._entries.move_to_end(key)
             if now - entry[0] < self.ttl_s:
                 return entry[1]
+        asked = self._asking.get(key)
+        if asked is not None:
+            await asked.answered.wait()
+            if asked.principal is not None:
+                return asked.principal
+            return await self._ask(key, token, now, entry, stale_if_unavailable, _Question())
+        question = self._asking[key] = _Question()
         try:
-            principal = await self.tenancy.authenticate(token)
+            return await self._ask(key, token, now, entry, stale_if_unavailable, question)
+        finally:
+            del self._asking[key]
+            question.answered.set()
+
+    async def _ask(
+        self,
+        key: bytes,
+        token: str,
+        now: float,
+        entry: tuple[float, Principal] | None,
+        stale_if_unavailable: bool,
+        question: _Question,
+    ) -> Principal:
+        """Ask the database; its acceptance is remembered and shared through ``question``
+        (a stale answer while it cannot be reached is this caller's alone)."""
+        try:
+            principal = question.principal = await self.tenancy.authenticate(token)
         except Unavailable:
             if stale_if_unavailable and entry is not None:
                 return entry[1]

@@ -497,3 +497,80 @@ def test_literals_are_the_drivers_own(value, no_backslash):
     ours, drivers = DriverConnection(host="unused"), trio_mysql.connections.Connection(host="unused")
     ours.server_status = drivers.server_status = SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES if no_backslash else 0
     assert ours.literal(value) == drivers.literal(value)
+
+
+async def _commands(db) -> int:
+    return await db.run(lambda tx: _read_commands(tx))
+
+
+async def _read_commands(tx) -> int:
+    return tx.commands
+
+
+async def test_short_inserts_travel_with_the_commit_and_long_ones_go_at_once(dsn, monkeypatch):
+    """``Tx.insert_rows``: a multi-row INSERT of at most MAX_DEFERRED_INSERT_BYTES goes
+    with the transaction's COMMIT (one round trip for both); a longer one is sent at once
+    as the driver splits it; the rows are the same either way."""
+    import orbit_node.db.tx as tx_module
+
+    one = Database(dsn, size=1)
+    try:
+        await one.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(40)) ENGINE=InnoDB"))
+        monkeypatch.setitem(QUERIES, "t_insert", "INSERT INTO t (id, v) VALUES (%(id)s, %(v)s)")
+        rows = [{"id": i, "v": f"é✓ {i} 'q' \\"} for i in range(50)]
+
+        async def write(tx):
+            await tx.insert_rows("t_insert", rows[:25])
+            await tx.insert_rows("t_insert", rows[25:])
+
+        before = await _commands(one)
+        await one.transaction(write)
+        assert await _commands(one) - before == 1  # START TRANSACTION, both INSERTs and COMMIT: one packet
+        monkeypatch.setattr(tx_module, "MAX_DEFERRED_INSERT_BYTES", 200)
+        await one.run(lambda tx: tx.execute_raw("DELETE FROM t"))
+        before = await _commands(one)
+        await one.transaction(write)
+        assert await _commands(one) - before > 2
+        got = await one.run(lambda tx: tx.fetchall_raw("SELECT id, v FROM t ORDER BY id"))
+        assert got == rows
+    finally:
+        await one.aclose()
+
+
+async def test_a_deferred_insert_that_fails_fails_its_transaction(db, monkeypatch):
+    """A duplicate key in a deferred INSERT raises at the COMMIT that carries it, with the
+    server's error number; nothing of the transaction is kept."""
+    await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id INT PRIMARY KEY) ENGINE=InnoDB"))
+    await db.run(lambda tx: tx.execute_raw("CREATE TABLE u (id INT PRIMARY KEY) ENGINE=InnoDB"))
+    await db.run(lambda tx: tx.execute_raw("INSERT INTO t VALUES (3)"))
+    monkeypatch.setitem(QUERIES, "t_insert", "INSERT INTO t (id) VALUES (%(id)s)")
+    monkeypatch.setitem(QUERIES, "u_insert", "INSERT INTO u (id) VALUES (%(id)s)")
+
+    async def write(tx):
+        await tx.insert_rows("u_insert", [{"id": 1}])
+        await tx.insert_rows("t_insert", [{"id": 2}, {"id": 3}])
+
+    with pytest.raises(DatabaseError) as error:
+        await db.transaction(write)
+    assert error.value.errno == 1062
+    assert await db.run(lambda tx: tx.fetchall_raw("SELECT id FROM u")) == []
+    assert await db.run(lambda tx: tx.fetchall_raw("SELECT id FROM t")) == [{"id": 3}]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT IGNORE INTO t (id) VALUES (%(id)s)",
+        "INSERT INTO t (id) VALUES (%(id)s) ON DUPLICATE KEY UPDATE id = id",
+        "UPDATE t SET id = %(id)s",
+    ],
+)
+async def test_insert_rows_takes_plain_inserts_only(db, monkeypatch, sql):
+    """A row count is checked, so an INSERT that may skip or update rows is refused."""
+    monkeypatch.setitem(QUERIES, "t_insert", sql)
+
+    async def write(tx):
+        await tx.insert_rows("t_insert", [{"id": 1}])
+
+    with pytest.raises(ValueError, match="plain INSERT"):
+        await db.transaction(write)

@@ -161,3 +161,31 @@ async def test_a_node_killed_while_submits_group_loses_nothing_it_acknowledged(d
             assert tasks[0]["n"] == len(keys)
     finally:
         await node.aclose()
+
+
+async def test_a_group_of_submits_is_two_round_trips(db, dsn):
+    """The idempotency records and the queues are read in one packet; the records and the
+    tasks are written with the COMMIT (the old transaction took five)."""
+    from orbit_node.db import Database
+    from orbit_node.store.acceptance import Submission
+
+    owner = await tenant(db)
+    one = Database(dsn, size=1)
+    try:
+
+        async def commands(tx):
+            return tx.commands
+
+        store = TaskStore(one)
+        submissions = [Submission(f"k-{i}", new_task(owner.queue_id, priority=i % 3)) for i in range(8)]
+        before = await one.run(commands)
+        accepted = await store.submit_many(owner.namespace_id, submissions)
+        assert await one.run(commands) - before == 2
+        assert [a.created for a in accepted] == [True] * 8
+        # Each is stored and answered under its own key; the same requests again are repeats.
+        again = await store.submit_many(owner.namespace_id, submissions)
+        assert [(a.created, a.task.task_id) for a in again] == [(False, a.task.task_id) for a in accepted]
+        stored = await rows(db, "SELECT COUNT(*) AS n FROM tasks WHERE namespace_id = %s", owner.namespace_id)
+        assert stored == [{"n": 8}]
+    finally:
+        await one.aclose()

@@ -166,10 +166,11 @@ def task_row(
 async def insert_tasks(tx: Tx, namespace_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
     """Write accepted tasks (``task_row``) and their resource keys' occupancy rows inside ``tx``.
 
-    Multi-row INSERTs; the caller has written the idempotency records first, in the same
+    Multi-row INSERTs (the tasks' deferred to the transaction's next packet when short:
+    ``Tx.insert_rows``); the caller has written the idempotency records first, in the same
     transaction. The API's acceptance, a plan's fire and a retry all go through here.
     """
-    await tx.execute_rows("task_insert", rows)
+    await tx.insert_rows("task_insert", rows)
     wanted = sorted({row["resource_key"] for row in rows if row["resource_key"] is not None})
     if wanted:
         present = await tx.fetchall(

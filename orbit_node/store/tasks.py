@@ -98,10 +98,12 @@ class TaskStore:
         digests: Sequence[str],
     ) -> list[Accepted | OrbitError]:
         keys = tuple(sorted({s.idempotency_key for s in submissions}))
-        found = await tx.fetchall("idempotency_get_many", {"namespace_id": namespace_id, "kind": kind, "keys": keys})
-        records = {r["idempotency_key"]: Record(r["request_digest"], r["task_id"]) for r in found}
         queue_ids = tuple(sorted({s.new.queue_id for s in submissions}))
-        queues = await tx.fetchall("task_submit_queues", {"namespace_id": namespace_id, "queue_ids": queue_ids})
+        found, queues = await tx.fetchall_each(
+            tx.statement("idempotency_get_many", {"namespace_id": namespace_id, "kind": kind, "keys": keys}),
+            tx.statement("task_submit_queues", {"namespace_id": namespace_id, "queue_ids": queue_ids}),
+        )
+        records = {r["idempotency_key"]: Record(r["request_digest"], r["task_id"]) for r in found}
         decisions = decide(
             submissions, digests, records, {q["queue_id"]: q["application_id"] for q in queues}, time_ordered_id
         )
@@ -109,7 +111,7 @@ class TaskStore:
         rows: list[dict[str, Any]] = []
         if created:
             now = queues[0]["db_now"]
-            await tx.execute_rows(
+            await tx.insert_rows(
                 "idempotency_insert",
                 sorted(
                     (

@@ -508,9 +508,9 @@ async def _read_commands(tx) -> int:
 
 
 async def test_short_inserts_travel_with_the_commit_and_long_ones_go_at_once(dsn, monkeypatch):
-    """``Tx.insert_rows``: a multi-row INSERT of at most MAX_DEFERRED_INSERT_BYTES goes
-    with the transaction's COMMIT (one round trip for both); a longer one is sent at once
-    as the driver splits it; the rows are the same either way."""
+    """``Tx.insert_rows``: a multi-row INSERT of at most MAX_INSERT_BYTES goes with the
+    transaction's COMMIT (one round trip for both); more rows are split into statements of
+    at most that many bytes, all but the last sent at once; the rows are the same."""
     import orbit_node.db.tx as tx_module
 
     one = Database(dsn, size=1)
@@ -526,11 +526,22 @@ async def test_short_inserts_travel_with_the_commit_and_long_ones_go_at_once(dsn
         before = await _commands(one)
         await one.transaction(write)
         assert await _commands(one) - before == 1  # START TRANSACTION, both INSERTs and COMMIT: one packet
-        monkeypatch.setattr(tx_module, "MAX_DEFERRED_INSERT_BYTES", 200)
+        monkeypatch.setattr(tx_module, "MAX_INSERT_BYTES", 200)
+        written: list[tuple[str, int | None]] = []
+        defer = tx_module.Tx._defer
+
+        def recording(self, name, text, rows):
+            written.append((text, rows))
+            defer(self, name, text, rows)
+
+        monkeypatch.setattr(tx_module.Tx, "_defer", recording)
         await one.run(lambda tx: tx.execute_raw("DELETE FROM t"))
         before = await _commands(one)
         await one.transaction(write)
-        assert await _commands(one) - before > 2
+        # Each call's last statement goes with the next packet (the second's with the COMMIT).
+        assert await _commands(one) - before == len(written) - 1
+        assert len(written) > 4 and all(len(text.encode()) <= 200 for text, _ in written)
+        assert sum(rows for _, rows in written) == 50
         got = await one.run(lambda tx: tx.fetchall_raw("SELECT id, v FROM t ORDER BY id"))
         assert got == rows
     finally:

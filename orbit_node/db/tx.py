@@ -18,11 +18,9 @@ from .results import Rows
 # The statements the driver's executemany joins into multi-row INSERTs (any other is run
 # once per row, which Tx.execute_rows refuses).
 MULTI_ROW_INSERT = trio_mysql.cursors.RE_INSERT_VALUES
-# The longest multi-row INSERT ``Tx.insert_rows`` defers into the next packet: the
-# driver's own bound on one statement of ``executemany`` (``Cursor.max_stmt_length``),
-# so a packet of a few deferred writes and COMMIT stays far below the server's
-# ``max_allowed_packet`` (16 MB by default on MariaDB, 64 MB on MySQL 8).
-MAX_DEFERRED_INSERT_BYTES = trio_mysql.cursors.Cursor.max_stmt_length
+# The longest multi-row INSERT ``Tx.insert_rows`` writes as one statement: the driver's
+# own bound on one statement of ``executemany`` (``Cursor.max_stmt_length``).
+MAX_INSERT_BYTES = trio_mysql.cursors.Cursor.max_stmt_length
 # A statement that takes values per row (per_row_statement): ``{column}`` is a per-row
 # value, ``key IN %(row_keys)s`` names the rows.
 PER_ROW_COLUMN = re.compile(r"\{([a-z_]+)\}")
@@ -256,23 +254,31 @@ class Tx:
 
     async def insert_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Write every row with the named ``INSERT ... VALUES (%(a)s, ...)`` (no ``IGNORE``,
-        no ``ON DUPLICATE``): one multi-row statement deferred as ``defer`` does, which must
-        insert them all, when its text is at most ``MAX_DEFERRED_INSERT_BYTES``; a longer
-        one goes at once through ``execute_rows`` (split as the driver splits it). A
-        duplicate key raises at the statement that carries it, as it would at once."""
+        no ``ON DUPLICATE``: each statement must insert all its rows), as multi-row
+        statements of at most ``MAX_INSERT_BYTES``. The last is deferred as ``defer`` does
+        (it goes with the next statement or the commit); any before it go at once, each
+        with what leads. A duplicate key raises at the statement that carries it."""
         if not rows:
             return
-        sql = QUERIES[name]
-        found = MULTI_ROW_INSERT.match(sql)
+        found = MULTI_ROW_INSERT.match(QUERIES[name])
         if not found or found.group(3).strip() or "IGNORE" in found.group(1).upper():
             raise ValueError(f"query {name!r} is not a plain INSERT whose VALUES list holds only placeholders")
         cursor = self._conn.cursor()
-        values = found.group(2).rstrip()
-        text = found.group(1) % () + ",".join(cursor.mogrify(values, row) for row in rows)
-        if len(text) * 4 > MAX_DEFERRED_INSERT_BYTES and len(text.encode()) > MAX_DEFERRED_INSERT_BYTES:
-            await self.execute_rows(name, rows)
-            return
-        self._defer(name, text, len(rows))
+        head, values = found.group(1) % (), found.group(2).rstrip()
+        statements: list[list[str]] = [[]]
+        size = len(head.encode())
+        for row in rows:
+            part = cursor.mogrify(values, row)
+            length = len(part.encode()) + 1
+            if statements[-1] and size + length > MAX_INSERT_BYTES:
+                statements.append([])
+                size = len(head.encode())
+            statements[-1].append(part)
+            size += length
+        for parts in statements[:-1]:
+            self._defer(name, head + ",".join(parts), len(parts))
+            await self.send_leading()
+        self._defer(name, head + ",".join(statements[-1]), len(statements[-1]))
 
     async def execute_per_row(
         self, name: str, rows: Mapping[str, Mapping[str, Any]], params: Mapping[str, Any] | None = None

@@ -67,37 +67,31 @@ def _int(text: str) -> int:
 
 
 def _check_tree(value: Any, *, strings: bool) -> None:
-    """Depth limit and (with ``strings``) lone surrogates, without recursion.
+    """Depth limit and (with ``strings``) lone surrogates, a level at a time.
 
     A surrogate can only come from a ``\\u`` escape (strict UTF-8 decoding refuses encoded
-    ones), so a text without one needs only its containers visited, a level at a time.
+    ones), so a text without one needs only its containers visited.
     """
-    if not strings:
-        level = [value] if type(value) in CONTAINERS else []
-        depth = 0
-        while level:
-            if depth >= MAX_JSON_DEPTH:
-                raise NotStrictJson(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
-            below = []
-            for item in level:
-                below += [v for v in (item.values() if type(item) is dict else item) if type(v) in CONTAINERS]
-            level = below
-            depth += 1
-        return
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            if SURROGATES.search(item):
+    level = [value]
+    depth = 0
+    while level:
+        below: list[Any] = []
+        for item in level:
+            kind = type(item)
+            if kind is dict or kind is list:
+                if depth >= MAX_JSON_DEPTH:
+                    raise NotStrictJson(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+                children = item.values() if kind is dict else item
+                if strings:
+                    if kind is dict:
+                        below += item
+                    below += children
+                else:
+                    below += [v for v in children if type(v) in CONTAINERS]
+            elif strings and kind is str and SURROGATES.search(item):
                 raise NotStrictJson("string contains a lone UTF-16 surrogate")
-        elif isinstance(item, (dict, list)):
-            if depth >= MAX_JSON_DEPTH:
-                raise NotStrictJson(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
-            if isinstance(item, dict):
-                stack.extend((k, depth + 1) for k in item)
-                stack.extend((v, depth + 1) for v in item.values())
-            else:
-                stack.extend((v, depth + 1) for v in item)
+        level = below
+        depth += 1
 
 
 def loads(raw: bytes | str) -> Any:

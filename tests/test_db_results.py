@@ -13,11 +13,11 @@ import trio_mysql.cursors
 from hypothesis import example, given
 from hypothesis import strategies as st
 from trio_mysql.connections import MySQLResult
-from trio_mysql.constants import CLIENT
 from trio_mysql.protocol import MysqlPacket
 
 from orbit_node.db import results
-from orbit_node.db.driver import CONVERSIONS, SESSION_SETUP, DriverConnection, decode_datetime
+from orbit_node.db.driver import DriverConnection, decode_datetime
+from orbit_node.db.pool import connection_settings
 from orbit_node.db.results import Result, Rows, row_values
 
 
@@ -80,21 +80,9 @@ def test_a_row_shorter_than_its_columns_stops_where_the_driver_stops():
 
 @asynccontextmanager
 async def connections(empty_dsn):
-    """Ours (``DriverConnection``, ``Rows``) and the driver's own, on one new database."""
-    host = empty_dsn.hosts[0]
-    settings = dict(
-        host=host.host,
-        port=host.port,
-        user=empty_dsn.user,
-        password=empty_dsn.password,
-        database=empty_dsn.database,
-        charset="utf8mb4",
-        use_unicode=True,
-        autocommit=True,
-        client_flag=CLIENT.MULTI_STATEMENTS,
-        init_command=SESSION_SETUP,
-        conv=CONVERSIONS,
-    )
+    """Ours (``DriverConnection``, ``Rows``) and the driver's own, on one new database, both
+    with the settings the node's pool opens its connections with."""
+    settings = connection_settings(empty_dsn, empty_dsn.hosts[0], connect_timeout_s=10)
     ours, drivers = DriverConnection(**settings), trio_mysql.connections.Connection(**settings)
     await ours.connect()
     await drivers.connect()

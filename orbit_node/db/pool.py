@@ -79,6 +79,27 @@ ROLLBACK_TIMEOUT_S = 2.0
 DEFAULT_ISOLATION = "READ COMMITTED"
 
 
+def connection_settings(dsn: Dsn, host: DsnHost, connect_timeout_s: float) -> dict[str, Any]:
+    """The driver connection's settings for one server of ``dsn``, as the pool opens it."""
+    return dict(
+        host=host.host,
+        port=host.port,
+        user=dsn.user,
+        password=dsn.password,
+        database=dsn.database,
+        unix_socket=dsn.unix_socket,
+        charset="utf8mb4",
+        use_unicode=True,
+        autocommit=True,
+        # A transaction's opening travels with its first statement (``Tx``). Every
+        # statement's values are escaped by the driver; none is built from input text.
+        client_flag=CLIENT.MULTI_STATEMENTS,
+        connect_timeout=connect_timeout_s,
+        init_command=SESSION_SETUP,
+        conv=CONVERSIONS,
+    )
+
+
 @attrs.frozen
 class DatabasePoolStatistics:
     size: int
@@ -125,23 +146,7 @@ class Database:
         return DatabasePoolStatistics(self.size, self._open, len(self._idle), in_use, self.replays)
 
     async def _open_to(self, host: DsnHost):
-        conn = DriverConnection(
-            host=host.host,
-            port=host.port,
-            user=self.dsn.user,
-            password=self.dsn.password,
-            database=self.dsn.database,
-            unix_socket=self.dsn.unix_socket,
-            charset="utf8mb4",
-            use_unicode=True,
-            autocommit=True,
-            # A transaction's opening travels with its first statement (``Tx``). Every
-            # statement's values are escaped by the driver; none is built from input text.
-            client_flag=CLIENT.MULTI_STATEMENTS,
-            connect_timeout=self.connect_timeout_s,
-            init_command=SESSION_SETUP,
-            conv=CONVERSIONS,
-        )
+        conn = DriverConnection(**connection_settings(self.dsn, host, self.connect_timeout_s))
         try:
             with trio.fail_after(self.connect_timeout_s):
                 await conn.connect()

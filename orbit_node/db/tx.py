@@ -266,13 +266,13 @@ class Tx:
         cursor = self._conn.cursor()
         head, values = found.group(1) % (), found.group(2).rstrip()
         statements: list[list[str]] = [[]]
-        size = len(head.encode())
+        size = head_size = len(head.encode())
         for row in rows:
             part = cursor.mogrify(values, row)
             length = len(part.encode()) + 1
             if statements[-1] and size + length > MAX_INSERT_BYTES:
                 statements.append([])
-                size = len(head.encode())
+                size = head_size
             statements[-1].append(part)
             size += length
         for parts in statements[:-1]:

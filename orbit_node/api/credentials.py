@@ -91,7 +91,7 @@ class CredentialCache:
             await asked.answered.wait()
             if asked.principal is not None:
                 return asked.principal
-            return await self._ask(key, token, now, entry, stale_if_unavailable, _Question())
+            return await self._ask(key, token, now, entry, stale_if_unavailable, None)
         question = self._asking[key] = _Question()
         try:
             return await self._ask(key, token, now, entry, stale_if_unavailable, question)
@@ -106,12 +106,13 @@ class CredentialCache:
         now: float,
         entry: tuple[float, Principal] | None,
         stale_if_unavailable: bool,
-        question: _Question,
+        question: _Question | None,
     ) -> Principal:
-        """Ask the database; its acceptance is remembered and shared through ``question``
-        (a stale answer while it cannot be reached is this caller's alone)."""
+        """Ask the database; its acceptance is remembered, and shared through ``question``
+        when this caller asks for the others too (a stale answer while the database cannot
+        be reached is this caller's alone)."""
         try:
-            principal = question.principal = await self.tenancy.authenticate(token)
+            principal = await self.tenancy.authenticate(token)
         except Unavailable:
             if stale_if_unavailable and entry is not None:
                 return entry[1]
@@ -119,6 +120,8 @@ class CredentialCache:
         except Unauthenticated:
             self._entries.pop(key, None)
             raise
+        if question is not None:
+            question.principal = principal
         self._entries[key] = (now, principal)
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:

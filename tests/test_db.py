@@ -18,7 +18,7 @@ from trio_mysql.constants import SERVER_STATUS
 from orbit_node.db import QUERIES, Database
 from orbit_node.db.driver import DriverConnection, is_dropped
 from orbit_node.db.queries import parse_blocks
-from orbit_node.db.tx import per_row_statement
+from orbit_node.db.tx import MULTI_ROW_INSERT, per_row_statement, positional
 from orbit_node.dsn import Dsn
 from orbit_node.errors import DatabaseError, Unavailable
 
@@ -497,6 +497,30 @@ def test_literals_are_the_drivers_own(value, no_backslash):
     ours, drivers = DriverConnection(host="unused"), trio_mysql.connections.Connection(host="unused")
     ours.server_status = drivers.server_status = SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES if no_backslash else 0
     assert ours.literal(value) == drivers.literal(value)
+
+
+@given(
+    values=st.lists(VALUES, min_size=3, max_size=3),
+    template=st.sampled_from(
+        [
+            QUERIES["task_insert"],
+            QUERIES["idempotency_insert"],
+            "INSERT INTO t (a, b, c, d) VALUES (%(a)s, CONCAT(%(b)s, '%%'), %(c)s, %(a)s)",
+        ]
+    ),
+    no_backslash=st.booleans(),
+)
+def test_insert_rows_writes_the_values_the_drivers_mogrify_writes(values, template, no_backslash):
+    """``Tx.insert_rows`` fills a VALUES list by position (``positional``): the same text as
+    the driver's ``mogrify`` with the row's mapping, repeated names and ``%%`` included."""
+    conn = DriverConnection(host="unused")
+    conn.server_status = SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES if no_backslash else 0
+    part = MULTI_ROW_INSERT.match(template).group(2).rstrip()
+    form, names = positional(part)
+    row = {name: values[i % 3] for i, name in enumerate(dict.fromkeys(names))}
+    row["unused"] = object()  # another value of the row is not written, nor escaped
+    expected = conn.cursor().mogrify(part, {k: v for k, v in row.items() if k != "unused"})
+    assert form % tuple([conn.literal(row[name]) for name in names]) == expected
 
 
 async def _commands(db) -> int:

@@ -4,6 +4,7 @@ through, and ``per_row_statement``, the per-row values of a single-table UPDATE.
 from __future__ import annotations
 
 import collections
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,6 +26,16 @@ MAX_INSERT_BYTES = trio_mysql.cursors.Cursor.max_stmt_length
 # value, ``key IN %(row_keys)s`` names the rows.
 PER_ROW_COLUMN = re.compile(r"\{([a-z_]+)\}")
 PER_ROW_KEY = re.compile(r"(\w+)\s+IN\s+%\(row_keys\)s", re.IGNORECASE)
+# A named placeholder, as the driver's ``mogrify`` fills it from a mapping.
+NAMED_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+@functools.cache
+def positional(text: str) -> tuple[str, tuple[str, ...]]:
+    """``text`` with each ``%(name)s`` a positional ``%s``, and the names in order: the
+    driver's ``mogrify(text, row)`` is then ``form % tuple(literal(row[n]) for n in names)``,
+    without escaping the row's other values or building a mapping of them."""
+    return NAMED_PLACEHOLDER.sub("%s", text), tuple(NAMED_PLACEHOLDER.findall(text))
 
 
 def per_row_statement(
@@ -263,13 +274,14 @@ class Tx:
         found = MULTI_ROW_INSERT.match(QUERIES[name])
         if not found or found.group(3).strip() or "IGNORE" in found.group(1).upper():
             raise ValueError(f"query {name!r} is not a plain INSERT whose VALUES list holds only placeholders")
-        cursor = self._conn.cursor()
-        head, values = found.group(1) % (), found.group(2).rstrip()
+        literal = self._conn.literal
+        head = found.group(1) % ()
+        form, names = positional(found.group(2).rstrip())
         statements: list[list[str]] = [[]]
         size = head_size = len(head.encode())
         for row in rows:
-            part = cursor.mogrify(values, row)
-            length = len(part.encode()) + 1
+            part = form % tuple([literal(row[name]) for name in names])
+            length = (len(part) if part.isascii() else len(part.encode())) + 1
             if statements[-1] and size + length > MAX_INSERT_BYTES:
                 statements.append([])
                 size = head_size

@@ -23,6 +23,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from orbit_node.cli.node import settle_collector
 from orbit_node.config import NodeConfig, SchedulerLimits
 from orbit_node.dsn import Dsn, parse_shards
 from orbit_node.node import Node
@@ -138,6 +139,7 @@ def main(argv: list[str]) -> int:
         stream=sys.stderr,
         format="node %(levelname)s %(name)s: %(message)s",
     )
+    settle_collector()  # as `orbit` does
     trio.run(serve, args)
     return 0
 

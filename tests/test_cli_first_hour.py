@@ -52,6 +52,23 @@ def test_orbit_help_lists_every_node_setting_and_usage_errors_exit_2():
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
 
 
+def test_orbit_settles_the_collector_before_it_serves():
+    """``orbit`` freezes what start-up made and raises the young threshold before serving
+    (``settle_collector``); the interpreter's defaults are 700 and no frozen object."""
+    probe = (
+        "import gc, sys\n"
+        "import orbit_node.cli.node as cli_node\n"
+        "cli_node.serve = lambda node: print(gc.get_threshold()[0], gc.get_freeze_count() > 10_000)\n"
+        "cli_node.main([])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
+    env["ORBIT_MYSQL_DSN"] = "mysql://u@127.0.0.1:1/d"  # never reached: serve is replaced
+    result = subprocess.run(
+        [str(BIN / "python"), "-c", probe], capture_output=True, text=True, env=env, timeout=60, check=True
+    )
+    assert result.stdout.split() == ["10000", "True"]
+
+
 async def test_admin_and_migrate_catch_orbit_typos(dsn):
     for command in (("orbit-admin", "queue", "list"), ("orbit-migrate", "status")):
         result = cli(*command, dsn=dsn, env={"ORBIT_MYSQL_DNS": "x", "ORBIT_DEV_DB_PORT": "3999"})

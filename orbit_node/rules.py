@@ -362,9 +362,13 @@ def no_fields(body: Mapping[str, Any]) -> None:
     reject_unknown(body, ())
 
 
+# One encoder for every digest (json.dumps with options builds one per call).
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
     """One text per JSON value: sorted keys, no whitespace, UTF-8 kept as is."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL_JSON.encode(value)
 
 
 @attrs.frozen(kw_only=True)

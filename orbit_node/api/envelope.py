@@ -43,10 +43,12 @@ def current_request_id() -> str:
     return request_id
 
 
+# One encoder for every answer (json.dumps with options builds one per call).
+_BODY_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def json_response(body: dict[str, Any], status: int) -> Response:
-    response = Response(
-        json.dumps(body, separators=(",", ":"), ensure_ascii=False), status=status, content_type="application/json"
-    )
+    response = Response(_BODY_JSON.encode(body), status=status, content_type="application/json")
     response.headers["X-Request-Id"] = body.get("request_id", "")
     return response
 

@@ -123,6 +123,10 @@ class TaskPage(Generic[S]):
     last: str | None
 
 
+# A payload's stored text (json.dumps's default separators), one encoder for every task.
+_PAYLOAD_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
 def task_row(
     task_id: str,
     application_id: str,
@@ -147,7 +151,7 @@ def task_row(
         "handler": new.handler,
         "handler_version": new.handler_version,
         "payload_version": new.payload_version,
-        "payload": json.dumps(new.payload, ensure_ascii=False, allow_nan=False),
+        "payload": _PAYLOAD_JSON.encode(new.payload),
         "priority": new.priority,
         "available_at": now + timedelta(microseconds=new.delay_us) if new.available_at is None else new.available_at,
         "deadline": new.deadline,

@@ -283,37 +283,36 @@ async def test_cancelled_transaction_leaves_no_broken_connection_in_the_pool(db)
     assert await wait_until(rolled_back, timeout_s=5)
 
 
+def _literal(value):
+    conn = DriverConnection(host="unused")
+    conn.server_status = 0
+    return conn.literal(value)
+
+
 def test_per_row_values_branch_only_for_rows_that_differ_from_the_most_common_value():
     template = "UPDATE t SET a = {a}, b = {b} WHERE id IN %(row_keys)s AND v = %(v)s"
     rows = {"x": {"a": 1, "b": "p"}, "y": {"a": 2, "b": "p"}, "z": {"a": 1}}
-    sql, values = per_row_statement(template, rows, {"v": 7})
+    sql, values = per_row_statement(template, rows, {"v": 7}, _literal)
     assert sql == (
-        "UPDATE t SET a = CASE id WHEN %(_row_1)s THEN %(_a_1)s ELSE %(_a)s END, "
-        "b = CASE id WHEN %(_row_2)s THEN %(_b_2)s ELSE %(_b)s END WHERE id IN %(row_keys)s AND v = %(v)s"
+        "UPDATE t SET a = CASE id WHEN 'y' THEN 2 ELSE 1 END, "
+        "b = CASE id WHEN 'z' THEN NULL ELSE 'p' END WHERE id IN %(row_keys)s AND v = %(v)s"
     )
-    assert values == {
-        "v": 7,
-        "row_keys": ("x", "y", "z"),
-        "_a": 1,
-        "_row_1": "y",
-        "_a_1": 2,
-        "_b": "p",
-        "_row_2": "z",
-        "_b_2": None,
-    }
-    same, _ = per_row_statement(template, {"x": {"a": 1, "b": "p"}}, {})
-    assert same.startswith("UPDATE t SET a = %(_a)s, b = %(_b)s WHERE")
+    assert values == {"v": 7, "row_keys": ("x", "y", "z")}
+    same, _ = per_row_statement(template, {"x": {"a": 1, "b": "p"}}, {}, _literal)
+    assert same.startswith("UPDATE t SET a = 1, b = 'p' WHERE")
+    percent, _ = per_row_statement(template, {"x": {"a": 1, "b": "50% {a}"}, "y": {"a": 1}}, {}, _literal)
+    assert "WHEN 'y' THEN NULL ELSE '50%% {a}' END" in percent  # formatted by the driver: 50% {a}
     with pytest.raises(ValueError, match="no per-row column"):
-        per_row_statement(template, {"x": {"c": 1}}, {})
+        per_row_statement(template, {"x": {"c": 1}}, {}, _literal)
     with pytest.raises(ValueError, match="row_keys"):
-        per_row_statement("UPDATE t SET a = {a} WHERE id = %(id)s", {"x": {"a": 1}}, {})
+        per_row_statement("UPDATE t SET a = {a} WHERE id = %(id)s", {"x": {"a": 1}}, {}, _literal)
 
 
 async def test_per_row_values_reach_their_rows(db):
     await db.run(lambda tx: tx.execute_raw("CREATE TABLE t (id CHAR(1) PRIMARY KEY, a INT, b TEXT) ENGINE=InnoDB"))
     await db.run(lambda tx: tx.execute_raw("INSERT INTO t VALUES ('w', 0, 'w'), ('x', 0, 'x'), ('y', 0, 'y')"))
     template = "UPDATE t SET a = {a}, b = {b} WHERE id IN %(row_keys)s"
-    sql, values = per_row_statement(template, {"x": {"a": 5, "b": "%s {b}"}, "y": {"a": 5}}, {})
+    sql, values = per_row_statement(template, {"x": {"a": 5, "b": "%s {b}"}, "y": {"a": 5}}, {}, _literal)
     assert await db.run(lambda tx: tx.execute_raw(sql, values)) == 2
     rows = await db.run(lambda tx: tx.fetchall_raw("SELECT id, a, b FROM t ORDER BY id"))
     assert [(r["id"], r["a"], r["b"]) for r in rows] == [("w", 0, "w"), ("x", 5, "%s {b}"), ("y", 5, None)]

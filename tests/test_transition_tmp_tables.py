@@ -14,6 +14,7 @@ import shutil
 from datetime import datetime
 
 from orbit_node.db import QUERIES, Database, migrate
+from orbit_node.db.driver import DriverConnection
 from orbit_node.db.tx import per_row_statement
 from orbit_node.store.ownership import FinishItem, Outcome
 
@@ -116,15 +117,18 @@ async def test_transition_writes_read_only_their_rows_by_their_index(db):
     named = tuple(f"{r.task_id} {r.fencing_token}" for r in got)
     now = datetime(2030, 1, 1)
     one_each = {r.task_id: {"state": "succeeded", "result": f'{{"n": {i}}}'} for i, r in enumerate(got)}
+    offline = DriverConnection(host="unused")  # literals of the server's default mode
+    offline.server_status = 0
+    literal = offline.literal
     statements = {
         "start_tasks": (QUERIES["start_tasks"], {"task_ids": task_ids, "now": now, "lease_expires_at": now}),
         "start_attempts": (QUERIES["start_attempts"], {"task_ids": task_ids, "now": now, "attempts": named}),
-        "settle_terminal": per_row_statement(QUERIES["settle_terminal"], one_each, {}),
+        "settle_terminal": per_row_statement(QUERIES["settle_terminal"], one_each, {}, literal),
         "settle_requeue": per_row_statement(
-            QUERIES["settle_requeue"], {t: {"available_at": now} for t in task_ids}, {}
+            QUERIES["settle_requeue"], {t: {"available_at": now} for t in task_ids}, {}, literal
         ),
         "settle_attempts": per_row_statement(
-            QUERIES["settle_attempts"], {t: {"outcome": "succeeded"} for t in task_ids}, {"attempts": named}
+            QUERIES["settle_attempts"], {t: {"outcome": "succeeded"} for t in task_ids}, {"attempts": named}, literal
         ),
     }
     plans = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -38,43 +38,52 @@ def positional(text: str) -> tuple[str, tuple[str, ...]]:
     return NAMED_PLACEHOLDER.sub("%s", text), tuple(NAMED_PLACEHOLDER.findall(text))
 
 
+@functools.cache
+def _per_row_shape(template: str, name: str) -> tuple[str, frozenset[str]]:
+    """The key column that names a per-row statement's rows, and its per-row columns."""
+    found = PER_ROW_KEY.search(template)
+    if found is None:
+        raise ValueError(f"query {name!r} does not name its rows with `key IN %(row_keys)s`")
+    return found.group(1), frozenset(PER_ROW_COLUMN.findall(template))
+
+
 def per_row_statement(
-    template: str, rows: Mapping[Any, Mapping[str, Any]], params: Mapping[str, Any], *, name: str = "<sql>"
+    template: str,
+    rows: Mapping[Any, Mapping[str, Any]],
+    params: Mapping[str, Any],
+    literal: Callable[[Any], str],
+    *,
+    name: str = "<sql>",
 ) -> tuple[str, dict[str, Any]]:
     """The text and parameters of a statement that takes a value per row.
 
     ``template`` names its rows ``key IN %(row_keys)s`` (the keys of ``rows``) and each
     per-row value ``{column}``; a row's values lack none but may leave one out (NULL).
-    ``{column}`` becomes the value most rows have, one parameter, and when some rows differ,
+    ``{column}`` becomes the value most rows have, and when some rows differ,
     ``CASE key WHEN <row> THEN <its value> ... ELSE <that value> END`` with a branch for each
     of them only. So a single-table UPDATE by primary key takes per-row values without
     joining a table of them (a multi-table UPDATE needs an internal temporary table), and
     the server compares each row with as few branches as the values allow.
+
+    The per-row values are written into the text as ``literal`` writes them (the
+    connection's, with ``%`` doubled for the driver's formatting); the parameters left are
+    ``params`` and ``row_keys``. One literal per value, instead of a parameter each that
+    the driver would name, escape and format again.
     """
-    found = PER_ROW_KEY.search(template)
-    if found is None:
-        raise ValueError(f"query {name!r} does not name its rows with `key IN %(row_keys)s`")
-    key = found.group(1)
-    columns = set(PER_ROW_COLUMN.findall(template))
+    key, columns = _per_row_shape(template, name)
     unknown = {column for values in rows.values() for column in values} - columns
     if unknown:
         raise ValueError(f"query {name!r} has no per-row column {sorted(unknown)!r}")
     keys = list(rows)
-    values: dict[str, Any] = {**params, "row_keys": tuple(keys)}
     expressions: dict[str, str] = {}
     for column in columns:
         by_row = [rows[k].get(column) for k in keys]
         common = collections.Counter(by_row).most_common(1)[0][0]
-        values[f"_{column}"] = common
-        branches = []
-        for i, value in enumerate(by_row):
-            if value != common:
-                values[f"_row_{i}"], values[f"_{column}_{i}"] = keys[i], value
-                branches.append(f"WHEN %(_row_{i})s THEN %(_{column}_{i})s")
-        expressions[column] = (
-            f"CASE {key} {' '.join(branches)} ELSE %(_{column})s END" if branches else f"%(_{column})s"
-        )
-    return PER_ROW_COLUMN.sub(lambda m: expressions[m.group(1)], template), values
+        branches = [f"WHEN {literal(keys[i])} THEN {literal(v)}" for i, v in enumerate(by_row) if v != common]
+        text = f"CASE {key} {' '.join(branches)} ELSE {literal(common)} END" if branches else literal(common)
+        expressions[column] = text.replace("%", "%%")
+    sql = PER_ROW_COLUMN.sub(lambda m: expressions[m.group(1)], template)
+    return sql, {**params, "row_keys": tuple(keys)}
 
 
 @attrs.define(eq=False)
@@ -182,7 +191,8 @@ class Tx:
     ) -> None:
         """``execute_per_row``, deferred as ``defer`` does (``changed`` is its ``rows``)."""
         if rows:
-            self._defer(name, self._text(*per_row_statement(QUERIES[name], rows, params or {}, name=name)), changed)
+            statement = per_row_statement(QUERIES[name], rows, params or {}, self._conn.literal, name=name)
+            self._defer(name, self._text(*statement), changed)
 
     def _defer(self, name: str, text: str, rows: int | None) -> None:
         if rows is not None:
@@ -299,7 +309,7 @@ class Tx:
         maps each row's key to its values. Returns the rows affected."""
         if not rows:
             return 0
-        sql, values = per_row_statement(QUERIES[name], rows, params or {}, name=name)
+        sql, values = per_row_statement(QUERIES[name], rows, params or {}, self._conn.literal, name=name)
         cursor = self._conn.cursor(Rows)
         await self._execute(cursor, sql, values)
         return cursor.rowcount

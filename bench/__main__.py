@@ -208,6 +208,9 @@ async def run_at_durabilities(module: Any, args: argparse.Namespace) -> dict[str
             ran = durability.current()
             report = await module.run(args)
             report.setdefault("units", units.to_json())
+            # The machine's speed can change within minutes: R again, so the report says
+            # whether its ratios to R and H held still while it ran.
+            report["units"]["r_after_us"] = await calibrate.measure_r_after(args)
             report["durability"] = {
                 "name": ran.name,
                 "label": ran.label,

@@ -62,17 +62,27 @@ async def measure_r(dsn: Dsn, *, trips: int, rounds: int) -> tuple[float, int]:
     return per_trip_us(measured), sum(int(t) for _, t in measured)
 
 
+async def lowest_r(args: argparse.Namespace, dsn: Dsn) -> tuple[float, int]:
+    """(R in us, round trips): the lowest of ``--units-helpers`` helpers' medians. Other work
+    on the machine only adds CPU to a round trip (a server just started, the last
+    scenario's processes ending), so the lowest is the round trip's own cost."""
+    measured = [
+        await measure_r(dsn, trips=args.units_trips, rounds=args.units_rounds)
+        for _ in range(max(1, args.units_helpers))
+    ]
+    return min(measured)
+
+
+async def measure_r_after(args: argparse.Namespace) -> float:
+    """R again, on a new bench database, once a scenario has run (``Units.r_after_us``)."""
+    async with bench_database() as bdb:
+        return (await lowest_r(args, bdb.dsn))[0]
+
+
 async def measure_units(args: argparse.Namespace, *, h: bool = True) -> Units:
     """R and (unless ``h`` is False: the scenario measures H itself) H, on a new bench database."""
     async with bench_database() as bdb:
-        # Other work on the machine only adds CPU to a round trip (a server just started,
-        # the last scenario's processes ending): the lowest of a few helpers' medians is
-        # the round trip's own cost.
-        measured = [
-            await measure_r(bdb.dsn, trips=args.units_trips, rounds=args.units_rounds)
-            for _ in range(max(1, args.units_helpers))
-        ]
-        r_us, trips = min(measured)
+        r_us, trips = await lowest_r(args, bdb.dsn)
         if not h:
             return Units(r_us=r_us, r_trips=trips)
         app = await make_app(bdb.db, "units")

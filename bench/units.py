@@ -25,6 +25,9 @@ from .report import fmt_number, ratio
 
 # Keep-alive clients of the H measurement (the issue's: 16).
 H_CLIENTS = 16
+# R measured again after the scenario differing from R by more than this: the report warns
+# that the machine's speed changed under the scenario (its ratios to R move with it).
+R_DRIFT_WARNING = 0.2
 
 
 @attrs.frozen(kw_only=True)
@@ -37,6 +40,8 @@ class Units:
     r_trips: int = 0
     h_requests: int = 0
     h_clients: int = H_CLIENTS
+    # R measured again once the scenario has run (NaN: not measured).
+    r_after_us: float = math.nan
 
     def r(self, us: float) -> float:
         """``us`` of CPU in R."""
@@ -46,15 +51,29 @@ class Units:
         """``us`` of CPU in H."""
         return ratio(us, self.h_us)
 
+    def r_drift(self) -> float:
+        """How much R moved while the scenario ran: (R after - R) / R (NaN: not measured)."""
+        return ratio(self.r_after_us - self.r_us, self.r_us)
+
     def describe(self) -> str:
         """The one-line statement of the units a report prints."""
-        r = f"R = {fmt_number(self.r_us)} us (CPU of one trio_mysql SELECT 1 round trip, {self.r_trips:,} trips)"
-        if self.h_us != self.h_us:
-            return r + "; H not measured"
-        return (
-            f"{r}; H = {cost(self.h_us, self)} (node CPU per GET /healthz, {self.h_clients} keep-alive clients, "
-            f"{fmt_number(self.healthz_per_s)}/s, {self.h_requests:,} requests)"
-        )
+        after = ""
+        if self.r_after_us == self.r_after_us:
+            after = f"; {fmt_number(self.r_after_us)} us after the scenario, {self.r_drift():+.0%}"
+        r = f"R = {fmt_number(self.r_us)} us (CPU of one trio_mysql SELECT 1 round trip, {self.r_trips:,} trips{after})"
+        if self.h_us == self.h_us:
+            r += (
+                f"; H = {cost(self.h_us, self)} (node CPU per GET /healthz, {self.h_clients} keep-alive clients, "
+                f"{fmt_number(self.healthz_per_s)}/s, {self.h_requests:,} requests)"
+            )
+        else:
+            r += "; H not measured"
+        if abs(self.r_drift()) > R_DRIFT_WARNING:
+            r += (
+                f"  -- WARNING: R moved {self.r_drift():+.0%} while the scenario ran: the machine's speed changed, "
+                "and every figure in R and H moves with it"
+            )
+        return r
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import attrs
 import pytest
 
 from bench.report import (
@@ -154,8 +155,17 @@ def test_units_convert_costs_into_r_and_h():
     no_h = Units(r_us=200.0)
     assert math.isnan(no_h.h(100.0)) and no_h.describe().endswith("H not measured")
     # JSON (NaN written as null) and back.
-    assert Units.from_json({**units.to_json(), "unknown": 1}) == units
+    # (as tuples: a field not measured is NaN, which no float equals, but the same object)
+    assert attrs.astuple(Units.from_json({**units.to_json(), "unknown": 1})) == attrs.astuple(units)
     assert math.isnan(Units.from_json({"r_us": 1.0, "h_us": None}).h_us)
+    # R measured again after the scenario: its drift is stated, and warned of beyond 20 %.
+    steady = attrs.evolve(units, r_after_us=220.0)
+    assert "220 us after the scenario, +10%" in steady.describe() and "WARNING" not in steady.describe()
+    assert steady.r(500.0) == pytest.approx(2.5)  # figures stay in the R measured first
+    moved = attrs.evolve(units, r_after_us=120.0)
+    assert moved.r_drift() == pytest.approx(-0.4) and "WARNING: R moved -40%" in moved.describe()
+    assert "WARNING" not in units.describe() and math.isnan(units.r_drift())
+    assert Units.from_json(moved.to_json()) == moved
     # R: the median of the rounds' CPU per trip, so one disturbed round does not move it.
     assert per_trip_us([[0.1, 1000], [0.5, 1000], [0.12, 1000]]) == pytest.approx(120.0)
     assert math.isnan(per_trip_us([]))

@@ -227,9 +227,11 @@ _STATE_AFTER = {
 
 
 def _with_state(result: TransitionResult, row: TaskRow) -> TransitionResult:
-    if result.duplicate or result.outcome not in _STATE_AFTER:
-        return attrs.evolve(result, state=row.state)
-    return attrs.evolve(result, state=_STATE_AFTER[result.outcome])
+    """``result`` with the task's state after the transaction. The rules give it already
+    where they can (a fresh Start or Finish, every task's path); ``attrs.evolve`` then
+    costs nothing."""
+    state = row.state if result.duplicate or result.outcome not in _STATE_AFTER else _STATE_AFTER[result.outcome]
+    return result if result.state == state else attrs.evolve(result, state=state)
 
 
 def pair_key(item: tuple[str, str]) -> tuple[str, str]:
@@ -357,7 +359,7 @@ class TransitionRules:
             return TransitionResult(task_id=row.task_id, outcome=Outcome(state), ok=False)
         lease = row.now + timedelta(seconds=self.run_lease_s)
         writes.start(row, item[1], lease)
-        return TransitionResult(task_id=row.task_id, outcome=Outcome.STARTED, lease_expires_at=lease)
+        return TransitionResult(task_id=row.task_id, outcome=Outcome.STARTED, state="running", lease_expires_at=lease)
 
     def renew(self, row: TaskRow, item: tuple[str, str], writes: Writes, _: Any) -> TransitionResult:
         refused = _not_owned(row, item[1], LIVE_STATES, settled_ok=False)
@@ -397,7 +399,7 @@ class TransitionRules:
         if item.error is None:
             writes.close_attempt(row, "succeeded")
             writes.settle(row, "succeeded", result=item.result_json)
-            return TransitionResult(task_id=task_id, outcome=Outcome.SUCCEEDED)
+            return TransitionResult(task_id=task_id, outcome=Outcome.SUCCEEDED, state="succeeded")
         error = error_json(item.error)
         outcome, available_at = self._after_failure(row, retryable=item.retryable)
         writes.close_attempt(row, outcome.value, error)

@@ -153,6 +153,11 @@ class Held:
     # The caller's clock when the task was dispatched (metrics: dispatch -> Start).
     dispatched_at: float
 
+    def running(self) -> Held:
+        """The same task, started (built directly: ``attrs.evolve`` costs three times as
+        much, once per task a Start settles)."""
+        return Held(self.token, TaskState.RUNNING, self.queue_id, self.dispatched_at)
+
 
 @attrs.frozen
 class Split(Generic[Ref]):
@@ -449,7 +454,7 @@ class ConnectionCore:
             elif effect is Effect.RUN:
                 held = self._held.get(ref.task_id)
                 if held is not None:
-                    self._held[ref.task_id] = attrs.evolve(held, state=TaskState.RUNNING)
+                    self._held[ref.task_id] = held.running()
                     started.append(now - held.dispatched_at)
             if result.ok and rule.notices:
                 if result.cancel_requested:

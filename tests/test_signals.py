@@ -8,6 +8,7 @@ still delivers."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -30,7 +31,17 @@ WAKE_BOUND_S = 10.0
 
 
 def slow_cycle(config: NodeConfig, scan_cycle_s: float = SCAN_CYCLE_S, **changes) -> NodeConfig:
-    return attrs.evolve(config, scheduler=attrs.evolve(config.scheduler, scan_cycle_s=scan_cycle_s), **changes)
+    """A scan cycle of ``scan_cycle_s``: an empty claim result stays cached that long. The
+    per-connection pace keeps its rate per second (P3's 4 claims in a 1 s cycle): counted
+    per 60 s cycle, 4 claims would let a fifth wake wait for the next cycle, and how many
+    claims a test's Worker makes before it waits (a signal heard twice, a look-back) is
+    the machine's timing, not what these tests check."""
+    scheduler = config.scheduler
+    per_cycle = max(
+        scheduler.claims_per_connection_per_cycle, math.ceil(scheduler.claims_per_connection_per_cycle * scan_cycle_s)
+    )
+    limits = attrs.evolve(scheduler, scan_cycle_s=scan_cycle_s, claims_per_connection_per_cycle=per_cycle)
+    return attrs.evolve(config, scheduler=limits, **changes)
 
 
 @asynccontextmanager

@@ -6,7 +6,6 @@ Worker for a minute: a dispatch within a few seconds can only come from a wake-u
 
 from __future__ import annotations
 
-import attrs
 import pytest
 import trio
 
@@ -17,6 +16,7 @@ from orbit_node.store.tenancy import TenancyStore
 from . import seed
 from .helpers import application_rows_locked, wait_until
 from .nodeutil import ALL_SCOPES, run_node
+from .test_signals import slow_cycle
 from .wsclient import raw_worker
 
 # Far longer than any bound below: only an event can end the wait.
@@ -27,7 +27,7 @@ WAKE_BOUND_S = 10.0
 
 @pytest.fixture
 async def slow_cycle_node(node_config):
-    config = attrs.evolve(node_config, scheduler=attrs.evolve(node_config.scheduler, scan_cycle_s=SCAN_CYCLE_S))
+    config = slow_cycle(node_config, SCAN_CYCLE_S)
     async with run_node(config, services=default_services()) as running:
         yield running
 

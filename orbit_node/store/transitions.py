@@ -359,7 +359,9 @@ class TransitionRules:
             return TransitionResult(task_id=row.task_id, outcome=Outcome(state), ok=False)
         lease = row.now + timedelta(seconds=self.run_lease_s)
         writes.start(row, item[1], lease)
-        return TransitionResult(task_id=row.task_id, outcome=Outcome.STARTED, state="running", lease_expires_at=lease)
+        return TransitionResult(
+            task_id=row.task_id, outcome=Outcome.STARTED, state=_STATE_AFTER[Outcome.STARTED], lease_expires_at=lease
+        )
 
     def renew(self, row: TaskRow, item: tuple[str, str], writes: Writes, _: Any) -> TransitionResult:
         refused = _not_owned(row, item[1], LIVE_STATES, settled_ok=False)
@@ -399,7 +401,7 @@ class TransitionRules:
         if item.error is None:
             writes.close_attempt(row, "succeeded")
             writes.settle(row, "succeeded", result=item.result_json)
-            return TransitionResult(task_id=task_id, outcome=Outcome.SUCCEEDED, state="succeeded")
+            return TransitionResult(task_id=task_id, outcome=Outcome.SUCCEEDED, state=_STATE_AFTER[Outcome.SUCCEEDED])
         error = error_json(item.error)
         outcome, available_at = self._after_failure(row, retryable=item.retryable)
         writes.close_attempt(row, outcome.value, error)

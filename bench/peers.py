@@ -15,7 +15,7 @@
 
 Each creates its own database, pre-submits ``--tasks`` no-op tasks, drains them with
 the workers, drops the database, and prints one JSON object (tasks/s, progress samples,
-its own CPU seconds; for PostgreSQL, ``synchronous_commit`` and ``fsync`` as its session
+its own CPU seconds and the whole machine's during the drain, database server included; for PostgreSQL, ``synchronous_commit`` and ``fsync`` as its session
 saw them) on stdout.
 """
 
@@ -32,6 +32,8 @@ from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .accounting import machine_busy_seconds, self_cpu_seconds
+
 # Progress sampling period of the burn-down curves.
 SAMPLE_S = 0.25
 # Bulk size of procrastinate's batch_defer (one INSERT per batch).
@@ -40,11 +42,6 @@ DEFER_BATCH = 1000
 PG_POOL = 12
 # What a PostgreSQL peer's session runs with: its durability, as the server says.
 PG_SETTINGS_SQL = "SELECT current_setting('synchronous_commit'), current_setting('fsync')"
-
-
-def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 def _pg_base() -> str:
@@ -117,7 +114,7 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float, synchronou
                         except TimeoutError:
                             pass
 
-            cpu0 = _cpu()
+            cpu0, machine0 = self_cpu_seconds(), machine_busy_seconds()
             start = time.perf_counter()
             sampler = asyncio.create_task(sample(start))
             timed_out = await _bounded(
@@ -131,7 +128,7 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float, synchronou
                 timeout_s,
             )
             seconds = time.perf_counter() - start
-            cpu = _cpu() - cpu0
+            cpu, machine = self_cpu_seconds() - cpu0, machine_busy_seconds() - machine0
             stop.set()
             await sampler
             async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
@@ -145,6 +142,7 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float, synchronou
             "seconds": seconds,
             "enqueue_s": enqueue_s,
             "cpu_s": cpu,
+            "machine_cpu_s": machine,
             "timed_out": timed_out,
             "progress": progress + [(seconds, done)],
             "version": _dist_version("procrastinate"),
@@ -209,7 +207,7 @@ def run_pgqueuer(tasks: int, concurrency: int, timeout_s: float, synchronous_com
                     progress.append((time.perf_counter() - start, done))
                     await asyncio.sleep(SAMPLE_S)
 
-            cpu0 = _cpu()
+            cpu0, machine0 = self_cpu_seconds(), machine_busy_seconds()
             start = time.perf_counter()
             sampler = asyncio.create_task(sample(start))
             timed_out = await _bounded(
@@ -221,7 +219,7 @@ def run_pgqueuer(tasks: int, concurrency: int, timeout_s: float, synchronous_com
                 timeout_s,
             )
             seconds = time.perf_counter() - start
-            cpu = _cpu() - cpu0
+            cpu, machine = self_cpu_seconds() - cpu0, machine_busy_seconds() - machine0
             sampler.cancel()
             finished = done
         finally:
@@ -232,6 +230,7 @@ def run_pgqueuer(tasks: int, concurrency: int, timeout_s: float, synchronous_com
             "seconds": seconds,
             "enqueue_s": enqueue_s,
             "cpu_s": cpu,
+            "machine_cpu_s": machine,
             "timed_out": timed_out or finished < tasks,
             "progress": progress + [(seconds, finished)],
             "version": _dist_version("pgqueuer"),
@@ -290,14 +289,14 @@ def run_huey(tasks: int, concurrency: int, timeout_s: float, mysql_url: str) -> 
         workers=concurrency, worker_type="thread", periodic=False, check_worker_health=False, shutdown_timeout=5
     )
     progress: list[tuple[float, int]] = []
-    cpu0 = _cpu()
+    cpu0, machine0 = self_cpu_seconds(), machine_busy_seconds()
     start = time.perf_counter()
     consumer.start()
     deadline = start + timeout_s
     while not all_done.wait(SAMPLE_S) and time.perf_counter() < deadline:
         progress.append((time.perf_counter() - start, done))
     seconds = time.perf_counter() - start
-    cpu = _cpu() - cpu0
+    cpu, machine = self_cpu_seconds() - cpu0, machine_busy_seconds() - machine0
     finished = done
     consumer.stop(graceful=True)
     # The database is dropped by the caller once this process (and its connections) is gone.
@@ -306,6 +305,7 @@ def run_huey(tasks: int, concurrency: int, timeout_s: float, mysql_url: str) -> 
         "seconds": seconds,
         "enqueue_s": enqueue_s,
         "cpu_s": cpu,
+        "machine_cpu_s": machine,
         "timed_out": finished < tasks,
         "database": name,
         "progress": progress + [(seconds, finished)],

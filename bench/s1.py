@@ -54,8 +54,8 @@ BULK_BATCH = 1000
 BULK_CLIENTS = 2
 # The node's default claim batch (ORBIT_CLAIM_BATCH_SIZE).
 CLAIM_BATCH = 64
-# S1 runs Orbit with this many Worker connections at each concurrency (capacity =
-# concurrency / connections, at most the claim batch).
+# S1 runs each Worker shape with this many connections (the targets per capacity are
+# judged there).
 S1_CONNECTIONS = 8
 # Time a peer process may take beyond its drain bound (creating its database, pre-submitting).
 PEER_SETUP_S = 180.0
@@ -92,6 +92,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="S2/S3/S4/S5: capacity of one Orbit Worker connection (default 16 = the claim batch)",
     )
     parser.add_argument(
+        "--orbit-connections",
+        default="8,32",
+        help="S1: Orbit at its best concurrency, as each peer at --peer-concurrency: the no-op shape of the "
+        "largest capacity also runs with each of these numbers of Worker connections (default 8,32)",
+    )
+    parser.add_argument(
         "--peers", default="procrastinate,pgqueuer,huey", help="S1: peers to run (comma-separated, or none)"
     )
     parser.add_argument(
@@ -123,6 +129,11 @@ class Shape:
     connections: int = S1_CONNECTIONS
 
     @property
+    def judged(self) -> bool:
+        """A no-op shape with S1's connections: where node CPU per task is judged."""
+        return not self.handler_ms and self.connections == S1_CONNECTIONS
+
+    @property
     def handler(self) -> str:
         return "no-op" if self.handler_ms == 0 else f"{self.handler_ms} ms"
 
@@ -146,6 +157,20 @@ def parse_shapes(capacities: str, handler_ms: str, *, connections: int) -> list[
     if not waits or any(m < 0 for m in waits):
         raise ValueError(f"--handler-ms {handler_ms!r}: integers >= 0 expected")
     return sorted({Shape(c, m, connections) for c in caps for m in waits})
+
+
+def concurrency_shapes(shapes: Sequence[Shape], connections: str) -> list[Shape]:
+    """``shapes`` and, for Orbit's best concurrency, the no-op shape of the largest
+    capacity with each number of Worker connections of ``--orbit-connections``
+    (comma-separated positive integers), in order."""
+    try:
+        counts = [int(c) for c in connections.split(",") if c.strip()]
+    except ValueError:
+        raise ValueError(f"--orbit-connections {connections!r}: integers expected") from None
+    if any(c < 1 for c in counts):
+        raise ValueError(f"--orbit-connections {connections!r}: positive integers expected")
+    largest = max(s.capacity for s in shapes)
+    return sorted({*shapes, *(Shape(largest, 0, c) for c in counts)})
 
 
 def pacing_bound(connections: int, capacity: int) -> float:
@@ -319,7 +344,14 @@ def orbit_targets(
         )
     )
     for capacity, bound in TARGET_NODE_CPU_R.items():
-        run = next((r for r in shapes if r["capacity"] == capacity and not r["handler_ms"]), None)
+        run = next(
+            (
+                r
+                for r in shapes
+                if r["capacity"] == capacity and not r["handler_ms"] and r["connections"] == S1_CONNECTIONS
+            ),
+            None,
+        )
         if run is None:
             continue
         us = run["node_cpu_us_per_task"]
@@ -338,7 +370,9 @@ def orbit_targets(
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     peers_wanted = [p for p in args.peers.split(",") if p and p != "none"]
     peer_concurrency = [int(c) for c in args.peer_concurrency.split(",") if c]
-    shapes = parse_shapes(args.capacities, args.handler_ms, connections=S1_CONNECTIONS)
+    shapes = concurrency_shapes(
+        parse_shapes(args.capacities, args.handler_ms, connections=S1_CONNECTIONS), args.orbit_connections
+    )
     units: Units = args.units
     ran_at = durability.current()
     async with bench_database() as bdb:
@@ -352,8 +386,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     connections=shape.connections,
                     capacity=shape.capacity,
                     submit_concurrency=args.submit_concurrency,
-                    profile=not args.no_profile and not shape.handler_ms and shape.capacity in TARGET_NODE_CPU_R,
-                    app_name=f"s1-{shape.capacity}-{shape.handler_ms}",
+                    profile=not args.no_profile and shape.judged and shape.capacity in TARGET_NODE_CPU_R,
+                    app_name=f"s1-{shape.capacity}-{shape.handler_ms}-{shape.connections}",
                     handler_ms=shape.handler_ms,
                 )
             )
@@ -382,11 +416,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 peer_runs[name][concurrency] = {**result, "concurrency": concurrency}
     peers = {name: best_run(runs) for name, runs in peer_runs.items()}
-    headline = [["Orbit (best no-op shape)", orbit["tasks_per_s"], 1.0, orbit["seconds"], _python_cpu(orbit)]]
+    headline = [
+        ["Orbit (best no-op shape)", orbit["tasks_per_s"], 1.0, orbit["seconds"], _python_cpu(orbit), *_machine(orbit)]
+    ]
     setups = [f"Orbit: {orbit['setup']}"]
     for name, peer in peers.items():
         if "error" in peer:
-            headline.append([name, math.nan, math.nan, math.nan, math.nan])
+            headline.append([name, *[math.nan] * 6])
             setups.append(f"{name}: DID NOT RUN: {peer['error'][:120]}")
         else:
             headline.append(
@@ -396,6 +432,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     ratio(orbit["tasks_per_s"], peer["tasks_per_s"]),
                     peer["seconds"],
                     peer["cpu_s"],
+                    *_machine(peer),
                 ]
             )
             setups.append(f"{name} {peer['version']}: {peer['setup']}{_partial(peer, args.tasks)}")
@@ -407,6 +444,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 ratio(orbit["tasks_per_s"], lifted["tasks_per_s"]),
                 lifted["seconds"],
                 _python_cpu(lifted),
+                *_machine(lifted),
             ]
         )
         setups.append(f"Orbit, pacing lifted: diagnostic only, {LIFTED_PACE} claims per connection per cycle, not 4")
@@ -417,20 +455,27 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ratio(orbit["tasks_per_s"], floor["tasks_per_s"]),
             floor["seconds"],
             math.nan,
+            math.nan,
+            math.nan,
         ]
     )
     setups.append("SQL floor: claim->start->finish SQL, batch 16, 4 loops, no HTTP/WS")
     here = ran_at.name
     headline_grid = grid(
-        ["system"], ["tasks/s", "Orbit / this", "seconds", "python cpu s"], headline, here, title="burn-down"
+        ["system"],
+        ["tasks/s", "Orbit / this", "seconds", "python cpu s", "machine us/task", "outside python us/task"],
+        headline,
+        here,
+        title="burn-down",
     )
     shape_grid = grid(
-        ["capacity", "handler"],
+        ["capacity", "handler", "connections"],
         ["tasks", "tasks/s", "pacing bound", "claim batch", "node us/task", "R/task", "cpu busy"],
         [
             [
                 r["capacity"],
                 "no-op" if not r["handler_ms"] else f"{r['handler_ms']} ms",
+                r["connections"],
                 r["tasks"],
                 r["tasks_per_s"],
                 r["pacing_bound_tasks_per_s"],
@@ -442,7 +487,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for r in runs
         ],
         here,
-        title=f"Orbit's Worker shapes: {S1_CONNECTIONS} SDK Worker connections each",
+        title="Orbit's Worker shapes: SDK Worker connections",
     )
     concurrency_rows: list[list[Any]] = []
     for name, by_concurrency in peer_runs.items():
@@ -522,6 +567,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def _python_cpu(run: dict[str, Any]) -> float:
     """CPU seconds of Orbit's own Python processes in a burn-down: node and harness."""
     return run["cpu"]["node_cpu_s"] + run["cpu"]["harness_cpu_s"]
+
+
+def _machine(run: dict[str, Any]) -> tuple[float, float]:
+    """The whole machine's CPU per task of a burn-down (us), and the part of it outside
+    the system's own Python processes: the database server, the kernel, anything else.
+    A peer's run carries its process's ``cpu_s`` and the machine's ``machine_cpu_s``."""
+    if "cpu" in run:
+        machine, python = run["cpu"]["machine_cpu_s"], _python_cpu(run)
+    else:
+        machine, python = run.get("machine_cpu_s", math.nan), run.get("cpu_s", math.nan)
+    tasks = run.get("tasks") or math.nan
+    return machine * 1e6 / tasks, (machine - python) * 1e6 / tasks
 
 
 def _partial(peer: dict[str, Any], tasks: int) -> str:

@@ -255,12 +255,46 @@ def test_worker_shapes_are_bounded_by_the_pace():
         parse_shapes("16", "ten", connections=8)
 
 
+def test_orbit_runs_at_its_best_concurrency_too():
+    from bench.s1 import Shape, concurrency_shapes, parse_shapes
+
+    shapes = concurrency_shapes(parse_shapes("16,64", "0,10", connections=8), "8,32")
+    # The no-op shape of the largest capacity also runs with 32 connections; 8 is there already.
+    assert [(s.capacity, s.handler_ms, s.connections) for s in shapes] == [
+        (16, 0, 8),
+        (16, 10, 8),
+        (64, 0, 8),
+        (64, 0, 32),
+        (64, 10, 8),
+    ]
+    assert [s.judged for s in shapes] == [True, False, True, False, False]
+    assert Shape(64, 0, 32).tasks(20_000, 30.0) == 20_000
+    with pytest.raises(ValueError, match="--orbit-connections '8,x'"):
+        concurrency_shapes(shapes, "8,x")
+    with pytest.raises(ValueError, match="positive integers expected"):
+        concurrency_shapes(shapes, "0")
+
+
+def test_s1_machine_cpu_per_task_splits_off_what_is_outside_python():
+    from bench.s1 import _machine
+
+    orbit = {"tasks": 1000, "cpu": {"machine_cpu_s": 1.0, "node_cpu_s": 0.25, "harness_cpu_s": 0.35}}
+    assert _machine(orbit) == pytest.approx((1000.0, 400.0))
+    peer = {"tasks": 2000, "cpu_s": 0.2, "machine_cpu_s": 0.5}
+    assert _machine(peer) == pytest.approx((250.0, 150.0))
+    # A peer that reported no machine CPU (or no task) shows nothing, not a made-up figure.
+    assert all(math.isnan(v) for v in _machine({"tasks": 10, "cpu_s": 0.1}))
+    assert all(math.isnan(v) for v in _machine({"tasks": 0, "cpu_s": 0.1, "machine_cpu_s": 0.5}))
+
+
 def test_s1_targets_are_ratios_in_r_and_to_peers_at_prod():
     from bench.s1 import orbit_targets
     from bench.units import Units
 
     units = Units(r_us=100.0)
     shapes = [
+        # More connections (Orbit's best concurrency) are not where CPU per task is judged.
+        {"capacity": 64, "handler_ms": 0, "connections": 32, "node_cpu_us_per_task": 150.0},
         {"capacity": 64, "handler_ms": 0, "connections": 8, "node_cpu_us_per_task": 250.0},
         {"capacity": 64, "handler_ms": 10, "connections": 8, "node_cpu_us_per_task": 900.0},
         {"capacity": 16, "handler_ms": 0, "connections": 8, "node_cpu_us_per_task": 280.0},

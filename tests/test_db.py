@@ -7,6 +7,7 @@ import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from unittest import mock
 
 import pytest
 import trio
@@ -18,7 +19,7 @@ from trio_mysql.constants import SERVER_STATUS
 from orbit_node.db import QUERIES, Database
 from orbit_node.db.driver import DriverConnection, is_dropped
 from orbit_node.db.queries import parse_blocks
-from orbit_node.db.tx import MULTI_ROW_INSERT, per_row_statement, positional
+from orbit_node.db.tx import MULTI_ROW_INSERT, Tx, per_row_statement, positional
 from orbit_node.dsn import Dsn
 from orbit_node.errors import DatabaseError, Unavailable
 
@@ -530,6 +531,73 @@ def test_insert_rows_writes_the_values_the_drivers_mogrify_writes(values, templa
     row["unused"] = object()  # another value of the row is not written, nor escaped
     expected = conn.cursor().mogrify(part, {k: v for k, v in row.items() if k != "unused"})
     assert form % tuple([conn.literal(row[name]) for name in names]) == expected
+
+
+# A branch and a tail as union_statement joins them: the tail reads a branch's value and a
+# shared one, and a percent sign of the text sits before a placeholder's name.
+UNION_BRANCH = "(SELECT %(a_{i})s AS a, %(b_{i})s AS b, %(shared)s AS s, '%%(a_{i})s %%' AS p)"
+UNION_TAIL = "ORDER BY a LIMIT %(limit)s /* %(b_0)s */"
+
+
+def _union_by_driver(conn, branches, params) -> str:
+    """The union as the driver writes it with every value a parameter (before the texts
+    were kept)."""
+    sql = " UNION ALL ".join(UNION_BRANCH.replace("{i}", str(i)) for i in range(len(branches)))
+    values = dict(params)
+    for i, branch in enumerate(branches):
+        values.update({f"{key}_{i}": value for key, value in branch.items()})
+    return conn.cursor().mogrify(f"{sql} {UNION_TAIL}", values)
+
+
+@given(
+    branches=st.lists(st.fixed_dictionaries({"a": VALUES, "b": VALUES}), min_size=1, max_size=4),
+    shared=VALUES,
+    no_backslash=st.booleans(),
+)
+@example(branches=[{"a": "50% %(b_0)s", "b": ["x"]}], shared="%%", no_backslash=False)
+def test_union_statements_are_the_drivers_text_when_kept_and_when_written_again(branches, shared, no_backslash):
+    """``Tx.union_statement`` keeps the text with its branches' values written in; the text,
+    the first time and from what was kept, is the driver's with every value a parameter."""
+    conn = DriverConnection(host="unused")
+    conn.server_status = SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES if no_backslash else 0
+    params = {"shared": shared, "limit": 7}
+    expected = _union_by_driver(conn, branches, params)
+    with mock.patch.dict(QUERIES, {"test_branch": UNION_BRANCH, "test_tail": UNION_TAIL}):
+        tx = Tx(conn)
+        assert tx.union_statement("test_branch", "test_tail", branches, params) == expected
+        assert tx.union_statement("test_branch", "test_tail", branches, params) == expected
+        # The other escaping mode is not given the kept text.
+        conn.server_status ^= SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES
+        again = tx.union_statement("test_branch", "test_tail", branches, params)
+        assert again == _union_by_driver(conn, branches, params)
+
+
+class CountingConnection(DriverConnection):
+    literals = 0
+
+    def literal(self, obj):
+        self.literals += 1
+        return super().literal(obj)
+
+
+def test_a_claims_branches_are_written_once_and_only_its_queue_and_limit_again():
+    """A claim's candidate read (10 branches of 6 values for one capability) writes its
+    branches' values once; the next claims of the connection write the queue and the limit."""
+    from orbit_node.store.claim import claim_branches
+
+    conn = CountingConnection(host="unused")
+    conn.server_status = 0
+    tx = Tx(conn)
+    branches = claim_branches((("counted", "1", "1"),), False)
+    first = tx.union_statement(
+        "claim_candidates_branch", "claim_candidates_order", branches, {"queue_id": "q1", "limit": 16}
+    )
+    assert conn.literals == 60 + 2
+    second = tx.union_statement(
+        "claim_candidates_branch", "claim_candidates_order", branches, {"queue_id": "q2", "limit": 8}
+    )
+    assert conn.literals == 60 + 2 + 2
+    assert second == first.replace("'q1'", "'q2'").replace("LIMIT 16", "LIMIT 8")
 
 
 async def _commands(db) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 import trio_mysql.cursors
+from trio_mysql.constants import SERVER_STATUS
 
 from ..errors import DatabaseError
 from .queries import QUERIES
@@ -28,6 +29,14 @@ PER_ROW_COLUMN = re.compile(r"\{([a-z_]+)\}")
 PER_ROW_KEY = re.compile(r"(\w+)\s+IN\s+%\(row_keys\)s", re.IGNORECASE)
 # A named placeholder, as the driver's ``mogrify`` fills it from a mapping.
 NAMED_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+# The same, or a ``%%`` (a percent sign of the text, never the start of a placeholder).
+PLACEHOLDER_OR_PERCENT = re.compile(r"%%|%\((\w+)\)s")
+NO_BACKSLASH_ESCAPES = SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES
+# ``Tx.union_statement``'s texts with their branches' values written in, by query names,
+# the connection's escaping mode and the branches' values (a claim's branches are its
+# Worker connection's capabilities by priority level): emptied when it holds this many.
+MAX_UNIONS = 256
+_UNIONS: dict[tuple[Any, ...], str] = {}
 
 
 @functools.cache
@@ -84,6 +93,27 @@ def per_row_statement(
         expressions[column] = text.replace("%", "%%")
     sql = PER_ROW_COLUMN.sub(lambda m: expressions[m.group(1)], template)
     return sql, {**params, "row_keys": tuple(keys)}
+
+
+def _union_template(
+    branch: str, tail: str, branches: Sequence[Mapping[str, Any]], literal: Callable[[Any], str]
+) -> str:
+    """``union_statement``'s text with each branch's values written in by ``literal`` (with
+    ``%`` doubled, for the driver's formatting) and the shared parameters left to fill:
+    formatted with them, the text the driver writes with all the values as parameters."""
+    template = QUERIES[branch]
+    sql = f"{' UNION ALL '.join(template.replace('{i}', str(i)) for i in range(len(branches)))} {QUERIES[tail]}"
+    written = {
+        f"{key}_{i}": literal(value).replace("%", "%%")
+        for i, values in enumerate(branches)
+        for key, value in values.items()
+    }
+
+    def fill(found: re.Match[str]) -> str:
+        name = found.group(1)
+        return written[name] if name is not None and name in written else found.group(0)
+
+    return PLACEHOLDER_OR_PERCENT.sub(fill, sql)
 
 
 @attrs.define(eq=False)
@@ -208,13 +238,27 @@ class Tx:
     ) -> str:
         """Named query ``branch`` once per item of ``branches`` joined with UNION ALL, then
         ``tail``. ``{i}`` in the branch's text numbers its own parameters: the keys of
-        ``branches[i]`` are passed as ``<key>_<i>``; ``params`` are shared by all."""
-        template = QUERIES[branch]
-        sql = " UNION ALL ".join(template.replace("{i}", str(i)) for i in range(len(branches)))
-        values = dict(params)
-        for i, branch_params in enumerate(branches):
-            values.update({f"{key}_{i}": value for key, value in branch_params.items()})
-        return self._text(f"{sql} {QUERIES[tail]}", values)
+        ``branches[i]`` are passed as ``<key>_<i>``; ``params`` are shared by all.
+
+        The text with the branches' values written in is kept (``_UNIONS``): a Worker
+        connection's claims read the same branches, one per priority level and capability,
+        every time, and only ``params`` are written again."""
+        try:
+            key = (
+                branch,
+                tail,
+                self._conn.server_status & NO_BACKSLASH_ESCAPES,
+                tuple(tuple(values.items()) for values in branches),
+            )
+            template = _UNIONS.get(key)
+        except TypeError:  # a branch value that cannot be a key (a list): written each time
+            return self._text(_union_template(branch, tail, branches, self._conn.literal), params)
+        if template is None:
+            template = _union_template(branch, tail, branches, self._conn.literal)
+            if len(_UNIONS) >= MAX_UNIONS:
+                _UNIONS.clear()
+            _UNIONS[key] = template
+        return self._text(template, params)
 
     async def fetchall_each(self, *statements: str) -> list[list[dict[str, Any]]]:
         """The rows of each of ``statements`` (from ``statement`` or ``union_statement``),

@@ -9,9 +9,11 @@ quotas are read from their locked rows and enforced by ``orbit_node.store.quota`
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -70,22 +72,9 @@ class _Claim:
     writes: Writes = attrs.field(factory=Writes)
 
     @property
-    def branches(self) -> list[dict[str, Any]]:
+    def branches(self) -> tuple[Mapping[str, Any], ...]:
         """One candidate range per (capability, keyed, priority level)."""
-        keyed = (0, 1) if self.req.resource_key_support else (0,)
-        return [
-            {
-                "handler": handler,
-                "handler_version": handler_version,
-                "payload_version": payload_version,
-                "keyed": k,
-                "priority": priority,
-                "window_s": priority * PRIORITY_STEP_S,
-            }
-            for handler, handler_version, payload_version in self.capabilities
-            for k in keyed
-            for priority in PRIORITY_LEVELS
-        ]
+        return claim_branches(self.capabilities, self.req.resource_key_support)
 
     async def run(self) -> list[Reservation]:
         tx, req = self.tx, self.req
@@ -346,6 +335,30 @@ class _Claim:
             for r in rows
         ]
         return reservations, now
+
+
+@functools.lru_cache(maxsize=256)
+def claim_branches(
+    capabilities: tuple[tuple[str, str, str], ...], resource_key_support: bool
+) -> tuple[Mapping[str, Any], ...]:
+    """The candidate ranges of a connection's claims: one per (capability, keyed, priority
+    level). The same every claim of the connection, so made once (read-only mappings)."""
+    keyed = (0, 1) if resource_key_support else (0,)
+    return tuple(
+        MappingProxyType(
+            {
+                "handler": handler,
+                "handler_version": handler_version,
+                "payload_version": payload_version,
+                "keyed": k,
+                "priority": priority,
+                "window_s": priority * PRIORITY_STEP_S,
+            }
+        )
+        for handler, handler_version, payload_version in capabilities
+        for k in keyed
+        for priority in PRIORITY_LEVELS
+    )
 
 
 def key_free(row: Mapping[str, Any]) -> bool:

@@ -4,7 +4,9 @@ It runs ``orbit_node.node.Node`` with the production services on 127.0.0.1 (a fr
 port), writes ``{"url", "pid"}`` to ``--ready`` once it listens, and every
 ``--stats-interval-s`` appends one JSON line of the claim pool's and the Worker hub's
 statistics to ``--stats`` (wall-clock time ``t``): the harness reads claim turns per
-application from there. SIGTERM (or SIGINT) shuts the node down gracefully.
+application from there, and with ``--task-clock`` the CPU inside each trio task's steps
+(``bench.steps``).
+SIGTERM (or SIGINT) shuts the node down gracefully.
 
 The node runs in its own process, as in production, so a profiler can attach to it
 (py-spy) and its CPU time is accounted separately from the Workers'.
@@ -29,6 +31,8 @@ from orbit_node.dsn import Dsn, parse_shards
 from orbit_node.node import Node
 from orbit_node.services import default_services
 
+from .steps import TaskClock
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.nodeproc")
@@ -49,6 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--run-lease-s", type=float, default=None, help="lease of a running attempt (default: the node's, 60)"
     )
     parser.add_argument("--shards", default="", help="ORBIT_SHARDS of the node (default: none, one database)")
+    parser.add_argument(
+        "--task-clock", action="store_true", help="time the steps of each trio task (bench.steps) into --stats"
+    )
     parser.add_argument("--log-level", default="warning")
     return parser.parse_args(argv)
 
@@ -65,7 +72,7 @@ def _commit_stats(node: Node) -> dict[str, int]:
     }
 
 
-async def _stats_loop(node: Node, path: Path, interval_s: float) -> None:
+async def _stats_loop(node: Node, path: Path, interval_s: float, clock: TaskClock | None) -> None:
     with path.open("a", buffering=1) as out:
         while True:
             claims = node.state.services.pool
@@ -87,6 +94,7 @@ async def _stats_loop(node: Node, path: Path, interval_s: float) -> None:
                             "dispatched": hub.dispatched,
                             **_commit_stats(node),
                             "connections": len(hub.connections),
+                            **({} if clock is None else clock.statistics()),
                         }
                     )
                     + "\n"
@@ -94,7 +102,7 @@ async def _stats_loop(node: Node, path: Path, interval_s: float) -> None:
             await trio.sleep(interval_s)
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace, clock: TaskClock | None) -> None:
     limits = SchedulerLimits()
     if args.claims_per_connection_per_cycle is not None:
         limits = attrs.evolve(limits, claims_per_connection_per_cycle=args.claims_per_connection_per_cycle)
@@ -122,7 +130,7 @@ async def serve(args: argparse.Namespace) -> None:
             bound = await serving.start(node.run)
             serving.start_soon(stop_on_signal)
             if args.stats is not None:
-                outer.start_soon(_stats_loop, node, args.stats, args.stats_interval_s)
+                outer.start_soon(_stats_loop, node, args.stats, args.stats_interval_s, clock)
             tmp = args.ready.with_suffix(".tmp")
             tmp.write_text(json.dumps({"url": bound[0], "pid": os.getpid()}))
             tmp.replace(args.ready)
@@ -140,7 +148,8 @@ def main(argv: list[str]) -> int:
         format="node %(levelname)s %(name)s: %(message)s",
     )
     settle_collector()  # as `orbit` does
-    trio.run(serve, args)
+    clock = TaskClock() if args.task_clock else None
+    trio.run(serve, args, clock, instruments=[] if clock is None else [clock])
     return 0
 
 

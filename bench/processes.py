@@ -99,13 +99,15 @@ async def node_process(
     run_lease_s: float | None = None,
     shards: str = "",
     tree: Path | None = None,
+    task_clock: bool = False,
 ) -> AsyncIterator[NodeProcess]:
     """Start ``python -m bench.nodeproc`` on a free port of 127.0.0.1; SIGTERM it on exit.
 
     ``shards``: the node's ORBIT_SHARDS (none: every application on ``dsn``). ``tree``: a
     source tree of another commit (``git worktree add`` or ``git archive``) whose node to
     run, for a before/after pair in one run; its ``bench/nodeproc.py`` and ``orbit_node``
-    are imported from there (``python -m`` puts the working directory first)."""
+    are imported from there (``python -m`` puts the working directory first).
+    ``task_clock``: the node times its trio tasks' steps (``bench.steps``)."""
     workdir = Path(tempfile.mkdtemp(prefix="orbit-bench-node-"))
     ready = workdir / "ready.json"
     stats = workdir / "stats.jsonl"
@@ -120,6 +122,8 @@ async def node_process(
         cmd += ["--run-lease-s", str(run_lease_s)]
     if shards:
         cmd += ["--shards", shards]
+    if task_clock:
+        cmd.append("--task-clock")
     try:
         async with ready_process(
             cmd,

@@ -34,7 +34,11 @@ from .grids import grid
 from .processes import node_process
 from .report import STATEMENTS_NOTE, Target, ratio, statement_costs, statements_table, summarize
 from .s0 import floor_statement_rows, measure_floor
+from .steps import OTHER, OUTSIDE, PARTS, by_part
 from .units import Units, cost
+
+# The columns of the node's CPU by part (bench/steps.py).
+PART_NAMES = (*(part for part, _ in PARTS), OTHER, OUTSIDE)
 
 # bench/__main__.py: a column per durability when asked; production durability alone by default.
 DURABILITY_COLUMNS = True
@@ -197,7 +201,7 @@ async def orbit_burndown(
     ``pace`` overrides the node's claims per connection per scan cycle (diagnostics only).
     """
     app = await make_app(bdb.db, app_name)
-    async with node_process(bdb.dsn, claims_per_connection_per_cycle=pace) as node:
+    async with node_process(bdb.dsn, claims_per_connection_per_cycle=pace, task_clock=True) as node:
         submit_started = time.perf_counter()
         async with count_statements(bdb.db) as submit_statements:
             if seed_sql:
@@ -261,6 +265,8 @@ async def orbit_burndown(
         "cpu": phase.cpu,
         "progress": progress,
         "node_stats": stats,
+        # To within one statistics interval at each end of the phase (0.25 s of about 30).
+        "node_parts": by_part(stats_before, stats, phase.cpu["node_cpu_s"]),
         "profile": phase.profile,
         "mean_claim_batch": ratio(stats.get("tasks_reserved", 0), stats.get("claims_with_tasks", 0)),
         "setup": f"node process + {connections} SDK Worker connections x capacity {capacity}, "
@@ -489,6 +495,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         here,
         title="Orbit's Worker shapes: SDK Worker connections",
     )
+    parts_grid = grid(
+        ["capacity", "handler", "connections"],
+        [*PART_NAMES, "node us/task"],
+        [
+            [
+                r["capacity"],
+                "no-op" if not r["handler_ms"] else f"{r['handler_ms']} ms",
+                r["connections"],
+                *(ratio(r["node_parts"].get(part, math.nan) * 1e6, r["tasks"]) for part in PART_NAMES),
+                r["node_cpu_us_per_task"],
+            ]
+            for r in runs
+            if r.get("node_parts")
+        ],
+        here,
+        title="the node's CPU per executed task (us) by its part: time inside the steps of its trio tasks",
+    )
     concurrency_rows: list[list[Any]] = []
     for name, by_concurrency in peer_runs.items():
         best = peers[name]
@@ -538,6 +561,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"COMMITs per task ({ratio(1.0, orbit['per_task']['commits']):.1f} tasks per COMMIT), "
         f"{orbit['claims']:,} claims; submit: {orbit['submit']['per_submit']['statements']:.2f} statements per task.",
         "node us/task: the node process's CPU during the burn-down / tasks finished; R/task: the same in R.",
+        "the node's parts (bench/steps.py): claims = the claim pool's tasks (each claim's transaction), group "
+        "commits = the Start/Finish group transactions, Worker connections = the node's side of each connection "
+        "(messages, dispatch), HTTP and WebSocket server = hypercorn and quart (frames, the socket reads); "
+        f"'{OUTSIDE}' = the node's CPU that no task step holds (trio's scheduler and I/O polling).",
         STATEMENTS_NOTE,
     ]
     profiles = {
@@ -556,7 +583,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "peer_runs": peer_runs,
             "floor": floor,
         },
-        "grids": [headline_grid, shape_grid, concurrency_grid],
+        "grids": [headline_grid, shape_grid, parts_grid, concurrency_grid],
         "tables": [statements_table(statement_rows)],
         "targets": orbit_targets(orbit, floor, peers, runs, units, against_peers=ran_at.name == "prod"),
         "notes": notes,

@@ -325,3 +325,64 @@ def test_http_targets_are_ratios_to_r_and_h():
     assert (rate.value, rate.verdict) == (pytest.approx(0.65), "met")
     slow = http_targets(healthz, {"node_cpu_us_per_request": 3000.0, "requests_per_s": 200.0}, units)
     assert [t.verdict for t in slow] == ["met", "MISSED", "MISSED"]
+
+
+def test_the_task_clock_counts_a_steps_cpu_not_its_wall_time():
+    """A step that burns CPU is counted; one that blocks the thread (a wall-clock wait
+    inside the step, as when the machine runs another process instead) is not."""
+    import time
+
+    import trio
+
+    from bench.steps import TaskClock
+
+    async def burning() -> None:
+        started = time.thread_time()
+        while time.thread_time() - started < 0.05:
+            pass
+        await trio.lowlevel.checkpoint()
+
+    async def blocked() -> None:
+        time.sleep(0.1)
+        await trio.lowlevel.checkpoint()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(burning, name="t.burning")
+            nursery.start_soon(blocked, name="t.blocked")
+
+    clock = TaskClock()
+    trio.run(main, instruments=[clock])
+    seconds = clock.statistics()["task_seconds"]
+    assert seconds["t.burning"] >= 0.045
+    assert seconds["t.blocked"] < 0.02
+    assert clock.statistics()["task_steps"]["t.burning"] >= 2
+
+
+def test_the_nodes_parts_are_the_differences_of_its_task_clocks():
+    from bench.steps import OTHER, OUTSIDE, by_part
+
+    before = {"task_seconds": {"orbit_node.dispatch.claim_pool.ClaimPool._run_claim": 1.0}}
+    after = {
+        "task_seconds": {
+            "orbit_node.dispatch.claim_pool.ClaimPool._run_claim": 3.0,
+            "orbit_node.grouping.GroupCommit._run_group": 1.5,
+            "orbit_node.workers.connection.WorkerConnection._writer": 0.5,
+            "hypercorn.trio.task_group._handle": 0.25,
+            "quart_trio.asgi.TrioASGIWebsocketConnection.handle_websocket": 0.25,
+            "orbit_node.periodic.PeriodicService.run": 0.1,
+        }
+    }
+    parts = by_part(before, after, node_cpu_s=5.0)
+    assert parts == pytest.approx(
+        {
+            "claims": 2.0,
+            "group commits": 1.5,
+            "Worker connections": 0.5,
+            "HTTP and WebSocket server": 0.5,
+            OTHER: 0.1,
+            OUTSIDE: 0.4,
+        }
+    )
+    # A node that kept no clock (another source tree's) has no parts, not zeros.
+    assert by_part({}, {"claims_with_tasks": 3}, node_cpu_s=1.0) == {}

@@ -312,6 +312,27 @@ def test_s1_targets_are_ratios_in_r_and_to_peers_at_prod():
     assert not any("pgqueuer" in name or "huey" in name for name in dev)
 
 
+def test_a_judged_shape_is_stated_in_the_r_measured_beside_it():
+    """R drifts within a scenario: a judged shape's CPU per task is in the mean of the R
+    measured just before and just after it, and the target says so."""
+    from bench.s1 import orbit_targets, shape_r_us
+    from bench.units import Units
+
+    units = Units(r_us=100.0)
+    beside = {"capacity": 16, "handler_ms": 0, "connections": 8, "node_cpu_us_per_task": 500.0}
+    beside["r_beside_us"] = [150.0, 250.0]
+    plain = {"capacity": 64, "handler_ms": 0, "connections": 8, "node_cpu_us_per_task": 250.0}
+    assert shape_r_us(beside, units) == pytest.approx(200.0)
+    assert shape_r_us(plain, units) == pytest.approx(100.0)
+    orbit = {"tasks_per_s": 1000.0, "pacing_bound_tasks_per_s": 2048.0}
+    targets = {t.name: t for t in orbit_targets(orbit, {"tasks_per_s": 1.0}, {}, [beside, plain], units)}
+    sixteen = targets["S1 node CPU per executed task, capacity 16"]
+    assert sixteen.value == pytest.approx(2.5) and sixteen.verdict == "met"
+    assert "R beside the shape 150 / 250 us" in sixteen.note
+    assert targets["S1 node CPU per executed task, capacity 64"].value == pytest.approx(2.5)
+    assert "the scenario's R" in targets["S1 node CPU per executed task, capacity 64"].note
+
+
 def test_http_targets_are_ratios_to_r_and_h():
     from bench.http import http_targets
     from bench.units import Units

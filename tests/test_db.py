@@ -572,6 +572,19 @@ def test_union_statements_are_the_drivers_text_when_kept_and_when_written_again(
         assert again == _union_by_driver(conn, branches, params)
 
 
+def test_equal_branch_values_of_other_types_are_not_given_each_others_text():
+    """0, 0.0 and False (and 1, 1.0 and True) are equal keys of a dict, but not the same
+    literal: each union is the driver's text, whichever was written first."""
+    conn = DriverConnection(host="unused")
+    conn.server_status = 0
+    with mock.patch.dict(QUERIES, {"test_branch": UNION_BRANCH, "test_tail": UNION_TAIL}):
+        for values in ([0.0, 0, False, 0.0], [1, True, 1.0, (1,), (1.0,), (True,)]):
+            for value in values:
+                branches = [{"a": value, "b": "x"}]
+                got = Tx(conn).union_statement("test_branch", "test_tail", branches, {"shared": 1, "limit": 2})
+                assert got == _union_by_driver(conn, branches, {"shared": 1, "limit": 2}), value
+
+
 class CountingConnection(DriverConnection):
     literals = 0
 

@@ -95,6 +95,23 @@ def per_row_statement(
     return sql, {**params, "row_keys": tuple(keys)}
 
 
+# The value types whose equal values have one literal (``union_statement``'s kept texts).
+_KEPT_TYPES = frozenset({str, int, bool, type(None)})
+
+
+def _union_key(branches: Sequence[Mapping[str, Any]]) -> tuple[Any, ...] | None:
+    """The branches' values with their types, or None when one is not of ``_KEPT_TYPES``."""
+    key: list[tuple[str, type, Any] | None] = []
+    for values in branches:
+        for name, value in values.items():
+            kind = type(value)
+            if kind not in _KEPT_TYPES:
+                return None
+            key.append((name, kind, value))
+        key.append(None)  # where a branch ends
+    return tuple(key)
+
+
 def _union_template(
     branch: str, tail: str, branches: Sequence[Mapping[str, Any]], literal: Callable[[Any], str]
 ) -> str:
@@ -242,17 +259,14 @@ class Tx:
 
         The text with the branches' values written in is kept (``_UNIONS``): a Worker
         connection's claims read the same branches, one per priority level and capability,
-        every time, and only ``params`` are written again."""
-        try:
-            key = (
-                branch,
-                tail,
-                self._conn.server_status & NO_BACKSLASH_ESCAPES,
-                tuple(tuple(values.items()) for values in branches),
-            )
-            template = _UNIONS.get(key)
-        except TypeError:  # a branch value that cannot be a key (a list): written each time
+        every time, and only ``params`` are written again. Kept only for branches of
+        strings, integers, booleans and None, by value and type: values that are equal
+        are written alike only then (``0``, ``0.0`` and ``False`` are equal keys)."""
+        key = _union_key(branches)
+        if key is None:
             return self._text(_union_template(branch, tail, branches, self._conn.literal), params)
+        key = (branch, tail, self._conn.server_status & NO_BACKSLASH_ESCAPES, key)
+        template = _UNIONS.get(key)
         if template is None:
             template = _union_template(branch, tail, branches, self._conn.literal)
             if len(_UNIONS) >= MAX_UNIONS:

@@ -593,11 +593,14 @@ class CountingConnection(DriverConnection):
         return super().literal(obj)
 
 
-def test_a_claims_branches_are_written_once_and_only_its_queue_and_limit_again():
+def test_a_claims_branches_are_written_once_and_only_its_queue_and_limit_again(monkeypatch):
     """A claim's candidate read (10 branches of 6 values for one capability) writes its
     branches' values once; the next claims of the connection write the queue and the limit."""
+    from orbit_node.db import tx as tx_module
     from orbit_node.store.claim import claim_branches
 
+    # Nothing kept by an earlier test (or an earlier run of this one in the same process).
+    monkeypatch.setattr(tx_module, "_UNIONS", {})
     conn = CountingConnection(host="unused")
     conn.server_status = 0
     tx = Tx(conn)

@@ -18,7 +18,8 @@ from typing import Any
 import attrs
 
 from .dsn import Dsn, ShardEntry, parse_shards
-from .errors import ConfigError
+from .errors import ConfigError, InvalidArgument
+from .retention import DEFAULT_AUDIT_S, DEFAULT_FAILED_S, DEFAULT_SUCCEEDED_S, format_duration, parse_duration
 
 LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -102,6 +103,13 @@ def _dsn(text: str, env: str) -> Dsn:
 
 def _shards(text: str, env: str) -> tuple[ShardEntry, ...]:
     return parse_shards(text)
+
+
+def _duration(text: str, env: str) -> int:
+    try:
+        return parse_duration(text, env)
+    except InvalidArgument as exc:
+        raise ConfigError(exc.message, field=env) from None
 
 
 def _addr(text: str, env: str) -> tuple[str, int]:
@@ -368,6 +376,45 @@ class NodeConfig:
         parse=_number(int),
         validator=_positive,
         doc="bytes the node queues for one Worker connection that it has not read yet (as the frames above)",
+    )
+    # Retention (docs/operations.md, "Retention"): the defaults of applications that set
+    # none, and the pruner's pace. Every node prunes; give every node the same values.
+    retain_succeeded_s: int = setting(
+        DEFAULT_SUCCEEDED_S,
+        env="ORBIT_RETAIN_SUCCEEDED",
+        parse=_duration,
+        default_doc=f"`{format_duration(DEFAULT_SUCCEEDED_S)}`",
+        doc="how long a succeeded task is kept after it finished, for applications that set no retention of "
+        "their own (`orbit-admin application retention`): `90s`, `15m`, `12h`, `7d` or seconds, at least 1 s",
+    )
+    retain_failed_s: int = setting(
+        DEFAULT_FAILED_S,
+        env="ORBIT_RETAIN_FAILED",
+        parse=_duration,
+        default_doc=f"`{format_duration(DEFAULT_FAILED_S)}`",
+        doc="how long a failed, cancelled or expired task is kept after it finished (as above)",
+    )
+    retain_audit_s: int = setting(
+        DEFAULT_AUDIT_S,
+        env="ORBIT_RETAIN_AUDIT",
+        parse=_duration,
+        default_doc=f"`{format_duration(DEFAULT_AUDIT_S)}`",
+        doc="how long an audit record (the console's writes) is kept",
+    )
+    prune_interval_s: float = setting(
+        30.0,
+        env="ORBIT_PRUNE_INTERVAL_S",
+        parse=_number(float),
+        validator=_positive,
+        doc="seconds between two rounds of the node's pruner (each round deletes what has expired, then waits)",
+    )
+    prune_rate: int = setting(
+        1000,
+        env="ORBIT_PRUNE_RATE",
+        parse=_number(int),
+        validator=_positive,
+        doc="finished tasks one node's pruner deletes per second at most (with their attempts and records): "
+        "the pace of catching up after an outage",
     )
     # Longest use of one database connection (a transaction, lock waits included) before
     # the node gives up on it: no lease is worth a longer wait, and an answer lost in the

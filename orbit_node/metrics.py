@@ -29,9 +29,11 @@ from . import __version__
 from .db import Database
 from .dispatch.claim_pool import ClaimPool
 from .dispatch.commit import GroupCommitter
+from .dispatch.pruner import Pruner
 from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import Grant
 from .dispatch.signals import SignalRelay
+from .store.pruning import PRUNED_TABLES
 from .workers.hub import WorkerHub
 
 # Claim SQL takes milliseconds; a slow one is a lock wait or a sick database.
@@ -130,12 +132,15 @@ class NodeMetrics:
         commits: Sequence[GroupCommitter] = (),
         databases: Sequence[Database] = (),
         signals: Sequence[SignalRelay] = (),
+        pruners: Sequence[Pruner] = (),
     ) -> None:
         """Read the node's services at every scrape (called once, when the node is built).
 
         A node with several shards has a sweeper, a group commit and a database per shard:
         their figures are summed (``databases`` defaults to the node's own)."""
-        self.registry.register(NodeCollector(self, hub, pool, sweepers, commits, databases or (self.db,), signals))
+        self.registry.register(
+            NodeCollector(self, hub, pool, sweepers, commits, databases or (self.db,), signals, pruners)
+        )
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -187,8 +192,10 @@ class NodeCollector:
         commits: Sequence[GroupCommitter],
         databases: Sequence[Database],
         signals: Sequence[SignalRelay] = (),
+        pruners: Sequence[Pruner] = (),
     ):
         self.metrics = metrics
+        self.pruners = pruners
         self.signals = signals
         self.hub = hub
         self.pool = pool
@@ -327,6 +334,25 @@ class NodeCollector:
             yield recovered
             yield CounterMetricFamily(
                 "orbit_recovery_passes", "Recovery sweeper passes run.", value=sum(s.passes for s in self.sweepers)
+            )
+
+        if self.pruners:
+            pruned = CounterMetricFamily(
+                "orbit_retention_pruned_rows",
+                "Rows this node's pruner deleted because their retention had passed, per table.",
+                labels=["table"],
+            )
+            for table, field in PRUNED_TABLES.items():
+                pruned.add_metric([table], sum(getattr(p.totals, field) for p in self.pruners))
+            yield pruned
+            yield GaugeMetricFamily(
+                "orbit_retention_lag_seconds",
+                "How long past its retention the oldest expired task not yet deleted was at the pruner's last "
+                "batch (0: nothing expired is waiting).",
+                value=max(p.lag_s for p in self.pruners),
+            )
+            yield CounterMetricFamily(
+                "orbit_retention_rounds", "Pruner rounds run.", value=sum(p.passes for p in self.pruners)
             )
 
         pools = [db.statistics() for db in self.databases]

@@ -29,6 +29,7 @@ from .db import Database
 from .dispatch.claim_pool import ClaimPool
 from .dispatch.commit import GroupCommitter, concurrent_groups
 from .dispatch.plan_trigger import PlanTrigger
+from .dispatch.pruner import Pruner
 from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import FairScheduler
 from .dispatch.signals import SignalRelay
@@ -36,10 +37,12 @@ from .dispatch.turns import TurnRecorder
 from .dispatch.weights import WeightFollower
 from .errors import Unauthenticated, Unavailable
 from .metrics import NodeMetrics
+from .retention import Retention
 from .store.leases import LeaseStore
 from .store.operations import OperationsStore
 from .store.ownership import Reservation
 from .store.plans import PlanStore
+from .store.pruning import PruneStore
 from .store.signals import SignalStore
 from .store.submit_group import SubmitGroups
 from .store.tasks import TaskStore
@@ -62,11 +65,13 @@ class ServiceSet:
     recovery: bool = False
     # The plan trigger.
     plans: bool = False
+    # The pruner (retention).
+    retention: bool = False
 
 
 def default_services() -> ServiceSet:
     """What a production node runs: every service."""
-    return ServiceSet(workers=True, recovery=True, plans=True)
+    return ServiceSet(workers=True, recovery=True, plans=True, retention=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -74,7 +79,7 @@ class Shard:
     """One database holding applications' rows, its repositories, and the services that
     work on it: the group commits of its single submits and of its Worker transitions,
     its claim-turn recorder, the follower of its applications' fairness weights, its
-    signals between nodes, its recovery sweeper and its plan trigger. Each transaction
+    signals between nodes, its recovery sweeper, its plan trigger and its pruner. Each transaction
     any of them runs touches this database only."""
 
     # "main" for ORBIT_MYSQL_DSN, else "shard N" (N from 2, in ORBIT_SHARDS order).
@@ -94,6 +99,7 @@ class Shard:
     signals: SignalRelay | None = None
     sweeper: Sweeper | None = None
     trigger: PlanTrigger | None = None
+    pruner: Pruner | None = None
 
     def transitions(self, application_id: str) -> TransitionStore:
         """Where Worker transitions of ``application_id`` go: its lane of this shard's group
@@ -296,7 +302,7 @@ def _shard(
     """Shard ``index``: its repositories and the services ``run`` asks for (those of
     Workers only with the claim pool)."""
     tenancy, tasks, operations, plans = TenancyStore(db), TaskStore(db), OperationsStore(db), PlanStore(db)
-    commits = turns = weights = signals = sweeper = trigger = None
+    commits = turns = weights = signals = sweeper = trigger = pruner = None
     if pool is not None:
         view = ShardView(placement, index, pool.scheduler, table)
         commits = GroupCommitter(leases, max_concurrent_groups=concurrent_groups(config.scheduler.sql_slots))
@@ -323,6 +329,14 @@ def _shard(
         sweeper = Sweeper(leases, config.sweep_interval_s, tasks_arrived=arrived)
     if run.plans:
         trigger = PlanTrigger(plans, config.plan_interval_s, tasks_arrived=arrived)
+    if run.retention:
+        pruner = Pruner(
+            PruneStore(db),
+            config.prune_interval_s,
+            defaults=Retention(config.retain_succeeded_s, config.retain_failed_s),
+            audit_s=config.retain_audit_s,
+            rate=config.prune_rate,
+        )
     return Shard(
         label=label,
         db=db,
@@ -339,6 +353,7 @@ def _shard(
         signals=signals,
         sweeper=sweeper,
         trigger=trigger,
+        pruner=pruner,
     )
 
 
@@ -417,6 +432,7 @@ class NodeServices:
             commits=[s.commits for s in shards if s.commits is not None],
             databases=[s.db for s in shards],
             signals=[s.signals for s in shards if s.signals is not None],
+            pruners=[s.pruner for s in shards if s.pruner is not None],
         )
 
     async def run(self, shutdown_requested: trio.Event, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -445,6 +461,10 @@ class NodeServices:
                     await nursery.start(shard.sweeper.run)
                 if shard.trigger is not None:
                     await nursery.start(shard.trigger.run)
+                if shard.pruner is not None:
+                    # It stops between batches once shutdown is asked for.
+                    shard.pruner.stopping = shutdown_requested
+                    await nursery.start(shard.pruner.run)
             task_status.started()
             if self.pool is not None:
                 await shutdown_requested.wait()

@@ -130,7 +130,7 @@ def test_every_declared_variable_is_known_parsed_and_named_in_its_errors():
     assert known | SDK_VARIABLES == SETTING_VARIABLES
     base = {"ORBIT_MYSQL_DSN": "mysql://r@h/d"}
     numbers = [s.env for s in settings() if s.env.endswith(("_S", "_BYTES", "_SIZE", "_MESSAGES"))]
-    assert len(numbers) == 11
+    assert len(numbers) == 12
     for env in numbers:
         with pytest.raises(ConfigError) as info:
             NodeConfig.from_env({**base, env: "x"})

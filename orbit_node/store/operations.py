@@ -17,6 +17,7 @@ import attrs
 from ..db import Database, Tx
 from ..errors import InvalidArgument, NotFound
 from ..ids import is_hex32
+from ..retention import RetentionClass, parse_duration
 from ..rules import fairness_weight
 from ..wire import rfc3339, stored_json
 from .task_rows import PRIORITY_STEP_S
@@ -152,6 +153,9 @@ class OperationsStore:
                 "max_concurrent_executions": r["max_concurrent_executions"],
                 "max_starts_per_second": r["max_starts_per_second"],
                 "fairness_weight": int(r["fairness_weight"]),
+                # The application's own retention (None: the node's default applies).
+                "retain_succeeded_s": r["retain_succeeded_s"],
+                "retain_failed_s": r["retain_failed_s"],
                 "queued": int(r["queued"]),
                 "reserved": int(r["reserved"]),
                 "running": int(r["running"]),
@@ -189,6 +193,27 @@ class OperationsStore:
         await self.db.execute(
             "ops_app_set_weight", {"application_id": app["application_id"], "fairness_weight": weight}
         )
+        return await self.application(name)
+
+    async def patch_retention(self, name: str, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Set the named retention fields (``succeeded``, ``failed``: a duration, or None for
+        the node's default), keep the other; returns the application. The pruners of every
+        node apply it at their next round."""
+        unknown = set(changes) - {cls.option for cls in RetentionClass}
+        if unknown:
+            raise InvalidArgument(f"{sorted(unknown)[0]}: not a retention class", field=sorted(unknown)[0])
+        if not changes:
+            raise InvalidArgument("retention: name at least one of succeeded, failed", field="retention")
+        seconds = {
+            option: None if value is None else parse_duration(value, option) for option, value in changes.items()
+        }
+        app = await self.application(name)
+        params: dict[str, Any] = {"application_id": app["application_id"]}
+        for cls in RetentionClass:
+            column = f"retain_{cls.option}_s"
+            params[f"set_{column}"] = cls.option in seconds
+            params[column] = seconds.get(cls.option)
+        await self.db.execute("ops_app_patch_retention", params)
         return await self.application(name)
 
     async def namespace(self, application: str, namespace: str) -> dict[str, Any]:

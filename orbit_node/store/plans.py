@@ -7,7 +7,9 @@ LOCKED``, creates the tasks of its due fire times, advances ``next_fire_at`` and
 a plan is advanced by one transaction at a time, and a node never waits for another.
 Each task gets a fire record (``idempotency_records`` kind ``plan``, key
 ``{plan_id}:{version}:{fire time}``) in the same transaction, so a fire time never
-creates a second task, whatever rewinds ``next_fire_at``.
+creates a second task, whatever rewinds ``next_fire_at``. Once retention has deleted a
+fire time's task, and its fire record with it, ``last_fire_at`` still holds: the trigger
+never creates a fire time at or before the plan's last one.
 """
 
 from __future__ import annotations
@@ -341,6 +343,10 @@ class PlanStore:
             firing = due_fire_times(definition.schedule, row["next_fire_at"], row["db_now"], limit=limit)
             created = 0
             for fire_at in firing.fire_times:
+                if row["last_fire_at"] is not None and fire_at <= row["last_fire_at"]:
+                    # Fired before: its fire record may be gone with its task (retention),
+                    # so the plan's own last fire time is what keeps it from firing twice.
+                    continue
                 new = definition.task_for(row["queue_id"], fire_at)
                 task_id = time_ordered_id()
                 recorded = await tx.execute(

@@ -1,16 +1,23 @@
-"""``orbit-admin application create|list|quota|weight|suspend|resume``."""
+"""``orbit-admin application create|list|quota|weight|retention|suspend|resume``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+import attrs
+
+from ...config import NodeConfig
 from ...db import Database
-from ...errors import InvalidArgument
+from ...errors import ConfigError, InvalidArgument
+from ...retention import CLASS_OF_STATE, Retention, RetentionClass, format_duration, parse_duration
 from ...rules import MAX_WEIGHT, MIN_WEIGHT, fairness_weight
 from ...rules import QUEUE_NAME as NAME
 from ...store.operations import OperationsStore
+from ...store.pruning import PruneStore
 from ...store.tenancy import TenancyStore
+from ...wire import rfc3339
 from ..common import add_json, console, fail, table
 from .command import command
 
@@ -28,6 +35,62 @@ def quota_value(text: str) -> int | None:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'none', got {text!r}")
     return value
+
+
+# Expired tasks ``application retention`` counts at most, per class (an index range).
+DUE_CAP = 100_000
+
+
+def retention_value(text: str) -> str | None:
+    """An option's duration (checked), or None for ``default`` (the node's setting)."""
+    if text.strip().lower() == "default":
+        return None
+    try:
+        parse_duration(text, "duration")
+    except InvalidArgument:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 90s, 15m, 12h, 7d, plain seconds (at least 1) or 'default', got {text!r}"
+        ) from None
+    return text
+
+
+def retention_defaults(env=None) -> Retention:
+    """The node defaults as this environment sets them (ORBIT_RETAIN_SUCCEEDED and
+    ORBIT_RETAIN_FAILED, as a node reads them), else the built-in ones."""
+    env = os.environ if env is None else env
+    fields = attrs.fields_dict(NodeConfig)
+    values: list[int] = []
+    for name in ("retain_succeeded_s", "retain_failed_s"):
+        found = fields[name].metadata["orbit.setting"]
+        text = env.get(found.env)
+        try:
+            value: Any = fields[name].default if text is None else found.parse(text, found.env)
+            values.append(int(value))
+        except ConfigError as exc:
+            fail(exc.message, 2)
+    return Retention(*values)
+
+
+def with_retention(app: dict[str, Any], defaults: Retention) -> dict[str, Any]:
+    """The application with the retention that applies to it, per class: seconds, as a
+    duration, and whether it is the node's default."""
+    applied = defaults.applied_to(app)
+    return {
+        **app,
+        "retention": {
+            cls.option: {
+                "seconds": applied.of(cls),
+                "duration": format_duration(applied.of(cls)),
+                "default": app[f"retain_{cls.option}_s"] is None,
+            }
+            for cls in RetentionClass
+        },
+    }
+
+
+def retention_text(app: dict[str, Any], cls: RetentionClass) -> str:
+    kept = app["retention"][cls.option]
+    return f"{kept['duration']} (default)" if kept["default"] else kept["duration"]
 
 
 def add_parsers(sub: Any) -> None:
@@ -60,6 +123,21 @@ def add_parsers(sub: Any) -> None:
     quota.add_argument("--max-starts-per-second", type=quota_value, default=UNCHANGED, metavar="N|none")
     add_json(quota)
     command(quota, quota_run, changed_render)
+    retention = app.add_parser(
+        "retention",
+        help="show or set how long an application's finished tasks are kept, and what is deleted next",
+        description="A finished task is deleted, with its attempts and its Idempotency-Key, once it finished "
+        "longer ago than its application's retention for its outcome: --succeeded for succeeded tasks, --failed "
+        "for failed, cancelled and expired ones. A duration is 90s, 15m, 12h, 7d or plain seconds (at least 1 s); "
+        "'default' goes back to the node's setting (ORBIT_RETAIN_SUCCEEDED, ORBIT_RETAIN_FAILED). Without an "
+        "option the command only shows the retention and what it deletes next. Every node's pruner applies a "
+        "change at its next round (ORBIT_PRUNE_INTERVAL_S).",
+    )
+    retention.add_argument("application", metavar="APPLICATION")
+    retention.add_argument("--succeeded", type=retention_value, default=UNCHANGED, metavar="D|default")
+    retention.add_argument("--failed", type=retention_value, default=UNCHANGED, metavar="D|default")
+    add_json(retention)
+    command(retention, retention_run, retention_render)
     weight = app.add_parser(
         "weight",
         help="set an application's fairness weight (1-100, default 1)",
@@ -104,14 +182,26 @@ def create_render(created: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 async def list_run(db: Database, args: argparse.Namespace) -> list[dict[str, Any]]:
-    return await OperationsStore(db).applications()
+    defaults = retention_defaults()
+    return [with_retention(app, defaults) for app in await OperationsStore(db).applications()]
 
 
 def list_render(apps: list[dict[str, Any]], args: argparse.Namespace) -> None:
     console().print(
         table(
             "applications",
-            ["application", "state", "max_concurrent", "max_starts/s", "weight", "queued", "reserved", "running"],
+            [
+                "application",
+                "state",
+                "max_concurrent",
+                "max_starts/s",
+                "weight",
+                "keep succeeded",
+                "keep failed",
+                "queued",
+                "reserved",
+                "running",
+            ],
             [
                 [
                     a["application"],
@@ -119,6 +209,8 @@ def list_render(apps: list[dict[str, Any]], args: argparse.Namespace) -> None:
                     a["max_concurrent_executions"],
                     a["max_starts_per_second"],
                     a["fairness_weight"],
+                    retention_text(a, RetentionClass.SUCCEEDED),
+                    retention_text(a, RetentionClass.FAILED),
                     a["queued"],
                     a["reserved"],
                     a["running"],
@@ -138,6 +230,62 @@ async def quota_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
     if not changes:
         fail("quota: give --max-concurrent and/or --max-starts-per-second", 2)
     return await OperationsStore(db).patch_quota(args.application, changes)
+
+
+async def retention_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
+    ops = OperationsStore(db)
+    changes = {
+        cls.option: getattr(args, cls.option) for cls in RetentionClass if getattr(args, cls.option) is not UNCHANGED
+    }
+    app = await (ops.patch_retention(args.application, changes) if changes else ops.application(args.application))
+    app = with_retention(app, retention_defaults())
+    applied = Retention(*(app["retention"][cls.option]["seconds"] for cls in RetentionClass))
+    due = await PruneStore(db).due(app["application_id"], applied, cap=DUE_CAP)
+    return {
+        "application": app["application"],
+        "application_id": app["application_id"],
+        "changed": sorted(changes),
+        "retention": app["retention"],
+        "due": [
+            {
+                "class": d.retention_class.option,
+                "states": [s for s, c in CLASS_OF_STATE.items() if c is d.retention_class],
+                "expired": d.expired,
+                "expired_capped": d.expired >= DUE_CAP,
+                "oldest_finished_at": rfc3339(d.oldest_finished_at),
+                "next_expiry_at": rfc3339(d.next_expiry_at),
+                "now": rfc3339(d.now),
+            }
+            for d in due
+        ],
+    }
+
+
+def retention_render(data: dict[str, Any], args: argparse.Namespace) -> None:
+    name = data["application"]
+    if data["changed"]:
+        print(f"application {name}: retention of {' and '.join(data['changed'])} tasks changed")
+    rows = []
+    for due in data["due"]:
+        kept = data["retention"][due["class"]]
+        expired = f"{due['expired']}+" if due["expired_capped"] else str(due["expired"])
+        rows.append(
+            [
+                due["class"],
+                ", ".join(due["states"]),
+                f"{kept['duration']} (node default)" if kept["default"] else kept["duration"],
+                expired,
+                due["oldest_finished_at"],
+                due["next_expiry_at"],
+            ]
+        )
+    console().print(
+        table(
+            f"retention of {name}: what the pruner deletes next",
+            ["class", "states", "kept for", "expired now", "oldest finished", "next expires at"],
+            rows,
+        )
+    )
 
 
 async def weight_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:

@@ -93,7 +93,7 @@ SELECT n.node_id, n.hostname, n.http_addr, n.version, n.started_at, n.heartbeat_
 -- Live tasks per application through ix_tasks_app_state (application_id, state).
 -- name: ops_applications
 SELECT a.application_id, a.name, a.suspended, a.max_concurrent_executions, a.max_starts_per_second,
-       a.fairness_weight,
+       a.fairness_weight, a.retain_succeeded_s, a.retain_failed_s,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'queued') AS queued,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'reserved') AS reserved,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'running') AS running

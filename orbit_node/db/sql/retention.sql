@@ -1,0 +1,85 @@
+-- Retention: the pruner (orbit_node.store.pruning) and what operators read of it.
+--
+-- A task is expired when it is terminal (retention_class 1 succeeded, 2 failed/cancelled/
+-- expired) and finished_at < NOW(6) - its application's retention for that class. Every
+-- read goes through ix_tasks_retention (application_id, retention_class, finished_at):
+-- the expired rows of an (application, class) lead its range, so a prune reads what it
+-- deletes and never a live task (class NULL).
+--
+-- Any number of nodes prune at once: the candidates are locked with SKIP LOCKED (a row
+-- another pruner, or a late transition, holds is left for the next batch) and deleted by
+-- primary key in the same short transaction. At READ COMMITTED no gap is locked, so a
+-- Finish adding a row to the end of the range never waits for a pruner.
+
+-- Every application of this database with its own retention (NULL: the node's default).
+-- name: retention_applications
+SELECT application_id, name, retain_succeeded_s, retain_failed_s
+  FROM applications
+ ORDER BY application_id
+
+-- One batch of expired tasks of an (application, class), oldest first, locked. overdue_s:
+-- how long past its retention each one is (the pruner's lag).
+-- name: prune_candidates
+SELECT task_id,
+       TIMESTAMPDIFF(MICROSECOND, finished_at, NOW(6) - INTERVAL %(keep_s)s SECOND) / 1000000 AS overdue_s
+  FROM tasks FORCE INDEX (ix_tasks_retention)
+ WHERE application_id = %(application_id)s
+   AND retention_class = %(retention_class)s
+   AND finished_at < NOW(6) - INTERVAL %(keep_s)s SECOND
+ ORDER BY finished_at
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+
+-- What belongs to the locked tasks: their attempts, and their acceptance records (an
+-- Idempotency-Key, a batch item's key, or a plan's fire record). Each DELETE names its
+-- index (the one-table form of the multi-table syntax takes a hint): over a small table
+-- the optimizer would rather scan it all, locking rows another pruner holds.
+-- name: prune_attempts
+DELETE a FROM task_attempts a FORCE INDEX (uq_attempts_token) WHERE a.task_id IN %(task_ids)s
+
+-- name: prune_records
+DELETE r FROM idempotency_records r FORCE INDEX (ix_idempotency_records_task) WHERE r.task_id IN %(task_ids)s
+
+-- The tasks themselves; the class condition is a guard: a live task is never deleted.
+-- name: prune_tasks
+DELETE t FROM tasks t FORCE INDEX (PRIMARY) WHERE t.task_id IN %(task_ids)s AND t.retention_class IS NOT NULL
+
+-- Audit records older than their retention, oldest first (ix_audit_records_time).
+-- name: prune_audit_candidates
+SELECT audit_id
+  FROM audit_records FORCE INDEX (ix_audit_records_time)
+ WHERE recorded_at < NOW(6) - INTERVAL %(keep_s)s SECOND
+ ORDER BY recorded_at
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+
+-- name: prune_audit
+DELETE r FROM audit_records r FORCE INDEX (PRIMARY) WHERE r.audit_id IN %(audit_ids)s
+
+-- What retention deletes next for an (application, class), read only: how many tasks have
+-- expired (counted up to %(cap)s index entries), the oldest of them, and when the first
+-- task not yet expired will be.
+-- name: retention_due
+SELECT (SELECT COUNT(*) FROM (SELECT 1
+                                FROM tasks FORCE INDEX (ix_tasks_retention)
+                               WHERE application_id = %(application_id)s
+                                 AND retention_class = %(retention_class)s
+                                 AND finished_at < NOW(6) - INTERVAL %(keep_s)s SECOND
+                               LIMIT %(cap)s) expired) AS expired,
+       (SELECT MIN(finished_at)
+          FROM tasks FORCE INDEX (ix_tasks_retention)
+         WHERE application_id = %(application_id)s
+           AND retention_class = %(retention_class)s) AS oldest_finished_at,
+       (SELECT MIN(finished_at) + INTERVAL %(keep_s)s SECOND
+          FROM tasks FORCE INDEX (ix_tasks_retention)
+         WHERE application_id = %(application_id)s
+           AND retention_class = %(retention_class)s
+           AND finished_at >= NOW(6) - INTERVAL %(keep_s)s SECOND) AS next_expiry_at,
+       NOW(6) AS now
+
+-- Change only the retention fields the caller names (flags), as ops_app_patch_quota.
+-- name: ops_app_patch_retention
+UPDATE applications
+   SET retain_succeeded_s = IF(%(set_retain_succeeded_s)s, %(retain_succeeded_s)s, retain_succeeded_s),
+       retain_failed_s = IF(%(set_retain_failed_s)s, %(retain_failed_s)s, retain_failed_s)
+ WHERE application_id = %(application_id)s

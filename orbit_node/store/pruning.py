@@ -1,0 +1,168 @@
+"""The pruner's transactions: expired finished tasks deleted with what belongs to them.
+
+One batch is one short transaction on one (application, outcome class): lock up to
+``limit`` expired tasks with ``SKIP LOCKED`` (oldest first, through
+``ix_tasks_retention``), delete their attempts, their acceptance records (the
+``Idempotency-Key`` of a request or batch item, a plan's fire record) and the tasks.
+Every node may run batches at once; a row another pruner holds is skipped, so no row
+is deleted twice and no pruner waits for another. Which rows are expired is the rule
+of ``orbit_node.retention``, applied with the database clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from ..db import Database, Tx
+from ..retention import Retention, RetentionClass
+
+
+@attrs.frozen
+class PruneStats:
+    """Rows deleted, per table, and whether a batch found more than it could take."""
+
+    tasks: int = 0
+    attempts: int = 0
+    records: int = 0
+    audit: int = 0
+    saturated: bool = False
+
+    def __add__(self, other: PruneStats) -> PruneStats:
+        return PruneStats(
+            self.tasks + other.tasks,
+            self.attempts + other.attempts,
+            self.records + other.records,
+            self.audit + other.audit,
+            self.saturated or other.saturated,
+        )
+
+    @property
+    def rows(self) -> int:
+        return self.tasks + self.attempts + self.records + self.audit
+
+
+# The tables pruned, as metrics and logs name them, and the PruneStats field of each.
+PRUNED_TABLES = {
+    "tasks": "tasks",
+    "task_attempts": "attempts",
+    "idempotency_records": "records",
+    "audit_records": "audit",
+}
+
+
+@attrs.frozen
+class Batch:
+    """What one batch did: its counts, and how far past its retention the newest task it
+    deleted was (None when it deleted nothing)."""
+
+    stats: PruneStats
+    overdue_s: float | None = None
+
+
+@attrs.frozen
+class ApplicationRetention:
+    application_id: str
+    name: str
+    retention: Retention
+    # The application's own values (None: the node's default applies).
+    own_succeeded_s: int | None = None
+    own_failed_s: int | None = None
+
+
+@attrs.frozen
+class Due:
+    """What retention deletes next for one (application, class)."""
+
+    retention_class: RetentionClass
+    keep_s: int
+    # Expired now, counted up to the cap the caller gave.
+    expired: int
+    oldest_finished_at: datetime | None
+    # When the first task that has not expired yet will (None: no such task).
+    next_expiry_at: datetime | None
+    now: datetime
+
+
+@attrs.define(eq=False)
+class PruneStore:
+    db: Database
+
+    async def applications(self, defaults: Retention) -> list[ApplicationRetention]:
+        """Every application of this database with the retention that applies to it."""
+        rows = await self.db.fetchall("retention_applications")
+        return [
+            ApplicationRetention(
+                r["application_id"],
+                r["name"],
+                defaults.applied_to(r),
+                r["retain_succeeded_s"],
+                r["retain_failed_s"],
+            )
+            for r in rows
+        ]
+
+    async def prune_tasks(self, application_id: str, cls: RetentionClass, keep_s: int, limit: int) -> Batch:
+        """One transaction: up to ``limit`` expired tasks of the application's class, oldest
+        first, deleted with their attempts and acceptance records."""
+
+        async def body(tx: Tx) -> Batch:
+            found = await tx.fetchall(
+                "prune_candidates",
+                {
+                    "application_id": application_id,
+                    "retention_class": int(cls),
+                    "keep_s": keep_s,
+                    "limit": limit,
+                },
+            )
+            if not found:
+                return Batch(PruneStats())
+            ids = tuple(r["task_id"] for r in found)
+            attempts = await tx.execute("prune_attempts", {"task_ids": ids})
+            records = await tx.execute("prune_records", {"task_ids": ids})
+            tasks = await tx.execute("prune_tasks", {"task_ids": ids})
+            stats = PruneStats(tasks, attempts, records, saturated=len(found) >= limit)
+            return Batch(stats, float(found[-1]["overdue_s"]))
+
+        return await self.db.transaction(body)
+
+    async def prune_audit(self, keep_s: int, limit: int) -> Batch:
+        """One transaction: up to ``limit`` audit records older than ``keep_s``, oldest first."""
+
+        async def body(tx: Tx) -> Batch:
+            found = await tx.fetchall("prune_audit_candidates", {"keep_s": keep_s, "limit": limit})
+            if not found:
+                return Batch(PruneStats())
+            deleted = await tx.execute("prune_audit", {"audit_ids": tuple(r["audit_id"] for r in found)})
+            return Batch(PruneStats(audit=deleted, saturated=len(found) >= limit))
+
+        return await self.db.transaction(body)
+
+    async def due(self, application_id: str, retention: Retention, *, cap: int) -> Sequence[Due]:
+        """What retention deletes next for the application, per class (no locks)."""
+
+        async def body(tx: Tx) -> list[Due]:
+            found = []
+            for cls in RetentionClass:
+                keep_s = retention.of(cls)
+                row: dict[str, Any] = await tx.fetchrow(
+                    "retention_due",
+                    {"application_id": application_id, "retention_class": int(cls), "keep_s": keep_s, "cap": cap},
+                )
+                found.append(
+                    Due(
+                        cls,
+                        keep_s,
+                        int(row["expired"]),
+                        row["oldest_finished_at"],
+                        row["next_expiry_at"],
+                        row["now"],
+                    )
+                )
+            return found
+
+        return await self.db.run(body)

@@ -343,7 +343,7 @@ class NodeCollector:
                 labels=["table"],
             )
             for table, field in PRUNED_TABLES.items():
-                pruned.add_metric([table], sum(getattr(p.totals, field) for p in self.pruners))
+                pruned.add_metric([table], sum(getattr(p.pruned, field) for p in self.pruners))
             yield pruned
             yield GaugeMetricFamily(
                 "orbit_retention_lag_seconds",

@@ -211,6 +211,22 @@ def counts(html: str) -> dict[int, int]:
     return {int(level): int(n) for level, n in found if int(n)}
 
 
+async def test_overview_shows_the_application_s_retention_per_outcome_and_where_it_comes_from(running_node, db):
+    tenant = await make_tenant(db)
+    retention = re.compile(r'<dd class="retention" data-class="(\w+)" data-default="(\w+)">([^<]*)</dd>')
+    async with console(running_node) as client:
+        await sign_in(client, tenant.token)
+        assert retention.findall((await client.get("/console")).text) == [
+            ("succeeded", "yes", "1d (the node's default)"),
+            ("failed", "yes", "7d (the node's default)"),
+        ]
+        await OperationsStore(db).patch_retention("app", {"failed": "36h"})
+        page = (await client.get("/console")).text
+        assert retention.findall(page) == [("succeeded", "yes", "1d (the node's default)"), ("failed", "no", "36h")]
+        assert "failed and cancelled and expired tasks kept for" not in page
+        assert "failed, cancelled and expired tasks kept for" in page
+
+
 async def test_tenant_input_is_shown_escaped(running_node, db):
     tenant = await make_tenant(db)
     markup = "<script>alert(1)</script><b>bold</b>"

@@ -333,3 +333,47 @@ def test_metrics_settings_are_validated():
         with pytest.raises(ConfigError) as info:
             NodeConfig.from_env({**base, **env})
         assert info.value.field == field and "\n" not in info.value.message
+
+
+async def test_pruned_rows_per_table_and_the_pruner_s_lag_are_exposed(node_config, db):
+    config = attrs.evolve(node_config, metrics="open", metrics_port=0, retain_succeeded_s=60, prune_interval_s=0.05)
+    owner = await seed.tenant(db)
+    ids = await seed.insert_tasks(db, owner, [seed.TaskSpec() for _ in range(3)])
+
+    async def finish_long_ago(tx):
+        await tx.execute_raw(
+            "UPDATE tasks SET state = 'succeeded', finished_at = NOW(6) - INTERVAL 1 HOUR WHERE task_id IN %s",
+            (tuple(ids),),
+        )
+        for task_id in ids:
+            await tx.execute_raw(
+                "INSERT INTO task_attempts (task_id, attempt, fencing_token, reserved_at) VALUES (%s, 1, 't', NOW(6))",
+                (task_id,),
+            )
+
+    await db.transaction(finish_long_ago)
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with run_node(config, services=default_services()) as running:
+            pruner = running.node.state.services.shards.main.pruner
+            await pruner.wait_for_pass()
+            m = parse((await scrape(running.node.metrics_bound[0] + "/metrics")).text)
+            # A backlog the pruner cannot take in one batch: the lag says how far behind it is.
+            pruner.batch = 1
+            more = await seed.insert_tasks(db, owner, [seed.TaskSpec() for _ in range(3)])
+            await db.run(
+                lambda tx: tx.execute_raw(
+                    "UPDATE tasks SET state = 'failed', finished_at = NOW(6) - INTERVAL 30 DAY WHERE task_id IN %s",
+                    (tuple(more),),
+                )
+            )
+            pruner.rate = 0.5
+            while pruner.pruned.tasks < 4:
+                await trio.sleep(0.01)
+            behind = parse((await scrape(running.node.metrics_bound[0] + "/metrics")).text)
+    assert value(m, "orbit_retention_pruned_rows_total", table="tasks") == 3
+    assert value(m, "orbit_retention_pruned_rows_total", table="task_attempts") == 3
+    assert value(m, "orbit_retention_pruned_rows_total", table="idempotency_records") == 0
+    assert value(m, "orbit_retention_pruned_rows_total", table="audit_records") == 0
+    assert value(m, "orbit_retention_lag_seconds") == 0
+    # 30 days finished, 7 days kept: the oldest not yet deleted is about 23 days overdue.
+    assert 22 * 86400 < value(behind, "orbit_retention_lag_seconds") < 24 * 86400

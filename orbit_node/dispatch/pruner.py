@@ -47,6 +47,9 @@ class Pruner(PeriodicService):
     batch: int = PRUNE_BATCH
     audit_batch: int = AUDIT_BATCH
     totals: PruneStats = attrs.field(factory=PruneStats)
+    # What every batch deleted so far, added as each commits (``totals`` grows by whole
+    # rounds, and a round that catches up on an outage may last many minutes).
+    pruned: PruneStats = attrs.field(factory=PruneStats, init=False)
     # Set when the node is shutting down: no batch starts after it.
     stopping: trio.Event | None = None
     # (application id, class) -> how far past its retention the oldest task not yet
@@ -105,6 +108,7 @@ class Pruner(PeriodicService):
     async def _paced(self, work) -> Batch:
         started = trio.current_time()
         batch = await work
+        self.pruned = self.pruned + attrs.evolve(batch.stats, saturated=False)
         deleted = batch.stats.tasks + batch.stats.audit
         if deleted:
             elapsed = trio.current_time() - started

@@ -28,6 +28,7 @@ from quart import Blueprint, Response, g, render_template, request
 
 from ... import logs
 from ...errors import NotFound, OrbitError, PermissionDenied, Unauthenticated
+from ...retention import CLASS_OF_STATE, Retention, RetentionClass, format_duration
 from ...services import Shard
 from ...store.console import ConsoleStore, Stranded
 from ...store.operations import OperationsStore, QueueBacklog
@@ -388,13 +389,29 @@ async def overview():
     ops = operations()
     backlogs = await ops.namespace_backlogs(who.namespace_id, readable())
     application = await ops.application(who.application)
+    config = node_state().config
+    applied = Retention(config.retain_succeeded_s, config.retain_failed_s).applied_to(application)
     return await page(
         "Overview",
         "console/panels/overview.html",
         application=application,
+        retention=[
+            (
+                cls.option,
+                states_text([state for state, c in CLASS_OF_STATE.items() if c is cls]),
+                format_duration(applied.of(cls)),
+                application[f"retain_{cls.option}_s"] is None,
+            )
+            for cls in RetentionClass
+        ],
         queues=[(q, model.priority_bars(q.queued_by_priority)) for q in backlogs],
         stranded=await stranded(backlogs),
     )
+
+
+def states_text(states: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join([", ".join(states[:-1]), states[-1]] if len(states) > 1 else states)
 
 
 async def stranded(backlogs: list[QueueBacklog]) -> dict[str, list[Stranded]]:

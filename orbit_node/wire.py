@@ -7,6 +7,10 @@ import json
 from datetime import datetime
 from typing import Any
 
+import attrs
+
+from . import strict_json
+
 
 def rfc3339(value: datetime | None) -> str | None:
     """A database DATETIME (naive, UTC session) as RFC 3339 with microseconds."""
@@ -31,3 +35,40 @@ def stored_json(text: str | None) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+@attrs.frozen
+class Verbatim:
+    """A stored JSON text written into a JSON line as it is, byte for byte (``json_line``)."""
+
+    text: str
+
+
+def verbatim_json(text: str | None) -> Any:
+    """A JSON text column for a JSON line: strict JSON on one line as it is stored; strict
+    JSON laid out over several lines as its value (one line must hold it); any other text
+    (an older row's plain text) as a JSON string."""
+    if text is None:
+        return None
+    try:
+        value = strict_json.loads(text)
+    except strict_json.NotStrictJson:
+        return text
+    return value if "\n" in text or "\r" in text else Verbatim(text)
+
+
+# One line of JSON Lines: compact, UTF-8 as it is; every value is JSON (no NaN).
+_LINE_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def json_line(value: Any) -> str:
+    """``value`` (JSON-ready, with ``Verbatim`` texts anywhere in it) as one line of JSON,
+    without its line break; object keys keep their order."""
+    if isinstance(value, Verbatim):
+        return value.text
+    if isinstance(value, dict):
+        items = (f"{_LINE_JSON.encode(key)}:{json_line(item)}" for key, item in value.items())
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(json_line(item) for item in value) + "]"
+    return _LINE_JSON.encode(value)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
-from typing import Any, NoReturn
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, NoReturn
 
 from ..config import check_environment
 from ..db import Database
@@ -68,6 +71,26 @@ def run_command(fn: Callable[[], Any]) -> Any:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         raise SystemExit(141) from None
+
+
+@contextlib.contextmanager
+def private_file(path: Path) -> Iterator[BinaryIO]:
+    """A file written atomically, with mode 0600 from the first byte: the block writes a
+    temporary file beside ``path`` (``.NAME.XXXXXXXX``), which replaces ``path`` once it is
+    on disk, when the block ends without an error. An error (or an interrupt) leaves
+    ``path`` as it was and removes the temporary file."""
+    path = path.resolve()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def print_json(value: Any) -> None:

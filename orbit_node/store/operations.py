@@ -8,7 +8,7 @@ are the per-node fairness counters of P3 section 3; each node records its own he
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -325,37 +325,13 @@ class OperationsStore:
         if not is_hex32(task_id):
             raise NotFound(f"task {task_id} not found", field="task_id")
 
-        async def body(tx: Tx) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-            row = await tx.fetchone("ops_task", {"task_id": task_id, "namespace_id": namespace_id})
-            attempts = await tx.fetchall("ops_task_attempts", {"task_id": task_id}) if row else []
-            return row, attempts
+        async def body(tx: Tx) -> list[dict[str, Any]]:
+            return await task_documents(tx, (task_id,), namespace_id=namespace_id)
 
-        row, attempts = await self.db.transaction(body, isolation="REPEATABLE READ")
-        if row is None:
+        found = await self.db.transaction(body, isolation="REPEATABLE READ")
+        if not found:
             raise NotFound(f"task {task_id} not found", field="task_id")
-        task: dict[str, Any] = {}
-        for key, value in row.items():
-            if isinstance(value, datetime):
-                value = rfc3339(value)
-            task[key] = value
-        task["cancel_requested"] = bool(row["cancel_requested"])
-        task["payload"] = stored_json(row["payload"])
-        task["result"] = stored_json(row["result"])
-        task["error"] = stored_json(row["error"])
-        task["attempt_history"] = [
-            {
-                "attempt": a["attempt"],
-                "outcome": a["outcome"],
-                "owner_node_id": a["owner_node_id"],
-                "connection_id": a["connection_id"],
-                "reserved_at": rfc3339(a["reserved_at"]),
-                "started_at": rfc3339(a["started_at"]),
-                "finished_at": rfc3339(a["finished_at"]),
-                "error": stored_json(a["error"]),
-            }
-            for a in attempts
-        ]
-        return task
+        return found[0]
 
     # -- Worker connections --------------------------------------------------------------
 
@@ -382,6 +358,44 @@ class OperationsStore:
             }
             for r in rows
         ]
+
+
+async def task_documents(
+    tx: Tx,
+    task_ids: Sequence[str],
+    *,
+    namespace_id: str | None = None,
+    stored: Callable[[str | None], Any] = stored_json,
+) -> list[dict[str, Any]]:
+    """The tasks of ``task_ids`` found (of ``namespace_id`` only, unless None), each with its
+    attempt history (no fencing tokens), in the order of ``task_ids``: two statements, one
+    round trip. Times are RFC 3339; ``stored`` gives the value of each JSON text column
+    (payload, result, errors)."""
+    rows, attempts = await tx.fetchall_each(
+        tx.statement("ops_task", {"task_ids": tuple(task_ids), "namespace_id": namespace_id}),
+        tx.statement("ops_task_attempts", {"task_ids": tuple(task_ids)}),
+    )
+    history: dict[str, list[dict[str, Any]]] = {}
+    for row in attempts:
+        attempt = _with_times(row)
+        del attempt["task_id"]
+        attempt["error"] = stored(row["error"])
+        history.setdefault(row["task_id"], []).append(attempt)
+    found: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        task = _with_times(row)
+        task["cancel_requested"] = bool(row["cancel_requested"])
+        task["payload"] = stored(row["payload"])
+        task["result"] = stored(row["result"])
+        task["error"] = stored(row["error"])
+        task["attempt_history"] = history.get(row["task_id"], [])
+        found[row["task_id"]] = task
+    return [found[t] for t in task_ids if t in found]
+
+
+def _with_times(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row with its times in RFC 3339."""
+    return {key: rfc3339(value) if isinstance(value, datetime) else value for key, value in row.items()}
 
 
 def _json_list(text: str) -> list[Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from ...db import Database
 from ...errors import InvalidArgument, OrbitError
 from ...store.operations import OperationsStore
 from ...store.tenancy import ALL_QUEUES, NODE_SCOPES, SCOPES, TenancyStore
-from ..common import add_json, console, fail, run_command, table
+from ..common import add_json, console, fail, private_file, run_command, table
 from ..ready import wait_until_served
 from .command import command
 from .tasks import resolve_queue
@@ -43,16 +42,8 @@ def node_url(env=None) -> str:
 
 def write_private_file(path: Path, content: str) -> None:
     """Write atomically with mode 0600 from the first byte."""
-    path = path.resolve()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(content)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with private_file(path) as handle:
+        handle.write(content.encode())
 
 
 async def bootstrap(

@@ -1,4 +1,4 @@
-"""``orbit-admin task show|cancel|retry|list`` and ``orbit-admin explain``.
+"""``orbit-admin task show|cancel|retry|list`` and ``orbit-admin explain`` (``task export``: ``export.py``).
 
 What an operator does when something goes wrong, on the database directly (no node has
 to run), through the same repositories as the HTTP API (``TaskStore.cancel_many``,
@@ -31,6 +31,7 @@ from ...store.tenancy import TenancyStore
 from ...task_query import TaskCursor, filter_from_query
 from ...wire import rfc3339
 from ..common import add_json, console, fail, table
+from . import export
 from .command import command
 
 # The origin of the signals orbit-admin writes: no node has this id (node ids are random),
@@ -83,7 +84,7 @@ def task_id(value: str) -> str:
 
 
 def add_parsers(sub: Any) -> None:
-    task = sub.add_parser("task", help="show, list, cancel or retry tasks").add_subparsers(
+    task = sub.add_parser("task", help="show, list, cancel, retry or export tasks").add_subparsers(
         dest="action", required=True, metavar="ACTION"
     )
     show = task.add_parser("show", help="a task of any namespace with its attempts")
@@ -91,6 +92,7 @@ def add_parsers(sub: Any) -> None:
     add_json(show)
     command(show, show_run, show_render)
     _add_task_actions(task)
+    export.add_parser(task)
     explain = sub.add_parser("explain", help="why a task is (not) being dispatched right now")
     explain.add_argument("task_id", metavar="TASK_ID")
     add_json(explain)

@@ -192,6 +192,7 @@ SELECT queue_id,
 -- One task
 -- ---------------------------------------------------------------------------------
 
+-- The tasks of %(task_ids)s (a tuple), of any namespace or of %(namespace_id)s only.
 -- name: ops_task
 SELECT t.task_id, t.application_id, t.namespace_id, t.queue_id, t.handler, t.handler_version, t.payload_version,
        t.payload, t.state, t.priority, t.available_at, t.dispatch_at, t.deadline, t.attempts, t.max_attempts,
@@ -203,15 +204,16 @@ SELECT t.task_id, t.application_id, t.namespace_id, t.queue_id, t.handler, t.han
   LEFT JOIN queues q ON q.queue_id = t.queue_id
   LEFT JOIN namespaces n ON n.namespace_id = t.namespace_id
   LEFT JOIN applications a ON a.application_id = t.application_id
- WHERE t.task_id = %(task_id)s
+ WHERE t.task_id IN %(task_ids)s
    AND (%(namespace_id)s IS NULL OR t.namespace_id = %(namespace_id)s)
 
--- Attempt history (fencing tokens are left out: they are the attempt's credential).
+-- Attempt histories of the tasks of %(task_ids)s (fencing tokens are left out: they are
+-- the attempt's credential); a range of uq_attempts_token per task.
 -- name: ops_task_attempts
-SELECT attempt, owner_node_id, connection_id, reserved_at, started_at, finished_at, outcome, error
+SELECT task_id, attempt, outcome, owner_node_id, connection_id, reserved_at, started_at, finished_at, error
   FROM task_attempts
- WHERE task_id = %(task_id)s
- ORDER BY attempt_id
+ WHERE task_id IN %(task_ids)s
+ ORDER BY task_id, attempt_id
 
 -- ---------------------------------------------------------------------------------
 -- Worker connections of one namespace (the console)

@@ -283,3 +283,39 @@ def test_an_application_back_from_a_long_idle_period_gets_no_burst(
         taken += app == "D"
         assert taken <= n * share + weight, (n, taken, weight, finish_claims)
     assert taken >= len(after) * share - weight, (taken, len(after), weight, finish_claims)
+
+
+# -- weights under P3's limits ---------------------------------------------------------------
+
+
+@settings(SIMULATION)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    weights=st.sampled_from([(1, 2, 2, 2, 1, 1), (2, 2, 2, 1, 1, 1), (1, 1, 2, 2, 1, 2)]),
+    finish_claims=st.floats(0.0, 2.0),
+)
+@example(seed=38, weights=(1, 2, 2, 2, 1, 1), finish_claims=1.5)
+def test_weights_hold_with_one_claim_in_flight_per_application(
+    seed: int, weights: tuple[int, ...], finish_claims: float
+) -> None:
+    """P3's limits as they are: 4 SQL slots, one claim in flight per application, six
+    applications with two connections each. An application whose turn comes while its own
+    claim still runs is held back by that rule alone: it keeps its place in virtual time
+    and takes its turn as soon as its claim ends, so the turns follow the weights (within
+    10 %) wherever each share asked is at most the 1/4 that one claim in flight allows."""
+    limits = SchedulerLimits(claims_per_connection_per_cycle=UNPACED)
+    apps = dict(zip("ABCDEF", weights, strict=True))
+    assert max(apps.values()) / sum(apps.values()) <= 1 / limits.in_flight_per_application / limits.sql_slots
+    finish_s = finish_claims * CLAIM_S
+    scheduler = FairScheduler(limits)
+    sim = Simulation(scheduler, random.Random(seed), finish_s=finish_s)
+    for app, weight in apps.items():
+        scheduler.set_weight(app, weight)
+        sim.add(workers_of(app, queues=1, connections=connections_for(limits.sql_slots / CLAIM_S / 4, finish_s, 2.0)))
+    rounds = 150
+    sim.run(rounds * sum(apps.values()) * CLAIM_S / limits.sql_slots)
+    turns = sim.turns()
+    total = sum(turns.values())
+    for app, weight in apps.items():
+        expected = weight / sum(apps.values())
+        assert abs(turns[app] / total - expected) <= 0.10 * expected, (turns, weights, finish_claims)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from itertools import count
 
 import attrs
@@ -93,9 +93,14 @@ class Rotation:
         """The members, whose turn first (do not change the rotation while iterating)."""
         return (key for _, _, key in self._line)
 
-    def served(self, key: str, cost: int) -> list[str]:
+    def served(self, key: str, cost: int, *, held: Collection[str] = ()) -> list[str]:
         """``key`` (a member) takes a turn of ``cost`` units. Returns the leavers this
-        forgets (``now`` has caught up with them)."""
+        forgets (``now`` has caught up with them).
+
+        Members behind the turn's start start level with it from now on, but for those in
+        ``held``: members that wanted a turn and were held back by a rule of their own (in
+        the scheduler, their claim in flight or their connections' pace). Those keep their
+        time, and their place ahead of the others, until they are served."""
         self._unline(key)
         start = self._time[key]
         self._time[key] = start + cost
@@ -104,7 +109,7 @@ class Rotation:
         if start == self.now:
             return []
         self.now = start
-        return self._catch_up()
+        return self._catch_up(held)
 
     def charge(self, key: str, cost: int, *, lead_at_most: int | None = None) -> None:
         """Move a known ``key`` ``cost`` units later, as if it had taken turns worth that.
@@ -130,15 +135,18 @@ class Rotation:
     def _unline(self, key: str) -> None:
         del self._line[bisect.bisect_left(self._line, self._entry(key))]
 
-    def _catch_up(self) -> list[str]:
+    def _catch_up(self, held: Collection[str]) -> list[str]:
         """``now`` moved on: members behind it start level with it (ordered by how long
-        they have waited), and leavers it reached are forgotten (returned)."""
+        they have waited), but for the ``held`` ones, which keep their time; leavers it
+        reached are forgotten (returned)."""
         if self._line[0][0] < self.now:
             level = bisect.bisect_left(self._line, (self.now + 1,))
-            caught = sorted(self._line[:level], key=lambda entry: entry[1])
-            self._line[:level] = [(self.now, since, key) for _, since, key in caught]
-            for _, _, key in caught:
-                self._time[key] = self.now
+            entries = []
+            for time, since, key in self._line[:level]:
+                if key not in held:
+                    time = self._time[key] = self.now
+                entries.append((time, since, key))
+            self._line[:level] = sorted(entries)
         forgotten = [key for key in self._gone if self._time[key] <= self.now]
         for key in forgotten:
             self._forget(key)

@@ -249,22 +249,28 @@ class FairScheduler:
         seen_cycle, count = self._cycle_grants.get(connection_id, (cycle, 0))
         return seen_cycle == cycle and count >= self.limits.claims_per_connection_per_cycle
 
-    def _pick(self, now: float) -> Grant | None:
+    def _pick(self, now: float, held: set[str]) -> Grant | None:
+        """The first grantable request in fairness order. Applications passed over because
+        a rule of P3 holds them back (their claim in flight, their connections paced out)
+        are added to ``held``: they keep their place in virtual time."""
         cycle = self._cycle(now)
         for app_id in self._apps.order():
             if self._app_in_flight[app_id] >= self.limits.in_flight_per_application:
+                if self._app_queues[app_id]:
+                    held.add(app_id)
                 continue
-            picked = self._pick_in(app_id, cycle, now)
+            picked = self._pick_in(app_id, cycle, now, held)
             if picked is not None:
                 return picked
         return None
 
-    def _pick_in(self, app_id: str, cycle: int, now: float) -> Grant | None:
+    def _pick_in(self, app_id: str, cycle: int, now: float, held: set[str]) -> Grant | None:
         """The first grantable request of one application, in its queue rotation."""
         for queue_id in self._app_queues[app_id].order():
             for connection_id in self._lines[queue_id]:
                 request = self._pending[connection_id]
                 if self._paced_out(connection_id, cycle):
+                    held.add(app_id)
                     continue
                 if self.cache.is_empty(cache_key(request, queue_id), now, count=False):
                     self._cached_skips += 1
@@ -276,13 +282,15 @@ class FairScheduler:
         """Every claim that may start now, in fairness order."""
         grants = []
         while len(self._in_flight) < self.limits.sql_slots:
-            grant = self._pick(now)
+            held: set[str] = set()
+            grant = self._pick(now, held)
             if grant is None:
                 break
             request = grant.request
             app_id = request.application_id
-            # The granted application and queue move on in virtual time.
-            for forgotten in self._apps.served(app_id, TURN // self.weight(app_id)):
+            # The granted application and queue move on in virtual time; those passed over
+            # only because P3's rules held them back keep their place.
+            for forgotten in self._apps.served(app_id, TURN // self.weight(app_id), held=held):
                 del self._app_queues[forgotten]
             self._app_queues[app_id].served(grant.queue_id, TURN)
             del self._pending[request.connection_id]

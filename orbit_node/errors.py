@@ -65,8 +65,22 @@ class FailedPrecondition(OrbitError):
 
 
 class ResourceExhausted(OrbitError):
+    """A limit was reached; ``retry_after_s`` (whole seconds) says when another try may
+    pass, and goes out as the ``Retry-After`` header."""
+
     code = "RESOURCE_EXHAUSTED"
     http_status = 429
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        details: dict[str, Any] | None = None,
+        retry_after_s: int | None = None,
+    ):
+        super().__init__(message, field=field, details=details)
+        self.retry_after_s = retry_after_s
 
 
 class PayloadTooLarge(OrbitError):

@@ -75,6 +75,7 @@ class NodeMetrics:
     http_requests: Counter = attrs.field(init=False)
     http_seconds: Histogram = attrs.field(init=False)
     db_replays: Counter = attrs.field(init=False)
+    requests_refused: Counter = attrs.field(init=False)
     # (method, route, status) -> the request counter's and (method, route) histogram's
     # children: bounded by methods x routes x statuses, looked up once each.
     _http_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = attrs.field(factory=dict, init=False)
@@ -117,6 +118,13 @@ class NodeMetrics:
             "orbit_db_replays",
             "Transactions replayed after a deadlock or lock-wait error, by MySQL errno.",
             ["errno"],
+            registry=r,
+        )
+        self.requests_refused = Counter(
+            "orbit_requests_refused",
+            "Submissions refused by a limit of their application, by application (name) and reason "
+            "(submit_rate: the submit rate limit); a batch item counts one.",
+            ["application", "reason"],
             registry=r,
         )
         for outcome in ("tasks", "empty", "error"):
@@ -171,6 +179,11 @@ class NodeMetrics:
 
     def note_application(self, application_id: str, name: str) -> None:
         self.application_names[application_id] = name
+
+    def observe_refused(self, application_id: str, name: str, reason: str, count: int = 1) -> None:
+        """``count`` submissions of the application refused for ``reason`` (``submit_rate``)."""
+        self.note_application(application_id, name)
+        self.requests_refused.labels(name, reason).inc(count)
 
     # -- exposure ------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from .errors import Unauthenticated, Unavailable
 from .metrics import NodeMetrics
 from .retention import Retention
 from .store.leases import LeaseStore
-from .store.operations import OperationsStore
+from .store.operations import NODE_STALE_S, OperationsStore
 from .store.ownership import Reservation
 from .store.plans import PlanStore
 from .store.pruning import PruneStore
@@ -48,6 +48,7 @@ from .store.submit_group import SubmitGroups
 from .store.tasks import TaskStore
 from .store.tenancy import Principal, TenancyStore
 from .store.worker_registry import WorkerRegistryStore
+from .submit_rate import RateFollower, SubmitRates
 from .workers.connection import TransitionStore
 from .workers.hub import WorkerHub
 from .workers.table import ConnectionTable
@@ -93,6 +94,10 @@ class Shard:
     operations: OperationsStore
     leases: LeaseStore
     registry: WorkerRegistryStore
+    # This node's share of its applications' submit rate limits (``submit_rate.py``), and
+    # the follower that keeps them equal to the database's.
+    rates: SubmitRates = attrs.field(factory=SubmitRates)
+    rate_follower: RateFollower | None = None
     commits: GroupCommitter | None = None
     turns: TurnRecorder | None = None
     weights: WeightFollower | None = None
@@ -325,6 +330,9 @@ def _shard(
         )
         weights = WeightFollower(tenancy.application_weights, pool.scheduler.set_weight, view.holds)
     arrived = None if signals is None else signals.tasks_arrived
+    rates = SubmitRates()
+    # Every node that serves the API enforces the submit limits, Workers or not.
+    rate_follower = RateFollower(lambda: tenancy.submit_limits(NODE_STALE_S), rates)
     if run.recovery:
         sweeper = Sweeper(leases, config.sweep_interval_s, tasks_arrived=arrived)
     if run.plans:
@@ -347,6 +355,8 @@ def _shard(
         operations=operations,
         leases=leases,
         registry=WorkerRegistryStore(db),
+        rates=rates,
+        rate_follower=rate_follower,
         commits=commits,
         turns=turns,
         weights=weights,
@@ -444,6 +454,8 @@ class NodeServices:
         async with trio.open_nursery() as nursery:
             for shard in self.shards.all:
                 await nursery.start(shard.submits.run)
+                if shard.rate_follower is not None:
+                    await nursery.start(shard.rate_follower.run)
                 if shard.commits is not None:
                     await nursery.start(shard.commits.run)
             if self.pool is not None:

@@ -70,6 +70,8 @@ def error(exc: OrbitError, **members: Any) -> Response:
         response.headers["WWW-Authenticate"] = 'Bearer realm="orbit"'
     elif exc.http_status == 503:
         response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    elif isinstance(exc, ResourceExhausted) and exc.retry_after_s is not None:
+        response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
 
 

@@ -11,12 +11,13 @@ from typing import Any
 from quart import Blueprint, request
 
 from .. import logs, rules
-from ..errors import OrbitError, PermissionDenied
+from ..errors import OrbitError, PermissionDenied, ResourceExhausted
 from ..services import Shard
 from ..store.acceptance import Submission
 from ..store.task_rows import Task, TaskSummary
 from ..store.tasks import Accepted
 from ..store.tenancy import Principal
+from ..submit_rate import Admission
 from ..task_query import FILTER_FIELDS, LIST_FIELDS, TaskCursor, filter_from_query
 from ..wire import rfc3339, stored_json
 from . import envelope, validation
@@ -84,11 +85,35 @@ async def submit_task():
     who.require("tasks:submit", new.queue_id)
     state = node_state()
     where = state.shard(who)
-    accepted = await where.submits.accept(who.namespace_id, key, new)
+    admission = where.rates.admit(who.application_id, 1)
+    if not admission.admitted:
+        state.metrics.observe_refused(who.application_id, who.application, RATE_REASON)
+        raise rate_refused(admission)
+    created = False
+    try:
+        accepted = await where.submits.accept(who.namespace_id, key, new)
+        created = accepted.created
+    finally:
+        # A repeat, a refusal or a failure created nothing: its token goes back.
+        if not created:
+            where.rates.give_back(who.application_id, 1)
     logs.bind(queue_id=new.queue_id, task_id=accepted.task.task_id)
     if accepted.created:
         announce(where, [arrival(new, accepted.task)])
     return envelope.ok(task_json(accepted.task), 201 if accepted.created else 200)
+
+
+# orbit_requests_refused_total's reason for a submission over its application's rate limit.
+RATE_REASON = "submit_rate"
+
+
+def rate_refused(admission: Admission) -> ResourceExhausted:
+    """The refusal of a submission over its application's submit rate limit (this node's share)."""
+    return ResourceExhausted(
+        f"submits_per_second: the application's submit rate limit is reached; retry after {admission.retry_after_s} s",
+        field="submits_per_second",
+        retry_after_s=admission.retry_after_s,
+    )
 
 
 def arrival(new: rules.NewTask, task: Task) -> tuple[str, datetime | None, float | None]:
@@ -133,6 +158,8 @@ async def submit_batch():
     # Item index -> its refusal before the store (invalid, or outside the credential's grant).
     refused: dict[int, OrbitError] = {}
     submissions: list[Submission] = []
+    # Item index of each submission.
+    indexes: list[int] = []
     for index, item in enumerate(items):
         try:
             key, new = rules.batch_item(item, index)
@@ -145,9 +172,30 @@ async def submit_batch():
             refused[index] = exc
             continue
         submissions.append(Submission(key, new, key_field=f"tasks[{index}].idempotency_key", queue_field=field))
+        indexes.append(index)
     minimal = prefers_minimal()
-    where = node_state().shard(who)
-    outcomes = iter(await where.tasks.submit_many(who.namespace_id, submissions))
+    state = node_state()
+    where = state.shard(who)
+    # The submit rate limit admits the first items, in request order, that its bucket has
+    # tokens for; the others are refused each with a 429 of its own (docs/api.md), and none
+    # at all refuses the request as a whole.
+    admission = where.rates.admit(who.application_id, len(submissions))
+    over = len(submissions) - admission.admitted
+    if over:
+        state.metrics.observe_refused(who.application_id, who.application, RATE_REASON, over)
+        if not admission.admitted:
+            raise rate_refused(admission)
+        for index in indexes[admission.admitted :]:
+            refused[index] = rate_refused(admission)
+        submissions = submissions[: admission.admitted]
+    created = 0
+    try:
+        done = await where.tasks.submit_many(who.namespace_id, submissions)
+        created = sum(1 for outcome in done if not isinstance(outcome, OrbitError) and outcome.created)
+    finally:
+        # Repeats, refusals and a failed transaction created nothing: their tokens go back.
+        where.rates.give_back(who.application_id, len(submissions) - created)
+    outcomes = iter(done)
     accepted = iter(submissions)
     results: list[dict[str, Any]] = []
     arrived: list[tuple[str, datetime | None, float | None]] = []
@@ -175,6 +223,8 @@ async def submit_batch():
     response = envelope.ok({**counts, "results": results})
     if minimal:
         response.headers["Preference-Applied"] = "return=minimal"
+    if over:
+        response.headers["Retry-After"] = str(admission.retry_after_s)
     return response
 
 

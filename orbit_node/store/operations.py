@@ -31,6 +31,21 @@ TURNS_STALE_S = 3600
 TURN_MINUTES_KEPT = 60
 
 
+# ``set_submit_rate``'s burst when the caller names none: the stored one stays.
+UNCHANGED: Any = object()
+# The largest submit rate or burst (the columns are INT).
+MAX_RATE_VALUE = 2_147_483_647
+
+
+def rate_value(value: Any, field: str, *, minimum: int) -> int:
+    """A submit rate or burst: an integer from ``minimum`` to 2,147,483,647."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_RATE_VALUE:
+        raise InvalidArgument(
+            f"{field}: expected an integer from {minimum} to {MAX_RATE_VALUE}, got {value!r}", field=field
+        )
+    return value
+
+
 @attrs.frozen(kw_only=True)
 class QueueBacklog:
     """One queue with its live tasks by state and its queued tasks by priority level."""
@@ -156,6 +171,10 @@ class OperationsStore:
                 # The application's own retention (None: the node's default applies).
                 "retain_succeeded_s": r["retain_succeeded_s"],
                 "retain_failed_s": r["retain_failed_s"],
+                # The submit rate limit across the cluster (None: unlimited) and its burst
+                # (None: one second of the rate).
+                "submits_per_second": r["submits_per_second"],
+                "submit_burst": r["submit_burst"],
                 "queued": int(r["queued"]),
                 "reserved": int(r["reserved"]),
                 "running": int(r["running"]),
@@ -192,6 +211,27 @@ class OperationsStore:
         app = await self.application(name)
         await self.db.execute(
             "ops_app_set_weight", {"application_id": app["application_id"], "fairness_weight": weight}
+        )
+        return await self.application(name)
+
+    async def set_submit_rate(self, name: str, per_second: int | None, burst: Any = UNCHANGED) -> dict[str, Any]:
+        """Set the application's submit rate limit (tasks per second across the cluster, 0
+        admits none; None: unlimited, which clears the burst too) and, when given, its burst
+        (tasks at once, at least 1; None: one second of the rate); returns the application.
+        Every node applies it within about a second (``submit_rate.py``)."""
+        if per_second is not None:
+            per_second = rate_value(per_second, "submits_per_second", minimum=0)
+        if burst is not UNCHANGED and burst is not None:
+            burst = rate_value(burst, "burst", minimum=1)
+        app = await self.application(name)
+        await self.db.execute(
+            "ops_app_set_submit_rate",
+            {
+                "application_id": app["application_id"],
+                "submits_per_second": per_second,
+                "set_submit_burst": burst is not UNCHANGED,
+                "submit_burst": None if burst is UNCHANGED else burst,
+            },
         )
         return await self.application(name)
 

@@ -15,6 +15,7 @@ from ..db import Database, Tx
 from ..errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 from ..ids import is_hex32, random_id
 from ..rules import MAX_WEIGHT
+from ..submit_rate import SubmitLimit
 
 SCOPES = (
     "queues:manage",
@@ -185,6 +186,20 @@ class TenancyStore:
         MySQL before 8.0.16) counts as the largest: the scheduler never sees one it refuses."""
         rows = await self.db.fetchall("app_weights")
         return {r["application_id"]: min(int(r["fairness_weight"]), MAX_WEIGHT) for r in rows}
+
+    async def submit_limits(self, stale_s: int) -> tuple[dict[str, SubmitLimit], int]:
+        """(application id -> submit limit, of the applications that have one; the live
+        nodes among which each node enforces its share). A negative value (a server that
+        does not check the writers' bounds) counts as 0."""
+        rows = await self.db.fetchall("app_submit_limits", {"stale_s": stale_s})
+        limits = {
+            r["application_id"]: SubmitLimit(
+                max(0, int(r["submits_per_second"])),
+                None if r["submit_burst"] is None else max(0, int(r["submit_burst"])),
+            )
+            for r in rows
+        }
+        return limits, max((int(r["live_nodes"]) for r in rows), default=1)
 
     # -- queues ----------------------------------------------------------------------
 

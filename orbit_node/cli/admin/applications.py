@@ -1,4 +1,4 @@
-"""``orbit-admin application create|list|quota|weight|retention|suspend|resume``."""
+"""``orbit-admin application create|list|quota|weight|retention|rate|suspend|resume``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ...errors import ConfigError, InvalidArgument
 from ...retention import CLASS_OF_STATE, Retention, RetentionClass, format_duration, parse_duration
 from ...rules import MAX_WEIGHT, MIN_WEIGHT, fairness_weight
 from ...rules import QUEUE_NAME as NAME
+from ...store.operations import UNCHANGED as STORE_UNCHANGED
 from ...store.operations import OperationsStore
 from ...store.pruning import PruneStore
 from ...store.tenancy import TenancyStore
@@ -138,6 +139,7 @@ def add_parsers(sub: Any) -> None:
     retention.add_argument("--failed", type=retention_value, default=UNCHANGED, metavar="D|default")
     add_json(retention)
     command(retention, retention_run, retention_render)
+    add_rate_parser(app)
     weight = app.add_parser(
         "weight",
         help="set an application's fairness weight (1-100, default 1)",
@@ -196,6 +198,7 @@ def list_render(apps: list[dict[str, Any]], args: argparse.Namespace) -> None:
                 "max_concurrent",
                 "max_starts/s",
                 "weight",
+                "submits/s",
                 "keep succeeded",
                 "keep failed",
                 "queued",
@@ -209,6 +212,7 @@ def list_render(apps: list[dict[str, Any]], args: argparse.Namespace) -> None:
                     a["max_concurrent_executions"],
                     a["max_starts_per_second"],
                     a["fairness_weight"],
+                    submit_rate_text(a),
                     retention_text(a, RetentionClass.SUCCEEDED),
                     retention_text(a, RetentionClass.FAILED),
                     a["queued"],
@@ -286,6 +290,60 @@ def retention_render(data: dict[str, Any], args: argparse.Namespace) -> None:
             rows,
         )
     )
+
+
+def rate_limit(text: str) -> int | None:
+    """``--submits-per-second``: a non-negative integer, or None for ``none`` (unlimited)."""
+    return quota_value(text)
+
+
+def burst_value(text: str) -> int | None:
+    """``--burst``: a positive integer, or None for ``default`` (one second of the rate)."""
+    if text.strip().lower() == "default":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'default', got {text!r}")
+    return value
+
+
+def add_rate_parser(app: Any) -> None:
+    rate = app.add_parser(
+        "rate",
+        help="set how many tasks an application may submit per second (POST /v1/tasks and batch items)",
+        description="The submit rate limit across the cluster: tasks per second (a batch item counts one; 0 "
+        "admits none) or 'none' (unlimited, the default; it clears the burst too), and --burst, the tasks it may "
+        "submit at once above that rate ('default': one second of the rate; omitted: unchanged). A submission "
+        "over it is refused with 429 RESOURCE_EXHAUSTED and Retry-After. Each of the N live nodes admits 1/N of "
+        "both; every node applies a change within about a second (docs/operations.md).",
+    )
+    rate.add_argument("application", metavar="APPLICATION")
+    rate.add_argument("--submits-per-second", type=rate_limit, required=True, metavar="N|none")
+    rate.add_argument("--burst", type=burst_value, default=UNCHANGED, metavar="M|default")
+    add_json(rate)
+    command(rate, rate_run, rate_render)
+
+
+async def rate_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
+    if args.submits_per_second is None and args.burst not in (UNCHANGED, None):
+        fail("--burst: an unlimited application (--submits-per-second none) has no burst", 2)
+    burst = STORE_UNCHANGED if args.burst is UNCHANGED else args.burst
+    return await OperationsStore(db).set_submit_rate(args.application, args.submits_per_second, burst)
+
+
+def submit_rate_text(app: dict[str, Any]) -> str:
+    """``unlimited``, or the rate with its burst: ``100 (burst 500)``, ``100 (burst 1 s)``."""
+    if app["submits_per_second"] is None:
+        return "unlimited"
+    burst = "1 s" if app["submit_burst"] is None else str(app["submit_burst"])
+    return f"{app['submits_per_second']} (burst {burst})"
+
+
+def rate_render(app: dict[str, Any], args: argparse.Namespace) -> None:
+    print(f"application {app['application']}: submits per second {submit_rate_text(app)}")
 
 
 async def weight_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:

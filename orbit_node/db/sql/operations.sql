@@ -93,7 +93,7 @@ SELECT n.node_id, n.hostname, n.http_addr, n.version, n.started_at, n.heartbeat_
 -- Live tasks per application through ix_tasks_app_state (application_id, state).
 -- name: ops_applications
 SELECT a.application_id, a.name, a.suspended, a.max_concurrent_executions, a.max_starts_per_second,
-       a.fairness_weight, a.retain_succeeded_s, a.retain_failed_s,
+       a.fairness_weight, a.retain_succeeded_s, a.retain_failed_s, a.submits_per_second, a.submit_burst,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'queued') AS queued,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'reserved') AS reserved,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'running') AS running
@@ -108,6 +108,15 @@ UPDATE applications
    SET max_concurrent_executions = IF(%(set_max_concurrent_executions)s, %(max_concurrent_executions)s,
                                       max_concurrent_executions),
        max_starts_per_second = IF(%(set_max_starts_per_second)s, %(max_starts_per_second)s, max_starts_per_second)
+ WHERE application_id = %(application_id)s
+
+-- The submit rate limit: NULL takes the burst with it (an unlimited application has no
+-- bucket); a rate without a burst named keeps the burst it had.
+-- name: ops_app_set_submit_rate
+UPDATE applications
+   SET submits_per_second = %(submits_per_second)s,
+       submit_burst = IF(%(submits_per_second)s IS NULL, NULL,
+                         IF(%(set_submit_burst)s, %(submit_burst)s, submit_burst))
  WHERE application_id = %(application_id)s
 
 -- name: ops_app_set_weight

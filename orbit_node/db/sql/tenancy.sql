@@ -21,6 +21,16 @@ UPDATE applications SET suspended = %(suspended)s WHERE application_id = %(appli
 -- name: app_weights
 SELECT application_id, fairness_weight FROM applications WHERE fairness_weight > 1
 
+-- The applications with a submit rate limit, each with the number of live nodes (a
+-- heartbeat younger than stale_s; operations' NODE_STALE_S) its limit is shared among: what
+-- a node's submit buckets follow, about once a second (submit_rate.py). No rows: no limits.
+-- name: app_submit_limits
+SELECT a.application_id, a.submits_per_second, a.submit_burst,
+       (SELECT COUNT(*) FROM nodes n
+         WHERE n.stopped_at IS NULL AND n.heartbeat_at > NOW(6) - INTERVAL %(stale_s)s SECOND) AS live_nodes
+  FROM applications a
+ WHERE a.submits_per_second IS NOT NULL
+
 -- name: ns_insert_ignore
 INSERT IGNORE INTO namespaces (namespace_id, application_id, name, environment)
 VALUES (%(namespace_id)s, %(application_id)s, %(name)s, %(environment)s)

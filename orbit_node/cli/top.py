@@ -131,7 +131,6 @@ def render(snapshot: TopSnapshot, previous: TopSnapshot | None = None) -> Group:
         "application",
         "state",
         "quota conc/starts",
-        "submits/s",
         "queued",
         "reserved",
         "running",
@@ -140,6 +139,7 @@ def render(snapshot: TopSnapshot, previous: TopSnapshot | None = None) -> Group:
         "turns/s",
         "turn share",
         "weight's share",
+        "submits/s",
     ):
         apps.add_column(column, justify="left" if column in ("application", "state") else "right")
     for app in snapshot.applications:
@@ -149,7 +149,6 @@ def render(snapshot: TopSnapshot, previous: TopSnapshot | None = None) -> Group:
             app["application"],
             Text("suspended", style="bold red") if app["suspended"] else Text("active"),
             f"{_limit(app['max_concurrent_executions'])}/{_limit(app['max_starts_per_second'])}",
-            _limit(app["submits_per_second"]),
             str(app["queued"]),
             str(app["reserved"]),
             str(app["running"]),
@@ -158,6 +157,7 @@ def render(snapshot: TopSnapshot, previous: TopSnapshot | None = None) -> Group:
             rate,
             _percent(share),
             _percent(given),
+            _limit(app["submits_per_second"]),
         )
 
     queues = Table(title="queues (queued backlog per priority level)", title_justify="left", expand=False)

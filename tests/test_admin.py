@@ -283,6 +283,39 @@ async def test_an_application_s_fairness_weight_is_set_listed_and_checked(dsn, d
     assert await weights() == {"shop": 1, "other": 100}
 
 
+async def test_an_application_s_worker_connection_limit_is_set_listed_and_checked(dsn, db):
+    await seed.tenant(db, application="shop")
+    await seed.tenant(db, application="other")
+
+    async def limits() -> dict[str, int | None]:
+        rows = await db.run(lambda tx: tx.fetchall_raw("SELECT name, max_worker_connections FROM applications"))
+        return {r["name"]: r["max_worker_connections"] for r in rows}
+
+    listed = await admin_json("application", "list", dsn=dsn)
+    assert {a["application"]: a["max_worker_connections"] for a in listed} == {"shop": None, "other": None}
+    app = await admin_json("application", "connections", "shop", "8", dsn=dsn)
+    assert (app["application"], app["max_worker_connections"]) == ("shop", 8)
+    text = await admin("application", "connections", "other", "0", dsn=dsn)
+    assert text.returncode == 0 and text.stdout == "application other: Worker connections per node at most 0\n", text
+    assert await limits() == {"shop": 8, "other": 0}
+    listed = await admin("application", "list", dsn=dsn)
+    assert listed.returncode == 0, listed.stderr
+    header = next(line for line in listed.stdout.splitlines() if "application" in line and "weight" in line)
+    column = [cell.strip() for cell in header.split("┃")].index("workers/node")
+    rows = [[cell.strip() for cell in line.split("│")] for line in listed.stdout.splitlines() if "│" in line]
+    assert {row[1]: row[column] for row in rows} == {"other": "0", "shop": "8"}
+    # Bad usage: one line, exit 2, nothing changed; an unknown application is NOT_FOUND.
+    for bad in ("-1", "2.5", "many", ""):
+        line = one_line_error(await admin("application", "connections", "shop", bad, dsn=dsn), code=2)
+        assert "N|none" in line and repr(bad) in line, line
+    line = one_line_error(await admin("application", "connections", "nosuch", "2", dsn=dsn))
+    assert line == "error: NOT_FOUND: application: 'nosuch' not found"
+    assert await limits() == {"shop": 8, "other": 0}
+    text = await admin("application", "connections", "shop", "none", dsn=dsn)
+    assert text.stdout == "application shop: Worker connections per node its fair share of a full node\n", text
+    assert await limits() == {"shop": None, "other": 0}
+
+
 # -- queues, tasks, explanations -----------------------------------------------------------
 
 

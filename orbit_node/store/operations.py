@@ -29,6 +29,8 @@ NODE_STALE_S = 30
 TURNS_STALE_S = 3600
 # Minutes of claim-turn history kept (claim_turn_minutes): the console shows the last 15.
 TURN_MINUTES_KEPT = 60
+# The largest per-application Worker connection limit (the column is INT).
+MAX_WORKER_CONNECTIONS = 2_147_483_647
 
 
 # ``set_submit_rate``'s burst when the caller names none: the stored one stays.
@@ -168,6 +170,9 @@ class OperationsStore:
                 "max_concurrent_executions": r["max_concurrent_executions"],
                 "max_starts_per_second": r["max_starts_per_second"],
                 "fairness_weight": int(r["fairness_weight"]),
+                # Worker connections one node accepts of it at most (None: its fair share
+                # when the node is full, ``workers/slots.py``).
+                "max_worker_connections": r["max_worker_connections"],
                 # The application's own retention (None: the node's default applies).
                 "retain_succeeded_s": r["retain_succeeded_s"],
                 "retain_failed_s": r["retain_failed_s"],
@@ -232,6 +237,25 @@ class OperationsStore:
                 "set_submit_burst": burst is not UNCHANGED,
                 "submit_burst": None if burst is UNCHANGED else burst,
             },
+        )
+        return await self.application(name)
+
+    async def set_max_worker_connections(self, name: str, limit: Any) -> dict[str, Any]:
+        """Set how many Worker connections of the application one node accepts at most (0
+        refuses them all; None: no limit of its own); returns the application. A node reads
+        it at each Worker handshake (with the credential), so it applies to the next
+        connection; connections already open stay."""
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_WORKER_CONNECTIONS
+        ):
+            raise InvalidArgument(
+                f"max_worker_connections: expected an integer from 0 to {MAX_WORKER_CONNECTIONS} or none, got {limit!r}",
+                field="max_worker_connections",
+            )
+        app = await self.application(name)
+        await self.db.execute(
+            "ops_app_set_max_worker_connections",
+            {"application_id": app["application_id"], "max_worker_connections": limit},
         )
         return await self.application(name)
 

@@ -78,6 +78,9 @@ class Principal:
     application_id: str
     application: str
     scopes: Mapping[str, str | Sequence[str]]
+    # The application's ``max_worker_connections`` (Worker connections one node accepts
+    # of it at most; None: no limit of its own), as of when the credential was verified.
+    max_worker_connections: int | None = None
 
     def allows(self, scope: str, queue_id: str | None = None) -> bool:
         grant = self.scopes.get(scope)
@@ -369,4 +372,5 @@ def _principal(row: Mapping[str, Any]) -> Principal:
         application_id=row["application_id"],
         application=row["application_name"],
         scopes=json.loads(row["scopes"]),
+        max_worker_connections=row["max_worker_connections"],
     )

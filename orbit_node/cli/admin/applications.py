@@ -1,4 +1,4 @@
-"""``orbit-admin application create|list|quota|weight|retention|rate|suspend|resume``."""
+"""``orbit-admin application create|list|quota|weight|connections|retention|rate|suspend|resume``."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def retention_text(app: dict[str, Any], cls: RetentionClass) -> str:
 
 def add_parsers(sub: Any) -> None:
     app = sub.add_parser(
-        "application", help="list applications, set quota or fairness weight, suspend or resume"
+        "application", help="list applications, set quota, fairness weight or Worker connections, suspend or resume"
     ).add_subparsers(dest="action", required=True, metavar="ACTION")
     alist = app.add_parser("list", help="applications with their quota, state and live tasks")
     add_json(alist)
@@ -151,6 +151,18 @@ def add_parsers(sub: Any) -> None:
     weight.add_argument("weight", metavar="WEIGHT", help=f"an integer from {MIN_WEIGHT} to {MAX_WEIGHT}")
     add_json(weight)
     command(weight, weight_run, changed_render)
+    connections = app.add_parser(
+        "connections",
+        help="set how many Worker connections of an application one node accepts at most",
+        description="A node refuses a Worker connection of the application beyond N at the handshake (503 "
+        "RESOURCE_EXHAUSTED, field max_worker_connections); 0 refuses them all; 'none' (the default) leaves only "
+        "its fair share of a full node (docs/operations.md, Worker connections per application). A node reads "
+        "it at each handshake, so it applies to the next connection; connections already open stay.",
+    )
+    connections.add_argument("application", metavar="APPLICATION")
+    connections.add_argument("limit", type=quota_value, metavar="N|none")
+    add_json(connections)
+    command(connections, connections_run, changed_render)
     for action, text in (
         ("suspend", "no new reservations for the application (running tasks go on)"),
         ("resume", "let the application's tasks be reserved again"),
@@ -199,6 +211,7 @@ def list_render(apps: list[dict[str, Any]], args: argparse.Namespace) -> None:
                 "max_starts/s",
                 "weight",
                 "submits/s",
+                "workers/node",
                 "keep succeeded",
                 "keep failed",
                 "queued",
@@ -213,6 +226,7 @@ def list_render(apps: list[dict[str, Any]], args: argparse.Namespace) -> None:
                     a["max_starts_per_second"],
                     a["fairness_weight"],
                     submit_rate_text(a),
+                    _text(a["max_worker_connections"]),
                     retention_text(a, RetentionClass.SUCCEEDED),
                     retention_text(a, RetentionClass.FAILED),
                     a["queued"],
@@ -354,6 +368,10 @@ async def weight_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
     return await OperationsStore(db).set_weight(args.application, weight)
 
 
+async def connections_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
+    return await OperationsStore(db).set_max_worker_connections(args.application, args.limit)
+
+
 async def gate_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
     ops = OperationsStore(db)
     app = await ops.application(args.application)
@@ -362,7 +380,7 @@ async def gate_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def changed_render(app: dict[str, Any], args: argparse.Namespace) -> None:
-    """The application as a quota, weight, suspend or resume left it."""
+    """The application as a quota, weight, connections, suspend or resume left it."""
     if args.action == "quota":
         print(
             f"application {app['application']}: max_concurrent={_text(app['max_concurrent_executions'])} "
@@ -370,6 +388,12 @@ def changed_render(app: dict[str, Any], args: argparse.Namespace) -> None:
         )
     elif args.action == "weight":
         print(f"application {app['application']}: fairness weight {app['fairness_weight']}")
+    elif args.action == "connections":
+        limit = app["max_worker_connections"]
+        print(
+            f"application {app['application']}: Worker connections per node "
+            f"{'its fair share of a full node' if limit is None else f'at most {limit}'}"
+        )
     elif args.action == "suspend":
         print(f"application {app['application']} suspended: no new reservations; running tasks go on")
     else:

@@ -94,6 +94,7 @@ SELECT n.node_id, n.hostname, n.http_addr, n.version, n.started_at, n.heartbeat_
 -- name: ops_applications
 SELECT a.application_id, a.name, a.suspended, a.max_concurrent_executions, a.max_starts_per_second,
        a.fairness_weight, a.retain_succeeded_s, a.retain_failed_s, a.submits_per_second, a.submit_burst,
+       a.max_worker_connections,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'queued') AS queued,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'reserved') AS reserved,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'running') AS running
@@ -121,6 +122,9 @@ UPDATE applications
 
 -- name: ops_app_set_weight
 UPDATE applications SET fairness_weight = %(fairness_weight)s WHERE application_id = %(application_id)s
+
+-- name: ops_app_set_max_worker_connections
+UPDATE applications SET max_worker_connections = %(max_worker_connections)s WHERE application_id = %(application_id)s
 
 -- name: ops_namespace
 SELECT n.namespace_id, n.application_id, n.name, n.environment, a.name AS application

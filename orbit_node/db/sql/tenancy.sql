@@ -83,7 +83,7 @@ VALUES (%(credential_id)s, %(namespace_id)s, %(name)s, %(secret_sha256)s, %(scop
 
 -- name: credential_by_id
 SELECT c.*, n.application_id, n.name AS namespace_name, n.environment, a.name AS application_name,
-       a.suspended AS application_suspended
+       a.suspended AS application_suspended, a.max_worker_connections
   FROM credentials c
   JOIN namespaces n ON n.namespace_id = c.namespace_id
   JOIN applications a ON a.application_id = n.application_id

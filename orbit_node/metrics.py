@@ -232,11 +232,31 @@ class NodeCollector:
                 "Worker connections this node accepts at most.",
                 value=hub.config.max_connections,
             )
-            yield CounterMetricFamily(
+            refused = CounterMetricFamily(
                 "orbit_worker_connections_refused",
-                "Worker connections refused because the node was full.",
-                value=hub.refused,
+                "Worker connections refused at the handshake, by reason: node_full (the node serves "
+                "max_connections and the application is not a whole slot under its fair share), "
+                "application_limit (the application holds its max_worker_connections here).",
+                labels=["reason"],
             )
+            for reason, count in hub.refusals.items():
+                refused.add_metric([reason], count)
+            yield refused
+            yield CounterMetricFamily(
+                "orbit_worker_connections_moved",
+                "Worker connections told to drain and closed (4004) to make room on a full node for "
+                "an application under its fair share.",
+                value=hub.moved,
+            )
+            by_application = GaugeMetricFamily(
+                "orbit_worker_connections_by_application",
+                "Worker connections served now, per application (name).",
+                labels=["application"],
+            )
+            names = metrics.application_names
+            for application_id, count in sorted(hub.held.items()):
+                by_application.add_metric([names.get(application_id, application_id)], count)
+            yield by_application
             yield CounterMetricFamily("orbit_tasks_dispatched", "Reserved tasks sent to Workers.", value=hub.dispatched)
             finished = CounterMetricFamily(
                 "orbit_tasks_finished",

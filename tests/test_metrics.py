@@ -147,7 +147,12 @@ async def test_a_scripted_workload_shows_exactly_its_counts(node_config, db):
             # Connections, claim requests and SQL slots (both connections wait, cached empty).
             assert value(m, "orbit_worker_connections") == 2
             assert value(m, "orbit_worker_connections_limit") == 2
-            assert value(m, "orbit_worker_connections_refused_total") == 1
+            # The third is alpha's: at its fair share (1 of 2), it is refused, nobody is moved.
+            assert value(m, "orbit_worker_connections_refused_total", reason="node_full") == 1
+            assert value(m, "orbit_worker_connections_refused_total", reason="application_limit") == 0
+            assert value(m, "orbit_worker_connections_moved_total") == 0
+            assert value(m, "orbit_worker_connections_by_application", application="alpha") == 1
+            assert value(m, "orbit_worker_connections_by_application", application="beta") == 1
             assert value(m, "orbit_claim_requests_pending") == 2
             assert value(m, "orbit_claim_requests_in_flight") == 0
             assert value(m, "orbit_claim_sql_slots_in_use") == 0

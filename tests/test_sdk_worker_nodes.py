@@ -149,3 +149,33 @@ async def test_a_drain_stops_a_worker_still_trying_to_connect_at_once(autojump_c
             await worker.drain()
             assert trio.current_time() - started < 0.01
     assert worker.drained and worker.connections == 0
+
+
+async def test_a_worker_moved_away_from_a_full_node_reconnects_to_the_next(node_config, db, caplog):
+    """The first node serves two Worker connections at most, both of application A: B's
+    Worker still connects there (its fair share is one), one of A's is told to drain and
+    closed with 4004, and that Worker goes on to the second node."""
+    caplog.set_level(logging.WARNING, logger="orbit.sdk.worker")
+    a = await make_tenant(db, "app-a")
+    b = await make_tenant(db, "app-b")
+    async with (
+        run_node(attrs.evolve(node_config, max_connections=2), services=default_services()) as full,
+        run_node(node_config, services=default_services()) as spare,
+        OrbitClient(spare.base_url, a.token) as client,
+        trio.open_nursery() as nursery,
+    ):
+        workers_a = [serving([full.base_url, spare.base_url], a.token, a.queue_id) for _ in range(2)]
+        worker_b = serving(full.base_url, b.token, b.queue_id)
+        with trio.fail_after(10):
+            for worker in workers_a:
+                await nursery.start(worker.run)
+            await nursery.start(worker_b.run)
+            await wait_until(lambda: any(w.url == spare.base_url and w.connections == 2 for w in workers_a))
+        assert worker_b.url == full.base_url and full.node.state.services.hub.moved == 1
+        [moved] = [w for w in workers_a if w.url == spare.base_url]
+        await run_one_task(client, moved, a.queue_id, "a")
+        for worker in (*workers_a, worker_b):
+            await worker.drain()
+    [line] = reconnect_lines(caplog)
+    assert "(4004" in line and "moved: node full, reconnect elsewhere" in line, line
+    assert f"reconnecting to {spare.base_url} in " in line

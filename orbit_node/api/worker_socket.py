@@ -2,9 +2,14 @@
 
 The handshake is refused with an HTTP status and the usual error envelope when:
 the credential is sent in the query string (400), is missing/unknown/revoked (401),
-lacks ``workers:connect`` (403), or the node already serves ``max_connections``
-Worker connections (503 RESOURCE_EXHAUSTED) or is shutting down (503 UNAVAILABLE).
-A refusal happens before the upgrade and costs the existing connections nothing.
+lacks ``workers:connect`` (403), the node already serves ``max_connections`` Worker
+connections and the application is not a whole slot under its fair share of them (503
+RESOURCE_EXHAUSTED, field ``connections``), the application already holds its own
+``max_worker_connections`` here (503 RESOURCE_EXHAUSTED, field
+``max_worker_connections``), or the node is shutting down (503 UNAVAILABLE). A refusal
+happens before the upgrade and costs the existing connections nothing. On a full node, a
+connection of an application under its share is admitted and one of the application most
+over its share is moved away (``workers/slots.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from quart import Blueprint, websocket
 
 from ..errors import InvalidArgument, OrbitError, ResourceExhausted, Unavailable
+from ..workers.slots import Refused
 from . import envelope
 from .auth import bearer_token, node_state
 
@@ -56,15 +62,28 @@ async def connect():
         principal.require("workers:connect")
         if hub is None or hub.shutdown_requested.is_set():
             raise Unavailable("this node is not accepting Worker connections", field="node")
-        if not hub.try_admit():
-            raise ConnectionLimitReached(
-                f"this node already serves {hub.config.max_connections} Worker connections; connect to another node",
-                field="connections",
-            )
+        slot = hub.admit(principal)
+        if isinstance(slot, Refused):
+            raise refusal(slot, hub.config.max_connections)
     except OrbitError as exc:
         return envelope.failure(exc)
     try:
         await websocket.accept()
-        await hub.connection(principal, QuartTransport()).serve()
+        await hub.connection(principal, QuartTransport(), slot).serve()
     finally:
-        hub.release_slot()
+        hub.release(slot)
+
+
+def refusal(refused: Refused, max_connections: int) -> ConnectionLimitReached:
+    """The handshake's answer to a refused slot, naming what is exhausted."""
+    if refused.reason == "application_limit":
+        return ConnectionLimitReached(
+            f"the application already holds its maximum of {refused.bound:g} Worker connections on this node "
+            "(orbit-admin application connections); connect to another node",
+            field="max_worker_connections",
+        )
+    return ConnectionLimitReached(
+        f"this node already serves {max_connections} Worker connections and the application holds "
+        f"{refused.held} of them, its fair share being {refused.bound:.3g}; connect to another node",
+        field="connections",
+    )

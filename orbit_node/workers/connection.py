@@ -8,7 +8,8 @@ Per connection, one nursery with:
   messages and bytes (a Worker that leaves more unread is closed as a slow consumer);
 * the watchdog: closes a silent connection after ``heartbeat_timeout_s`` and
   retries a claim request the scheduler refused;
-* the shutdown watch: on node shutdown, tells the Worker to drain.
+* the drain watch: on node shutdown, or when the node moves the connection away to make
+  room for another application (``move_away``), tells the Worker to drain.
 
 What the protocol decides (hello first and once, the budget of protocol errors, when
 silence ends the connection, when to ask for a claim and for how many, whether a frame
@@ -67,6 +68,8 @@ MAX_QUEUED_TRANSITIONS = 256
 CLEANUP_TIMEOUT_S = 5.0
 # Bound on the WebSocket close handshake once the queued frames are sent.
 CLOSE_TIMEOUT_S = 2.0
+# The close reason of a connection moved away to make room (docs/worker-protocol.md).
+MOVED_REASON = "moved: node full, reconnect elsewhere"
 
 
 class WorkerConnectionClosed(OrbitError):
@@ -164,6 +167,8 @@ class WorkerConnection:
     _tr_send: trio.MemorySendChannel[TransitionMessage] = attrs.field(init=False)
     _tr_recv: trio.MemoryReceiveChannel[TransitionMessage] = attrs.field(init=False)
     _wake_watchdog: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # Set by ``move_away``: the node is full and needs this connection's slot.
+    _moved: trio.Event = attrs.field(factory=trio.Event, init=False)
     _held_changed: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -231,6 +236,13 @@ class WorkerConnection:
                 break
             self.core.frame_left(frame)
 
+    def move_away(self) -> None:
+        """The node gave this connection's slot to another application's: drain the Worker
+        as at shutdown (it finishes what runs, releases what it has not started), then close
+        with ``CLOSE_MOVED`` so that it reconnects elsewhere. The wait is bounded by
+        ``shutdown_grace_s``; running tasks left then keep their lease, as on any close."""
+        self._moved.set()
+
     def close_soon(self, code: int, reason: str) -> None:
         """Ask the writer to send what is queued, then close with ``code``."""
         if self.core.start_closing(code, reason):
@@ -260,7 +272,7 @@ class WorkerConnection:
                 nursery.start_soon(self._writer)
                 nursery.start_soon(self._transitions)
                 nursery.start_soon(self._watchdog)
-                nursery.start_soon(self._shutdown_watch)
+                nursery.start_soon(self._drain_watch)
                 await self._reader()
                 nursery.cancel_scope.cancel()
         except* WorkerConnectionClosed:
@@ -461,16 +473,34 @@ class WorkerConnection:
             with trio.move_on_at(self.core.watch_until()):
                 await self._wake_watchdog.wait()
 
-    async def _shutdown_watch(self) -> None:
-        await self.shutdown_requested.wait()
-        # No new requests from here on; the pool's own shutdown answers a pending one
-        # (PoolClosed) and lets an in-flight one deliver its reservations here.
+    async def _drain_watch(self) -> None:
+        async with trio.open_nursery() as either:
+            for event in (self.shutdown_requested, self._moved):
+                either.start_soon(_then_cancel, event, either.cancel_scope)
+        moved = not self.shutdown_requested.is_set()
+        # No new requests from here on. At shutdown the pool's own shutdown answers a
+        # pending one (PoolClosed) and lets an in-flight one deliver its reservations here;
+        # a connection moved away withdraws its request as on the Worker's own drain (the
+        # pool releases what an in-flight one reserves).
         self.core.node_drain()
+        if moved:
+            self.core.worker_drain()
+            self.pool.leave(self.connection_id)
         self.send(p.drain())
         # The Worker finishes what runs and releases what it has not started; an
-        # in-flight claim still delivers first. The node's grace period bounds the wait,
-        # then clean-up releases whatever reservations are left.
-        while not self.core.drained:
-            self._held_changed = trio.Event()
-            await self._held_changed.wait()
-        self.close_soon(p.CLOSE_GOING_AWAY, "node shutting down")
+        # in-flight claim still delivers first. At shutdown the node's grace period bounds
+        # the wait; a connection moved away gets as long. Then clean-up releases whatever
+        # reservations are left.
+        with trio.move_on_after(self.config.shutdown_grace_s if moved else math.inf):
+            while not self.core.drained:
+                self._held_changed = trio.Event()
+                await self._held_changed.wait()
+        if moved:
+            self.close_soon(p.CLOSE_MOVED, MOVED_REASON)
+        else:
+            self.close_soon(p.CLOSE_GOING_AWAY, "node shutting down")
+
+
+async def _then_cancel(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()

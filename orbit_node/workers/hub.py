@@ -18,6 +18,7 @@ from ..store.ownership import Reservation, TransitionResult
 from ..store.tenancy import Principal, TenancyStore
 from ..store.worker_registry import WorkerRegistryStore
 from .connection import TransitionStore, Transport, WorkerConnection
+from .slots import REFUSAL_REASONS, Refused, decide
 from .table import ConnectionTable
 
 log = logging.getLogger("orbit.workers")
@@ -43,6 +44,17 @@ class ApplicationShards(Protocol):
 
 
 @attrs.define(eq=False)
+class Slot:
+    """One admitted connection's slot, from the handshake until the connection ends (or is
+    moved away to make room, which hands the slot to the newcomer at once)."""
+
+    application_id: str
+    connection: WorkerConnection | None = None
+    # Given back (the connection ended) or handed over (it was moved away).
+    released: bool = False
+
+
+@attrs.define(eq=False)
 class WorkerHub:
     config: NodeConfig
     node_id: str
@@ -52,12 +64,18 @@ class WorkerHub:
     shutdown_requested: trio.Event
     # A Start was accepted this many seconds after its dispatch (metrics hook).
     on_start: Callable[[float], None] = _ignore
-    # A connection of (application id, application name) was accepted (metrics labels).
+    # A connection of (application id, application name) was admitted (metrics labels).
     on_application: Callable[[str, str], None] = _ignore
     # The live connections (shared with the shards' signals).
     table: ConnectionTable = attrs.field(factory=ConnectionTable)
     admitted: int = 0
-    refused: int = 0
+    # Refused connections by reason (``slots.REFUSAL_REASONS``).
+    refusals: dict[str, int] = attrs.field(factory=lambda: dict.fromkeys(REFUSAL_REASONS, 0))
+    # Connections moved away to make room for an application under its fair share.
+    moved: int = 0
+    # Slots taken per application (connections past the handshake, hello or not).
+    held: dict[str, int] = attrs.field(factory=dict)
+    _slots: list[Slot] = attrs.field(factory=list, init=False)
     dispatched: int = 0
     finished: dict[str, int] = attrs.field(factory=dict)
 
@@ -71,16 +89,70 @@ class WorkerHub:
 
     # -- admission ---------------------------------------------------------------------
 
-    def try_admit(self) -> bool:
-        """Reserve a connection slot; False when the node already has its maximum."""
-        if self.admitted >= self.config.max_connections:
-            self.refused += 1
-            return False
-        self.admitted += 1
-        return True
+    @property
+    def refused(self) -> int:
+        return sum(self.refusals.values())
 
-    def release_slot(self) -> None:
+    def admit(self, principal: Principal) -> Slot | Refused:
+        """A slot for a new connection of ``principal``, or why not (``slots.decide``):
+        on a full node, a connection of the application most over its fair share is moved
+        away (``WorkerConnection.move_away``) and its slot is the newcomer's."""
+        app = principal.application_id
+        evictable: dict[str, int] = {}
+        for slot in self._slots:
+            if self._movable(slot):
+                evictable[slot.application_id] = evictable.get(slot.application_id, 0) + 1
+        decision = decide(
+            app,
+            self.held,
+            slots=self.config.max_connections,
+            weight=self.pool.scheduler.weight,
+            limit=principal.max_worker_connections,
+            evictable=evictable,
+        )
+        if isinstance(decision, Refused):
+            self.refusals[decision.reason] += 1
+            return decision
+        if decision.evict is not None:
+            self._move_one(decision.evict)
+        self.on_application(app, principal.application)
+        slot = Slot(app)
+        self._slots.append(slot)
+        self.held[app] = self.held.get(app, 0) + 1
+        self.admitted += 1
+        return slot
+
+    def _movable(self, slot: Slot) -> bool:
+        conn = slot.connection
+        return not slot.released and conn is not None and conn.connection_id in self.connections
+
+    def _move_one(self, application_id: str) -> None:
+        """Move away the connection of ``application_id`` holding the fewest tasks (the
+        newest among those): it is told to drain and closes with ``CLOSE_MOVED``."""
+        candidates = [s for s in self._slots if s.application_id == application_id and self._movable(s)]
+        slot = min(reversed(candidates), key=lambda s: len(s.connection.core.held) if s.connection else 0)
+        self.release(slot)
+        self.moved += 1
+        assert slot.connection is not None
+        log.info(
+            "connection %s of application %s moved away: the node is full and another application is under its share",
+            slot.connection.connection_id,
+            slot.connection.principal.application,
+        )
+        slot.connection.move_away()
+
+    def release(self, slot: Slot) -> None:
+        """Give ``slot`` back (once: a moved connection's slot was handed over already)."""
+        if slot.released:
+            return
+        slot.released = True
+        self._slots.remove(slot)
         self.admitted -= 1
+        left = self.held[slot.application_id] - 1
+        if left:
+            self.held[slot.application_id] = left
+        else:
+            del self.held[slot.application_id]
 
     def transitions_for(self, application_id: str) -> TransitionStore:
         """Where the transitions of a connection of ``application_id`` go: its lane of its
@@ -91,10 +163,11 @@ class WorkerHub:
         """Where the queues of ``application_id`` are (its shard)."""
         return self.shards.tenancy_for(application_id)
 
-    def connection(self, principal: Principal, transport: Transport) -> WorkerConnection:
+    def connection(self, principal: Principal, transport: Transport, slot: Slot | None = None) -> WorkerConnection:
         """A new connection of ``principal`` over ``transport``, served by this node: its
-        transitions and queues are its application's shard's; it reports to this hub."""
-        return WorkerConnection(
+        transitions and queues are its application's shard's; it reports to this hub; it
+        holds ``slot`` (from ``admit``)."""
+        conn = WorkerConnection(
             "c_" + secrets.token_hex(12),
             principal,
             transport,
@@ -107,6 +180,9 @@ class WorkerHub:
             registry=self,
             observer=self,
         )
+        if slot is not None:
+            slot.connection = conn
+        return conn
 
     # -- the registry of live connections ------------------------------------------------
 

@@ -41,6 +41,7 @@ CLOSE_INTERNAL = 1011
 CLOSE_HEARTBEAT_TIMEOUT = 4000  # nothing received for heartbeat_timeout_s
 CLOSE_PROTOCOL = 4002  # out-of-order or repeated protocol violations, binary frames
 CLOSE_SLOW_CONSUMER = 4003  # the Worker reads too slowly: its outbound buffer is full
+CLOSE_MOVED = 4004  # the node is full: the slot went to an application under its fair share
 
 MAX_CAPACITY = 1000
 MAX_QUEUES = 64

@@ -429,6 +429,14 @@ async def test_workers_of_the_namespace_with_capacity_and_held_tasks(node_config
                     # The capacity of the hello, from the registry: the same on every node.
                     assert '<td class="n">5</td>' in rows[0][2]
                     assert ("(this node)" in page.text) is this_node and ">q1</a>" in rows[0][2]
+                    # Connections per application of the node serving the page (a node-wide
+                    # credential sees every application and its fair share).
+                    slots = re.findall(r'<tr data-application-id="([^"]+)" data-connections="(\d+)">', page.text)
+                    if this_node:
+                        assert sorted(slots) == sorted([(tenant.application_id, "1"), (other.application_id, "1")])
+                        assert "fair share when full" in page.text
+                    else:
+                        assert slots == []  # a node without Workers shows no slots
 
 
 async def test_console_off_and_a_short_secret_are_settings(node_config):
@@ -535,6 +543,20 @@ def test_each_node_s_turns_are_set_against_the_weights_of_the_applications_it_se
     assert [(n.node_id, [(a.turns, a.weight, a.weight_share) for a in n.applications]) for n in own] == [
         ("n1", [(9, 3, None)])
     ]
+
+
+def test_connection_slots_show_the_own_application_or_every_one_with_its_share():
+    held = {"a": 3, "b": 1}
+    weights = {"a": 1, "b": 1, "c": 2}.__getitem__
+    common = {"slots": 4, "names": {"a": "alpha", "b": "beta"}, "weight": weights}
+    every = model.connection_slots(held, **common, own_application_id="c", own_application="gamma", node_wide=True)
+    assert [(r.application, r.connections, r.weight, r.share) for r in every] == [
+        ("alpha", 3, 1, 1.0),
+        ("beta", 1, 1, 1.0),
+        ("gamma", 0, 2, 2.0),
+    ]
+    own = model.connection_slots(held, **common, own_application_id="a", own_application="alpha", node_wide=False)
+    assert [(r.application, r.connections, r.weight, r.share) for r in own] == [("alpha", 3, 1, None)]
 
 
 def test_visible_workers_keep_the_readable_queues_only():

@@ -7,12 +7,13 @@ it; ``metrics:read`` (node-wide) shows every application's claim turns, as ``/me
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import attrs
 
 from ...task_query import TaskFilter
+from ...workers.slots import fair_shares
 
 # Priority levels of P3, highest first (the order claims take them in).
 PRIORITY_LEVELS = tuple(range(9, -1, -1))
@@ -238,6 +239,48 @@ def node_turns(rows: Iterable[Mapping[str, Any]], *, own_application_id: str, no
         if applications:
             nodes.append(NodeTurns(node_id=node_id, applications=applications))
     return nodes
+
+
+@attrs.frozen
+class ApplicationSlots:
+    """One application's Worker connections on this node (``WorkerHub.held``)."""
+
+    application_id: str
+    application: str
+    connections: int
+    weight: int
+    # Its fair share of the node's slots once the node is full, among the applications
+    # connected and the principal's own (None when other applications are hidden).
+    share: float | None
+
+
+def connection_slots(
+    held: Mapping[str, int],
+    *,
+    slots: int,
+    names: Mapping[str, str],
+    weight: Callable[[str], int],
+    own_application_id: str,
+    own_application: str,
+    node_wide: bool,
+) -> list[ApplicationSlots]:
+    """Worker connections per application on this node. ``node_wide`` (``metrics:read``):
+    every application with its fair share (``workers/slots.py``); otherwise the principal's
+    own application only, without its share (which would tell the others' weights)."""
+    holders = {app for app, count in held.items() if count > 0} | {own_application_id}
+    shares = fair_shares(slots, holders, weight)
+    shown = holders if node_wide else {own_application_id}
+    rows = [
+        ApplicationSlots(
+            application_id=app,
+            application=own_application if app == own_application_id else names.get(app, app),
+            connections=held.get(app, 0),
+            weight=weight(app),
+            share=shares[app] if node_wide else None,
+        )
+        for app in shown
+    ]
+    return sorted(rows, key=lambda row: (-row.connections, row.application, row.application_id))
 
 
 def visible_workers(

@@ -466,7 +466,29 @@ async def workers():
     who = principal()
     registered = await operations().namespace_workers(who.namespace_id)
     nodes = model.visible_workers(registered, readable=readable(), queue_names=await queue_names())
-    return await page("Workers", "console/panels/workers.html", nodes=nodes, this_node=node_state().node_id)
+    state = node_state()
+    hub = state.services.hub
+    slots = None
+    if hub is not None:
+        slots = model.connection_slots(
+            hub.held,
+            slots=hub.config.max_connections,
+            names=state.metrics.application_names,
+            weight=hub.pool.scheduler.weight,
+            own_application_id=who.application_id,
+            own_application=who.application,
+            node_wide=who.allows("metrics:read"),
+        )
+    return await page(
+        "Workers",
+        "console/panels/workers.html",
+        nodes=nodes,
+        this_node=state.node_id,
+        slots=slots,
+        max_connections=None if hub is None else hub.config.max_connections,
+        served=None if hub is None else hub.admitted,
+        own_limit=who.max_worker_connections,
+    )
 
 
 @blueprint.get("/plans")

@@ -366,26 +366,28 @@ async def test_a_paced_out_request_widened_while_it_waits_claims_the_freed_capac
         async with trio.open_nursery() as nursery:
             await nursery.start(pool.run)
             start = trio.current_time()
-            for _ in range(4):  # the connection's four claims of this cycle
+            for n in range(4):  # the connection's four claims of this cycle, at its four slots
                 pool.request(ticket(), delivered.append)
-                await trio.testing.wait_all_tasks_blocked()
+                while len(delivered) <= n:
+                    await trio.sleep(0.01)
             pool.request(attrs.evolve(ticket(), limit=2), delivered.append)
-            await trio.sleep(0.3)
+            await trio.sleep(0.1)
             pool.widen("c1", 5)  # capacity freed while it waits for the next cycle
             pool.widen("c1", 3)  # never lowered
             while len(delivered) < 5:
                 await trio.sleep(0.05)
             pool.close()
     assert limits == [1, 1, 1, 1, 5]
+    assert [round(t - start, 3) for t in times[:4]] == [0.0, 0.25, 0.5, 0.75]
     assert times[4] - start >= 1.0  # still paced: the fifth claim waited for the next cycle
 
 
 async def test_a_claim_that_takes_fewer_than_it_asked_spends_no_further_grant_until_a_task_arrives(autojump_clock):
-    """Tasks arriving one by one to an idle Worker (capacity 8): each costs one claim. The
-    follow-up request after a short claim is held like one after an empty claim, so
-    three arrivals in one cycle are served within it, beside the cycle's probe of the
-    expired empty result (a second, empty claim per task would pace the connection out
-    after two: probe, task, empty, task)."""
+    """Tasks arriving one by one to an idle Worker (capacity 8): no claim without a task to
+    take. The follow-up request after a short claim is held like one after an empty claim,
+    so three arrivals in one cycle are served within it, beside the cycle's probe of the
+    expired empty result (a second, empty claim per task would pace the connection out:
+    probe, task, empty, task)."""
     available: list[str] = []
     claims: list[float] = []
 
@@ -417,8 +419,10 @@ async def test_a_claim_that_takes_fewer_than_it_asked_spends_no_further_grant_un
                 available.append(f"t{n}")
                 pool.task_arrived("q")
                 await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(0.5)
             pool.close()
     assert sorted(dispatched) == ["t0", "t1", "t2"]
-    assert max(dispatched.values()) < 1.5
-    # A probe per cycle, then one claim per task.
-    assert [round(t - start, 3) for t in claims] == [0.0, 1.0, 1.1, 1.2, 1.3]
+    assert max(dispatched.values()) < 1.6
+    # A probe per cycle, then a claim at each of the cycle's slots (a quarter second apart)
+    # that has a task to take: t0 (1.1) and t1 (1.2) at 1.25, t2 (1.3) at 1.5.
+    assert [round(t - start, 3) for t in claims] == [0.0, 1.0, 1.25, 1.5]

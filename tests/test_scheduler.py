@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import weakref
 from collections import Counter
 
 import pytest
@@ -28,10 +29,26 @@ def ticket(conn: str, app: str, *queues: str, caps=CAPS, rk=False, ns=None) -> C
     )
 
 
-def drain_one_at_a_time(s: FairScheduler, now: float = 0.0, *, resubmit=None, rounds: int = 100):
-    """Grant, complete, (optionally resubmit) repeatedly; returns the grant sequence."""
+# The time each scheduler of a test has reached (``tick``): grants of one connection are
+# paced, so a test that grants again and again lets time pass between its grants.
+_CLOCKS: weakref.WeakKeyDictionary[FairScheduler, float] = weakref.WeakKeyDictionary()
+
+
+def tick(s: FairScheduler) -> float:
+    """The scheduler's time, a little over one pace interval (a connection's next slot) after
+    the last tick (over: a sum of floating-point steps must not fall short of the slot)."""
+    step = s.pacing.interval_s * 1.001
+    now = _CLOCKS.get(s, -step) + step
+    _CLOCKS[s] = now
+    return now
+
+
+def drain_one_at_a_time(s: FairScheduler, now: float | None = None, *, resubmit=None, rounds: int = 100):
+    """Grant, complete, (optionally resubmit) repeatedly, one pace interval apart (the
+    time a connection's next slot takes to open); returns the grant sequence."""
     order = []
     for _ in range(rounds):
+        now = tick(s) if now is None else now
         grants = s.grant(now)
         if not grants:
             break
@@ -40,6 +57,7 @@ def drain_one_at_a_time(s: FairScheduler, now: float = 0.0, *, resubmit=None, ro
             s.complete(g, now, empty=False)
             if resubmit:
                 s.submit(resubmit(g.request))
+        now = None
     return order
 
 
@@ -240,9 +258,9 @@ def test_task_arrival_wakes_the_queue_at_once():
     [g] = s.grant(0.0)
     s.complete(g, 0.0, empty=True)
     s.submit(t)
-    assert s.grant(0.1) == []
+    assert s.grant(0.3) == []  # its next slot is open (0.25), but the queue is cached empty
     s.task_arrived("q")
-    assert [g.request.connection_id for g in s.grant(0.1)] == ["c1"]
+    assert [g.request.connection_id for g in s.grant(0.3)] == ["c1"]
 
 
 def test_cache_bound_and_expiry():
@@ -337,7 +355,7 @@ def test_an_arrival_during_a_probe_wins_over_its_empty_result():
     s.task_arrived("q")  # committed while the probe's read ran
     s.complete(probe, 0.1, empty=True)
     s.submit(ticket("c1", "A", "q"))
-    assert [g.queue_id for g in s.grant(0.2)] == ["q"]  # asked again at once, no cached empty
+    assert [g.queue_id for g in s.grant(0.25)] == ["q"]  # at its next slot, no cached empty
     # Without an arrival the empty result is remembered for the cycle, as before.
     (again,) = s._in_flight.values()
     s.complete(again, 0.3, empty=True)
@@ -363,10 +381,11 @@ def run_with_a_pause(s: FairScheduler, pausing: str, gap: int, grants: int) -> s
         for connection_id in [c for c, at in back_at.items() if at <= i]:
             s.submit(requests[connection_id])
             del back_at[connection_id]
-        (grant,) = s.grant(0.0)
+        now = tick(s)
+        (grant,) = s.grant(now)
         connection_id = grant.request.connection_id
         order.append(connection_id)
-        s.complete(grant, 0.0, empty=False)
+        s.complete(grant, now, empty=False)
         if connection_id == pausing:
             back_at[connection_id] = i + 1 + gap
         else:
@@ -566,8 +585,8 @@ def test_the_rotation_stays_in_virtual_time_order_under_random_load():
         elif action < 0.6:
             s.charge_elsewhere({f"app{rng.randrange(12)}": rng.randrange(4) for _ in range(3)})
         elif in_flight:
-            s.complete(in_flight.pop(rng.randrange(len(in_flight))), 0.0, empty=False)
-        in_flight.extend(s.grant(0.0))
+            s.complete(in_flight.pop(rng.randrange(len(in_flight))), tick(s), empty=False)
+        in_flight.extend(s.grant(tick(s)))
         apps = s._apps
         line = list(apps.order())
         now = apps.now

@@ -9,7 +9,8 @@ Limits (``SchedulerLimits``, development baseline):
 * at most ``max_requests`` pending + in-flight requests per node (128);
 * at most one outstanding request per connection (P3: fixed, not a setting; requests
   are keyed by connection);
-* at most ``claims_per_connection_per_cycle`` grants per connection per scan cycle (4 per 1 s).
+* at most ``claims_per_connection_per_cycle`` grants per connection per scan cycle (4 per 1 s),
+  spread over the cycle by a token bucket of the same rate (``pace.py``).
 
 Selection order: rotate the active applications -> rotate that application's queues
 -> request order of connections inside the queue. A request that serves several
@@ -32,7 +33,6 @@ connection pauses between its claims; with weights, turns follow the weights.
 
 from __future__ import annotations
 
-import math
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
 
@@ -41,6 +41,7 @@ import attrs
 from ..claims import ClaimRequest
 from ..config import SchedulerLimits
 from .cache import CacheKey, EmptyResultCache
+from .pace import Pace, Pacing
 from .rotation import TURN, Rotation, check_weight
 
 
@@ -116,8 +117,14 @@ class FairScheduler:
     _weights: dict[str, int] = attrs.field(factory=dict, init=False)
     # Per queue: waiting connections in request order.
     _lines: dict[str, OrderedDict[str, None]] = attrs.field(factory=dict, init=False)
-    # Per connection: (cycle number, grants in that cycle).
-    _cycle_grants: dict[str, tuple[int, int]] = attrs.field(factory=dict, init=False)
+    # The claim pace of a connection, and each connection's record of it.
+    pacing: Pacing = attrs.field(
+        default=attrs.Factory(
+            lambda self: Pacing(self.limits.claims_per_connection_per_cycle, self.limits.scan_cycle_s), takes_self=True
+        ),
+        init=False,
+    )
+    _paces: dict[str, Pace] = attrs.field(factory=dict, init=False)
     # Connections that left while their claim ran: their pacing record goes when it completes.
     # A subset of ``_in_flight``'s keys, so bounded by the SQL slots.
     _departed: set[str] = attrs.field(factory=set, init=False)
@@ -242,34 +249,29 @@ class FairScheduler:
 
     # -- decisions ---------------------------------------------------------------------
 
-    def _cycle(self, now: float) -> int:
-        return math.floor(now / self.limits.scan_cycle_s)
-
-    def _paced_out(self, connection_id: str, cycle: int) -> bool:
-        seen_cycle, count = self._cycle_grants.get(connection_id, (cycle, 0))
-        return seen_cycle == cycle and count >= self.limits.claims_per_connection_per_cycle
+    def _paced_out(self, connection_id: str, now: float) -> bool:
+        return not self.pacing.allows(self._paces.get(connection_id), now)
 
     def _pick(self, now: float, held: set[str]) -> Grant | None:
         """The first grantable request in fairness order. Applications passed over because
         a rule of P3 holds them back (their claim in flight, their connections paced out)
         are added to ``held``: they keep their place in virtual time."""
-        cycle = self._cycle(now)
         for app_id in self._apps.order():
             if self._app_in_flight[app_id] >= self.limits.in_flight_per_application:
                 if self._app_queues[app_id]:
                     held.add(app_id)
                 continue
-            picked = self._pick_in(app_id, cycle, now, held)
+            picked = self._pick_in(app_id, now, held)
             if picked is not None:
                 return picked
         return None
 
-    def _pick_in(self, app_id: str, cycle: int, now: float, held: set[str]) -> Grant | None:
+    def _pick_in(self, app_id: str, now: float, held: set[str]) -> Grant | None:
         """The first grantable request of one application, in its queue rotation."""
         for queue_id in self._app_queues[app_id].order():
             for connection_id in self._lines[queue_id]:
                 request = self._pending[connection_id]
-                if self._paced_out(connection_id, cycle):
+                if self._paced_out(connection_id, now):
                     held.add(app_id)
                     continue
                 if self.cache.is_empty(cache_key(request, queue_id), now, count=False):
@@ -299,9 +301,7 @@ class FairScheduler:
             # In flight before it leaves the lines: the application keeps its place in the
             # rotation while its claim runs, whether or not it has other requests waiting.
             self._leave_lines(request)
-            cycle = self._cycle(now)
-            seen_cycle, count = self._cycle_grants.get(request.connection_id, (cycle, 0))
-            self._cycle_grants[request.connection_id] = (cycle, count + 1 if seen_cycle == cycle else 1)
+            self._paces[request.connection_id] = self.pacing.granted(self._paces.get(request.connection_id), now)
             self._turns[app_id] += 1
             self._max_in_flight = max(self._max_in_flight, len(self._in_flight))
             self._max_app_in_flight = max(self._max_app_in_flight, self._app_in_flight[app_id])
@@ -323,7 +323,7 @@ class FairScheduler:
         self._overtaken.discard(request.connection_id)
         if request.connection_id in self._departed:
             self._departed.discard(request.connection_id)
-            self._cycle_grants.pop(request.connection_id, None)
+            self._paces.pop(request.connection_id, None)
         if empty and not overtaken:
             self.cache.store_empty(cache_key(request, grant.queue_id), now)
 
@@ -334,7 +334,7 @@ class FairScheduler:
         if connection_id in self._in_flight:
             self._departed.add(connection_id)
         else:
-            self._cycle_grants.pop(connection_id, None)
+            self._paces.pop(connection_id, None)
 
     def task_arrived(self, queue_id: str) -> None:
         """A task was accepted for ``queue_id`` through this node: its empty entries are stale,
@@ -355,14 +355,12 @@ class FairScheduler:
         time at or before ``now``: a loop that sleeps until then would not sleep at all."""
         if not self._pending or len(self._in_flight) >= self.limits.sql_slots:
             return None
-        cycle = self._cycle(now)
-        next_cycle = (cycle + 1) * self.limits.scan_cycle_s
         earliest: float | None = None
         for request in self._pending.values():
             if self._app_in_flight[request.application_id] >= self.limits.in_flight_per_application:
                 continue
-            if self._paced_out(request.connection_id, cycle):
-                when = next_cycle
+            if self._paced_out(request.connection_id, now):
+                when = self.pacing.ready_at(self._paces.get(request.connection_id), now)
             else:
                 expiries = [self.cache.expires_at(cache_key(request, q), now) for q in request.queue_ids]
                 if any(e is None for e in expiries):
@@ -384,7 +382,7 @@ class FairScheduler:
             max_requests_seen=self._max_requests,
             cached_empty_skips=self._cached_skips,
             refused=self._refused,
-            tracked_connections=len(self._cycle_grants),
+            tracked_connections=len(self._paces),
             virtual_time=self._apps.now / TURN,
             virtual_time_by_application={app_id: time / TURN for app_id, time in sorted(times.items())},
             weight_by_application={

@@ -460,6 +460,11 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
                     assert queues[("alpha", "work")]["backlog"]["running"] == 3
                     nodes = {n["node_id"]: n["connections"] for n in frame["nodes"]}
                     assert nodes == {one.node.node_id: 1, two.node.node_id: 2}
+                    # Worker connections per application over the live nodes, and its limit per node.
+                    assert [(apps[a]["worker_connections"], apps[a]["max_worker_connections"]) for a in apps] == [
+                        (2, None),
+                        (1, None),
+                    ]
 
                     frames = await top_frames("--iterations", "2", "--interval", "0.2", dsn=dsn)
                     assert len(frames) == 2
@@ -473,6 +478,7 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
                         assert word in text.stdout
                     beta_row = next(line for line in text.stdout.splitlines() if line.startswith("│ beta "))
                     assert [cell.strip() for cell in beta_row.split("│")][7:12] == ["3", "1", "-", "33.3 %", "75.0 %"]
+                    assert [cell.strip() for cell in beta_row.split("│")][13:15] == ["1", "-"]
     # Stopped nodes took their counters with them.
     (frame,) = await top_frames("--once", dsn=dsn)
     assert frame["nodes"] == [] and {a["claim_turns"] for a in frame["applications"]} == {0}

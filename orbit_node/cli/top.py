@@ -1,6 +1,7 @@
-"""``orbit-admin top``: a live view of queues, backlog per priority, running per application
-and claim turns per application (with each application's fairness weight, its share of the
-turns and the share its weight gives it), refreshed every second.
+"""``orbit-admin top``: a live view of queues, backlog per priority, running per application,
+claim turns per application (with each application's fairness weight, its share of the
+turns and the share its weight gives it) and Worker connections per application (with its
+limit per node), refreshed every second.
 
 Everything comes from the database, so one view covers every node behind a load
 balancer: backlogs and running tasks from ``tasks``, claim turns from ``claim_turns``
@@ -140,6 +141,8 @@ def render(snapshot: TopSnapshot, previous: TopSnapshot | None = None) -> Group:
         "turn share",
         "weight's share",
         "submits/s",
+        "workers",
+        "max workers/node",
     ):
         apps.add_column(column, justify="left" if column in ("application", "state") else "right")
     for app in snapshot.applications:
@@ -158,6 +161,8 @@ def render(snapshot: TopSnapshot, previous: TopSnapshot | None = None) -> Group:
             _percent(share),
             _percent(given),
             _limit(app["submits_per_second"]),
+            str(app["worker_connections"]),
+            _limit(app["max_worker_connections"]),
         )
 
     queues = Table(title="queues (queued backlog per priority level)", title_justify="left", expand=False)

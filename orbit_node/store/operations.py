@@ -159,7 +159,7 @@ class OperationsStore:
     # -- applications, namespaces, credentials -----------------------------------------
 
     async def applications(self, name: str | None = None) -> list[dict[str, Any]]:
-        rows = await self.db.fetchall("ops_applications", {"name": name})
+        rows = await self.db.fetchall("ops_applications", {"name": name, "stale_s": NODE_STALE_S})
         if name is not None and not rows:
             raise NotFound(f"application: {name!r} not found", field="application")
         return [
@@ -183,6 +183,8 @@ class OperationsStore:
                 "queued": int(r["queued"]),
                 "reserved": int(r["reserved"]),
                 "running": int(r["running"]),
+                # Worker connections of the application on live nodes (the registry).
+                "worker_connections": int(r["worker_connections"]),
             }
             for r in rows
         ]

@@ -90,14 +90,21 @@ SELECT n.node_id, n.hostname, n.http_addr, n.version, n.started_at, n.heartbeat_
 -- Applications, namespaces, credentials
 -- ---------------------------------------------------------------------------------
 
--- Live tasks per application through ix_tasks_app_state (application_id, state).
+-- Live tasks per application through ix_tasks_app_state (application_id, state); its
+-- Worker connections registered by live nodes (the registry is small: one row per connection).
 -- name: ops_applications
 SELECT a.application_id, a.name, a.suspended, a.max_concurrent_executions, a.max_starts_per_second,
        a.fairness_weight, a.retain_succeeded_s, a.retain_failed_s, a.submits_per_second, a.submit_burst,
        a.max_worker_connections,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'queued') AS queued,
        (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'reserved') AS reserved,
-       (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'running') AS running
+       (SELECT COUNT(*) FROM tasks t WHERE t.application_id = a.application_id AND t.state = 'running') AS running,
+       (SELECT COUNT(*) FROM worker_connections wc
+          JOIN namespaces wn ON wn.namespace_id = wc.namespace_id
+          JOIN nodes wd ON wd.node_id = wc.node_id
+         WHERE wn.application_id = a.application_id
+           AND wd.stopped_at IS NULL
+           AND wd.heartbeat_at > NOW(6) - INTERVAL %(stale_s)s SECOND) AS worker_connections
   FROM applications a
  WHERE (%(name)s IS NULL OR a.name = %(name)s)
  ORDER BY a.name

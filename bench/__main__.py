@@ -52,6 +52,7 @@ SCENARIOS = {
     "shards": "bench.shards",
     "settle": "bench.settle",
     "chaos": "bench.chaos",
+    "retention": "bench.retention",
 }
 # The order of ``all``.
 ALL = ("s0", "s1", "e2e", "s2", "s3", "s4", "s5", "locks", "bulk", "http")

@@ -182,6 +182,23 @@ class SchedulerLimits:
 
 
 @attrs.frozen(kw_only=True)
+class AdmissionLimits:
+    """Fair admission of HTTP requests between applications (``orbit_node/admission.py``,
+    docs/operations.md, "Fair admission of requests")."""
+
+    # Route handlers (body, validation, transaction) in progress per node: about the API's
+    # share of the database pool (16 connections, 12 of them for claims and group commits);
+    # submits group-commit, so a few more than the connections keep the batches full.
+    slots: int = attrs.field(default=8, validator=_positive)
+    # Handlers in progress per application per node: one application's flood leaves the
+    # other slots to the others.
+    per_application: int = attrs.field(default=4, validator=_positive)
+    # Requests waiting for their turn per node; beyond it, an application over its weighted
+    # share of this bound (plus the slots) is refused 429 at once.
+    max_waiting: int = attrs.field(default=256, validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
 class SignalTiming:
     """Signals between nodes (docs/scheduling.md, "Signals between nodes")."""
 
@@ -432,6 +449,7 @@ class NodeConfig:
     # Plan trigger period.
     plan_interval_s: float = attrs.field(default=1.0, validator=_positive)
     scheduler: SchedulerLimits = attrs.field(factory=SchedulerLimits)
+    admission: AdmissionLimits = attrs.field(factory=AdmissionLimits)
     signals: SignalTiming = attrs.field(factory=SignalTiming)
 
     def __attrs_post_init__(self):

@@ -76,6 +76,9 @@ class NodeMetrics:
     http_seconds: Histogram = attrs.field(init=False)
     db_replays: Counter = attrs.field(init=False)
     requests_refused: Counter = attrs.field(init=False)
+    admission_wait_seconds: Histogram = attrs.field(init=False)
+    # Application name -> its admission wait histogram's child (looked up once each).
+    _admission_children: dict[str, Histogram] = attrs.field(factory=dict, init=False)
     # (method, route, status) -> the request counter's and (method, route) histogram's
     # children: bounded by methods x routes x statuses, looked up once each.
     _http_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = attrs.field(factory=dict, init=False)
@@ -123,8 +126,17 @@ class NodeMetrics:
         self.requests_refused = Counter(
             "orbit_requests_refused",
             "Submissions refused by a limit of their application, by application (name) and reason "
-            "(submit_rate: the submit rate limit); a batch item counts one.",
+            "(submit_rate: the submit rate limit, a batch item counts one; admission: a request refused "
+            "by the node's fair admission, saturated, the application over its share).",
             ["application", "reason"],
+            registry=r,
+        )
+        self.admission_wait_seconds = Histogram(
+            "orbit_request_admission_wait_seconds",
+            "From an authenticated request asking for its turn on this node (fair admission) to its "
+            "handler starting, per application (name), seconds; 0 when it did not wait.",
+            ["application"],
+            buckets=TURN_WAIT_BUCKETS,
             registry=r,
         )
         for outcome in ("tasks", "empty", "error"):
@@ -186,6 +198,15 @@ class NodeMetrics:
         self.requests_refused.labels(name, reason).inc(count)
 
     # -- exposure ------------------------------------------------------------------------
+
+    def observe_admission_wait(self, application: str, seconds: float) -> None:
+        child = self._admission_children.get(application)
+        if child is None:
+            child = self._admission_children[application] = self.admission_wait_seconds.labels(application)
+        child.observe(seconds)
+
+    def observe_admission_refused(self, application: str) -> None:
+        self.requests_refused.labels(application, "admission").inc()
 
     def exposition(self, accept: str = "") -> tuple[bytes, str]:
         """The registry in the format the scraper asked for (Prometheus text by default)."""

@@ -17,12 +17,14 @@ connections, each shard's services (over the pool and the table, through the sha
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 
 import attrs
 import trio
 
+from .admission import AdmissionGate, FairAdmission
 from .claims import ClaimRequest
 from .config import NodeConfig
 from .db import Database
@@ -303,6 +305,7 @@ def _shard(
     index: int,
     pool: ClaimPool | None,
     table: ConnectionTable,
+    admission: FairAdmission,
 ) -> Shard:
     """Shard ``index``: its repositories and the services ``run`` asks for (those of
     Workers only with the claim pool)."""
@@ -328,7 +331,9 @@ def _shard(
             listening=view.listening,
             push_cancel=view.table.push_cancel,
         )
-        weights = WeightFollower(tenancy.application_weights, pool.scheduler.set_weight, view.holds)
+    weights = WeightFollower(
+        tenancy.application_weights, _weight_setter(admission, pool), functools.partial(placement.holds, index)
+    )
     arrived = None if signals is None else signals.tasks_arrived
     rates = SubmitRates()
     # Every node that serves the API enforces the submit limits, Workers or not.
@@ -367,6 +372,18 @@ def _shard(
     )
 
 
+def _weight_setter(admission: FairAdmission, pool: ClaimPool | None) -> Callable[[str, int], None]:
+    """The fairness weights a shard's follower reads go to the request admission and, on a
+    node that serves Workers, to the claim scheduler."""
+
+    def set_weight(application_id: str, weight: int) -> None:
+        admission.set_weight(application_id, weight)
+        if pool is not None:
+            pool.scheduler.set_weight(application_id, weight)
+
+    return set_weight
+
+
 @attrs.frozen(kw_only=True)
 class NodeServices:
     """The node's shards with their services, and the node-wide ones: ONE fair claim pool
@@ -375,6 +392,8 @@ class NodeServices:
     shards: Shards
     pool: ClaimPool | None = None
     hub: WorkerHub | None = None
+    # Fair admission of HTTP requests between applications (``admission.py``).
+    admission: AdmissionGate = attrs.field(factory=lambda: AdmissionGate(FairAdmission()))
 
     @classmethod
     def build(
@@ -401,6 +420,7 @@ class NodeServices:
         leases = [LeaseStore.from_config(shard_db, config) for shard_db in databases]
         pool: ClaimPool | None = None
         table = ConnectionTable()
+        admission = FairAdmission(config.admission)
         if run.workers:
             routing = StoreRouting(placement, leases)
             pool = ClaimPool(
@@ -414,7 +434,7 @@ class NodeServices:
         shards = Shards(
             placement,
             tuple(
-                _shard(config, node_id, run, labels[i], databases[i], leases[i], placement, i, pool, table)
+                _shard(config, node_id, run, labels[i], databases[i], leases[i], placement, i, pool, table, admission)
                 for i in range(len(databases))
             ),
         )
@@ -430,7 +450,10 @@ class NodeServices:
                 on_application=metrics.note_application,
                 table=table,
             )
-        return cls(shards=shards, pool=pool, hub=hub)
+        gate = AdmissionGate(
+            admission, observe_wait=metrics.observe_admission_wait, observe_refused=metrics.observe_admission_refused
+        )
+        return cls(shards=shards, pool=pool, hub=hub, admission=gate)
 
     def report_to(self, metrics: NodeMetrics) -> None:
         """Let ``metrics`` read these services' figures at scrape time."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from quart import Blueprint, request
+from quart import Blueprint, g, request
 from quart_trio import QuartTrio
 from werkzeug import exceptions as http_exceptions
 from werkzeug.exceptions import HTTPException
@@ -27,6 +27,22 @@ class MethodNotAllowed(OrbitError):
     http_status = 405
 
 
+class OrbitApp(QuartTrio):
+    async def dispatch_request(self, request_context=None):
+        """The route handler, in its application's turn of the node's fair admission
+        (``orbit_node/admission.py``): /v1 requests (their credential's application) and
+        signed-in console pages. What has no application (/healthz, /readyz, /metrics, the
+        console's sign-in) is not queued; the Worker WebSocket is a websocket, not
+        dispatched here (its connections have fair slots of their own)."""
+        context = g._get_current_object()
+        who = getattr(context, "principal", None) or getattr(context, "console_principal", None)
+        if who is None:
+            return await super().dispatch_request(request_context)
+        state: NodeState = self.extensions["orbit"]
+        async with state.services.admission.turn(who.application_id, who.application):
+            return await super().dispatch_request(request_context)
+
+
 def v1_blueprint() -> Blueprint:
     """The authenticated task interface: every route under it needs a bearer credential."""
     v1 = Blueprint("v1", __name__, url_prefix="/v1")
@@ -40,7 +56,7 @@ def v1_blueprint() -> Blueprint:
 
 
 def create_app(state: NodeState) -> QuartTrio:
-    app = QuartTrio("orbit_node", static_folder=None)
+    app = OrbitApp("orbit_node", static_folder=None)
     app.asgi_http_class = ClosingHTTPConnection
     app.config["MAX_CONTENT_LENGTH"] = state.config.max_body_bytes
     app.config["BODY_TIMEOUT"] = state.config.body_timeout_s

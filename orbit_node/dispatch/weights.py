@@ -3,7 +3,7 @@
 An operator sets an application's weight in the database (``orbit-admin application
 weight``, column ``applications.fairness_weight``). Every node reads the weights other
 than 1 about once a second and hands each change to its ``FairScheduler``
-(``set_weight``); an application whose weight went back to 1 (or that is gone) is set
+(``set_weight``), when it serves Workers, and to its request admission (``admission.py``); an application whose weight went back to 1 (or that is gone) is set
 back to 1. So a changed weight applies on every node within about a second, from the
 application's next turn there. Until the first read, and while the database cannot be
 read, the scheduler keeps the weights it has.
@@ -48,7 +48,7 @@ class WeightFollower(PeriodicService):
     # Application id -> weight, of the applications whose weight is not 1
     # (``TenancyStore.application_weights``).
     read: Callable[[], Awaitable[Mapping[str, int]]]
-    # ``FairScheduler.set_weight``.
+    # ``FairScheduler.set_weight`` and ``FairAdmission.set_weight`` (services.py).
     apply: Callable[[str, int], None]
     # Whether an application's weight is this shard's to give (``Shards.holds``): with
     # ORBIT_SHARDS, a row left behind on another shard does not count.

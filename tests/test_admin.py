@@ -401,8 +401,11 @@ async def test_explain_says_why_a_task_waits(dsn, db):
 
 
 async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_node(node_config, db, dsn):
-    # An hour-long scan cycle: empty results stay cached, so each connection's claims are exact.
-    config = attrs.evolve(node_config, scheduler=SchedulerLimits(scan_cycle_s=3600.0))
+    # An hour-long scan cycle: empty results stay cached, so each connection's claims are
+    # exact (P3's pace of 4 claims a second kept over the hour).
+    config = attrs.evolve(
+        node_config, scheduler=SchedulerLimits(scan_cycle_s=3600.0, claims_per_connection_per_cycle=4 * 3600)
+    )
     alpha = await make_tenant(db, "alpha", queues=("work", "later"))
     beta = await make_tenant(db, "beta")
     alpha_work = seed.Tenant(alpha.application_id, alpha.namespace_id, alpha.queues["work"])

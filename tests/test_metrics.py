@@ -71,13 +71,14 @@ class ClaimWatch:
 
 async def test_a_scripted_workload_shows_exactly_its_counts(node_config, db):
     # One scan cycle lasts an hour: an empty result stays cached and no connection is
-    # paced out during the test, so the number of claims is exactly what the script does.
+    # paced out during the test (P3's pace per second, 4 claims a second, kept over the
+    # hour's cycle), so the number of claims is exactly what the script does.
     config = attrs.evolve(
         node_config,
         metrics="open",
         metrics_port=0,
         max_connections=2,
-        scheduler=SchedulerLimits(scan_cycle_s=3600.0),
+        scheduler=SchedulerLimits(scan_cycle_s=3600.0, claims_per_connection_per_cycle=4 * 3600),
     )
     alpha = await make_tenant(db, "alpha")
     beta = await make_tenant(db, "beta")

@@ -173,8 +173,11 @@ def test_the_cache_names_each_queue_once_when_its_due_time_comes():
 
 
 def sixty_second_cycle(claim) -> tuple[ClaimPool, list[object]]:
-    """A pool whose empty results are remembered for 60 s, and the list it delivers to."""
-    return ClaimPool(FairScheduler(SchedulerLimits(scan_cycle_s=60.0)), claim=claim, release=None), []
+    """A pool whose empty results are remembered for 60 s, and the list it delivers to. The
+    pace keeps P3's rate per second (4 claims a second, a quarter second apart), as
+    ``test_signals.slow_cycle`` does: 4 claims per 60 s cycle would space them 15 s apart."""
+    limits = SchedulerLimits(scan_cycle_s=60.0, claims_per_connection_per_cycle=240)
+    return ClaimPool(FairScheduler(limits), claim=claim, release=None), []
 
 
 async def test_a_waiting_claim_runs_at_its_queues_due_time_not_at_the_cache_expiry(autojump_clock):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -177,7 +178,8 @@ async def orbit_process(
 ) -> AsyncIterator[OrbitProcess]:
     """Run ``orbit`` of ``tree`` (default this one) on a free port of 127.0.0.1 with
     ``settings`` (``ORBIT_*`` variables) until the block ends; it is ready once ``GET
-    /readyz`` answers 200. ``metrics``: ``ORBIT_METRICS=open`` on another free port."""
+    /readyz`` answers 200. ``metrics``: ``ORBIT_METRICS=open`` on another free port. Its
+    log is read within the block (``log_tail``): the file goes with the process."""
     port = free_port()
     env = {
         "ORBIT_HTTP_ADDR": f"127.0.0.1:{port}",
@@ -210,6 +212,7 @@ async def orbit_process(
     finally:
         with trio.CancelScope(shield=True):
             await stop_process(proc, STOP_TIMEOUT_S)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 async def wait_ready(node: OrbitProcess, proc: trio.Process) -> None:

@@ -225,11 +225,12 @@ async def run_at_durabilities(module: Any, args: argparse.Namespace) -> dict[str
 
 def finish(name: str, report: dict[str, Any], args: argparse.Namespace) -> None:
     if not args.no_plots:
-        from . import plots
-
         outdir = args.out
         outdir.mkdir(parents=True, exist_ok=True)
         try:
+            # Inside: without the bench extra (matplotlib), the figures are still written.
+            from . import plots
+
             report["plots"] = [str(p) for p in importlib.import_module(SCENARIOS[name]).plot(report, outdir, plots)]
         except Exception as exc:  # a plot must never lose the figures
             report["plots_error"] = repr(exc)

@@ -1,8 +1,8 @@
 """The pruner's transactions: expired finished tasks deleted with what belongs to them.
 
-One batch is one short transaction on one (application, outcome class): lock up to
-``limit`` expired tasks with ``SKIP LOCKED`` (oldest first, through
-``ix_tasks_retention``), delete their attempts, their acceptance records (the
+One batch is one short transaction on one (application, outcome class): read up to
+``limit`` expired tasks without locks (oldest first, through ``ix_tasks_retention``),
+lock those by primary key with ``SKIP LOCKED``, delete their attempts, their acceptance records (the
 ``Idempotency-Key`` of a request or batch item, a plan's fire record) and the tasks.
 Every node may run batches at once; a row another pruner holds is skipped, so no row
 is deleted twice and no pruner waits for another. Which rows are expired is the rule
@@ -121,7 +121,11 @@ class PruneStore:
             )
             if not found:
                 return Batch(PruneStats())
-            ids = tuple(r["task_id"] for r in found)
+            locked = await tx.fetchall("prune_lock", {"task_ids": tuple(r["task_id"] for r in found)})
+            if not locked:
+                # Another pruner holds them all: this round leaves the class to it.
+                return Batch(PruneStats())
+            ids = tuple(r["task_id"] for r in locked)
             attempts = await tx.execute("prune_attempts", {"task_ids": ids})
             records = await tx.execute("prune_records", {"task_ids": ids})
             tasks = await tx.execute("prune_tasks", {"task_ids": ids})

@@ -12,9 +12,9 @@
 -- ref on application_id with a filesort (after rows had been deleted), 264 reads of
 -- 1,259 in bench retention's harness; the range read of one class was right every time.
 --
--- Any number of nodes prune at once: the candidates are locked with SKIP LOCKED (a row
--- another pruner, or a late transition, holds is left for the next batch) and deleted by
--- primary key in the same short transaction. At READ COMMITTED no gap is locked, so a
+-- Any number of nodes prune at once: the candidates, read without locks, are locked by
+-- primary key with SKIP LOCKED (a row another pruner, or a late transition, holds is
+-- left for the next batch) and deleted by primary key in the same short transaction. At READ COMMITTED no gap is locked, so a
 -- Finish adding a row to the end of the range never waits for a pruner.
 
 -- Every application of this database with its own retention (NULL: the node's default).
@@ -23,8 +23,12 @@ SELECT application_id, name, retain_succeeded_s, retain_failed_s
   FROM applications
  ORDER BY application_id
 
--- One batch of expired tasks of an (application, class), oldest first, locked. overdue_s:
--- how long past its retention each one is (the pruner's lag).
+-- One batch of expired tasks of an (application, class), oldest first, read without
+-- locking anything. overdue_s: how long past its retention each one is (the pruner's
+-- lag). Not a locking read of the range: InnoDB would also lock, for a moment, the first
+-- entry past it, which can be a live task of the next application (live entries sort
+-- first, class NULL), and a claim's SKIP LOCKED would pass that task over: a claim took
+-- the second task of a queue instead of the first (tests/test_hardening_conn.py).
 -- name: prune_candidates
 SELECT task_id,
        TIMESTAMPDIFF(MICROSECOND, finished_at, NOW(6) - INTERVAL %(keep_s)s SECOND) / 1000000 AS overdue_s
@@ -34,6 +38,14 @@ SELECT task_id,
    AND finished_at < NOW(6) - INTERVAL %(keep_s)s SECOND
  ORDER BY finished_at
  LIMIT %(limit)s
+
+-- Then exactly those rows are locked, by primary key, skipping what another pruner (or a
+-- late transition) holds; the class is checked again on the locked row.
+-- name: prune_lock
+SELECT task_id
+  FROM tasks FORCE INDEX (PRIMARY)
+ WHERE task_id IN %(task_ids)s
+   AND retention_class IS NOT NULL
    FOR UPDATE SKIP LOCKED
 
 -- What belongs to the locked tasks: their attempts, and their acceptance records (an

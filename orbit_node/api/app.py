@@ -38,6 +38,14 @@ class OrbitApp(QuartTrio):
         who = getattr(context, "principal", None) or getattr(context, "console_principal", None)
         if who is None:
             return await super().dispatch_request(request_context)
+        # The body arrives first, outside the turn: a client that sends it slowly (or never:
+        # a slowloris with a valid credential) must not hold one of its application's turns
+        # while the node waits for it. A body that fails (too large, too slow) is refused by
+        # the handler, which meets the same error, without taking a turn.
+        try:
+            await request.get_data(cache=True, as_text=False, parse_form_data=False)
+        except Exception:
+            return await super().dispatch_request(request_context)
         state: NodeState = self.extensions["orbit"]
         async with state.services.admission.turn(who.application_id, who.application):
             return await super().dispatch_request(request_context)

@@ -35,7 +35,10 @@ WINDOW_S = 20.0
 # small application's two Workers, each waiting for its Start and Finish acks before it
 # asks again, asked less and less often while A always had a request waiting. With the
 # rotation of 2f1cfde (an application that comes back goes behind everyone) 1.65-1.69.
-# The bounds leave room for a busy machine and still fail both.
+# The bounds leave room for a busy machine and still fail both. Checked on 6719222: 5 runs
+# in a row beside a process spinning on one core (`python3 -c "while True: pass"`), all
+# passed; it failed once inside a full `make test` while four other suites loaded the
+# 2-core machine (load average 7-8): A/mean 1.31.
 MAX_A_OVER_SMALL = 1.25
 MIN_JAIN = 0.98
 

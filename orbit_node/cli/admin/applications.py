@@ -256,9 +256,9 @@ async def retention_run(db: Database, args: argparse.Namespace) -> dict[str, Any
         cls.option: getattr(args, cls.option) for cls in RetentionClass if getattr(args, cls.option) is not UNCHANGED
     }
     app = await (ops.patch_retention(args.application, changes) if changes else ops.application(args.application))
-    app = with_retention(app, retention_defaults())
-    applied = Retention(*(app["retention"][cls.option]["seconds"] for cls in RetentionClass))
-    due = await PruneStore(db).due(app["application_id"], applied, cap=DUE_CAP)
+    defaults = retention_defaults()
+    app = with_retention(app, defaults)
+    due = await PruneStore(db).due(app["application_id"], defaults.applied_to(app), cap=DUE_CAP)
     return {
         "application": app["application"],
         "application_id": app["application_id"],

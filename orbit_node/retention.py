@@ -39,7 +39,7 @@ _DURATION = re.compile(r"([0-9]+)([smhd]?)")
 
 
 class RetentionClass(enum.IntEnum):
-    """The outcome classes a retention is set for (``tasks.retention_class``)."""
+    """The outcome classes a retention is set for."""
 
     SUCCEEDED = 1
     FAILED = 2
@@ -57,6 +57,10 @@ CLASS_OF_STATE = {
     "cancelled": RetentionClass.FAILED,
     "expired": RetentionClass.FAILED,
 }
+
+
+# Class -> its terminal states, in the order the pruner reads them.
+STATES_OF_CLASS = {cls: tuple(s for s, c in CLASS_OF_STATE.items() if c is cls) for cls in RetentionClass}
 
 
 def class_of(state: str) -> RetentionClass | None:

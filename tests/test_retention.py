@@ -18,6 +18,7 @@ from orbit_node.errors import InvalidArgument
 from orbit_node.retention import (
     CLASS_OF_STATE,
     MAX_RETENTION_S,
+    STATES_OF_CLASS,
     UNITS,
     Retention,
     RetentionClass,
@@ -234,6 +235,50 @@ async def test_a_big_backlog_goes_in_batches_oldest_first_and_the_lag_says_how_f
     assert stats.tasks == 35
     assert await present(db, old + newer) == set()
     assert service.lag_s == 0.0
+
+
+async def test_a_batch_reads_the_index_entries_of_what_it_deletes_and_no_others(db):
+    """The candidates are index ranges that begin with the expired tasks: live tasks,
+    tasks not yet expired and other applications' tasks, hundreds of each, are not read."""
+    owner = await tenant(db, application="a")
+    other = await tenant(db, application="b")
+    await set_retention(db, "a", succeeded="60s", failed="60s")
+    await set_retention(db, "b", succeeded="60s", failed="60s")
+    expired = [
+        *await finished(db, owner, "succeeded", 500, count=20),
+        *await finished(db, owner, "failed", 500, count=5),
+    ]
+    for state in ("succeeded", "failed", "cancelled"):
+        await finished(db, owner, state, 30, count=150)
+        await finished(db, other, state, 500, count=150)
+    for state in LIVE:
+        await finished(db, owner, state, 10**6, count=150)
+    store = PruneStore(db)
+
+    async def reads(cls: RetentionClass) -> tuple[int, list[str]]:
+        async def body(tx):
+            before = await tx.fetchall_raw("SHOW SESSION STATUS LIKE 'Handler_read%%'")
+            found = await tx.fetchall_union(
+                "prune_candidates_branch",
+                "prune_candidates_order",
+                [{"state": s} for s in STATES_OF_CLASS[cls]],
+                {"application_id": owner.application_id, "keep_s": 60, "limit": 200},
+            )
+            after = await tx.fetchall_raw("SHOW SESSION STATUS LIKE 'Handler_read%%'")
+            counts = {r["Variable_name"]: int(r["Value"]) for r in before}
+            # The two SHOW statements read their own rows (one per Handler_read_ variable).
+            read = sum(int(r["Value"]) - counts[r["Variable_name"]] for r in after) - 2 * len(before)
+            return read, [r["task_id"] for r in found]
+
+        return await store.db.run(body)
+
+    read, found = await reads(RetentionClass.SUCCEEDED)
+    assert sorted(found) == sorted(expired[:20])
+    # One index dive and one step per entry read, per state; the union's own rows.
+    assert read <= 2 * (20 + 1) + 20 + 2, read
+    read, found = await reads(RetentionClass.FAILED)
+    assert sorted(found) == sorted(expired[20:])
+    assert read <= 2 * (5 + 3) + 5 + 2, read
 
 
 async def test_the_pruner_keeps_its_pace(db):

@@ -1,9 +1,9 @@
 """Finished tasks of one application, oldest ``finished_at`` first, a page at a time: what
 ``orbit-admin task export`` writes before retention deletes them.
 
-A page is one short read transaction: the next keys of the retention index
-``ix_tasks_retention`` (000021) for each outcome class, merged in (finished_at, task_id)
-order (``db/sql/export.sql``), then those tasks with their attempts
+A page is one short read transaction: the next keys of ``ix_tasks_lease`` (state,
+lease_expires_at, application_id, finished_at; 000023) for each terminal state, merged in
+(finished_at, task_id) order (``db/sql/export.sql``), then those tasks with their attempts
 (``operations.task_documents``, as ``task show`` reads one task). The caller walks on
 with the page's cursor, so a whole export holds one page at a time.
 """
@@ -17,12 +17,12 @@ from typing import Any
 import attrs
 
 from ..db import Database, Tx
+from ..retention import CLASS_OF_STATE
 from ..wire import verbatim_json
 from .operations import task_documents
 
-# The values of tasks.retention_class (000021): 1 succeeded, 2 failed, cancelled or
-# expired; live tasks have none. One index range each, merged into one order.
-FINISHED_CLASSES = ({"retention_class": 1}, {"retention_class": 2})
+# The terminal states: one index range each, merged into one order.
+FINISHED_STATES = tuple({"state": state} for state in CLASS_OF_STATE)
 # Tasks a page reads unless told otherwise: a few hundred keeps each transaction short and
 # the memory of a page to a few hundred tasks.
 EXPORT_PAGE_SIZE = 500
@@ -75,7 +75,7 @@ class ExportStore:
         }
 
         async def body(tx: Tx) -> tuple[Sequence[dict[str, Any]], list[dict[str, Any]]]:
-            keys = await tx.fetchall_union("export_page_branch", "export_page_order", FINISHED_CLASSES, params)
+            keys = await tx.fetchall_union("export_page_branch", "export_page_order", FINISHED_STATES, params)
             if not keys:
                 return keys, []
             return keys, await task_documents(tx, [k["task_id"] for k in keys], stored=verbatim_json)

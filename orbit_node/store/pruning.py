@@ -1,7 +1,8 @@
 """The pruner's transactions: expired finished tasks deleted with what belongs to them.
 
 One batch is one short transaction on one (application, outcome class): read up to
-``limit`` expired tasks without locks (oldest first, through ``ix_tasks_retention``),
+``limit`` expired tasks without locks (oldest first, one range of ``ix_tasks_lease`` per
+terminal state of the class, merged),
 lock those by primary key with ``SKIP LOCKED``, delete their attempts, their acceptance records (the
 ``Idempotency-Key`` of a request or batch item, a plan's fire record) and the tasks.
 Every node may run batches at once; a row another pruner holds is skipped, so no row
@@ -11,14 +12,14 @@ of ``orbit_node.retention``, applied with the database clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 import attrs
 
 from ..db import Database, Tx
-from ..retention import Retention, RetentionClass
+from ..retention import STATES_OF_CLASS, Retention, RetentionClass
 
 
 @attrs.frozen
@@ -110,14 +111,11 @@ class PruneStore:
         first, deleted with their attempts and acceptance records."""
 
         async def body(tx: Tx) -> Batch:
-            found = await tx.fetchall(
-                "prune_candidates",
-                {
-                    "application_id": application_id,
-                    "retention_class": int(cls),
-                    "keep_s": keep_s,
-                    "limit": limit,
-                },
+            found = await tx.fetchall_union(
+                "prune_candidates_branch",
+                "prune_candidates_order",
+                [{"state": state} for state in STATES_OF_CLASS[cls]],
+                {"application_id": application_id, "keep_s": keep_s, "limit": limit},
             )
             if not found:
                 return Batch(PruneStats())
@@ -153,20 +151,28 @@ class PruneStore:
             found = []
             for cls in RetentionClass:
                 keep_s = retention.of(cls)
-                row: dict[str, Any] = await tx.fetchrow(
-                    "retention_due",
-                    {"application_id": application_id, "retention_class": int(cls), "keep_s": keep_s, "cap": cap},
-                )
+                rows: list[dict[str, Any]] = [
+                    await tx.fetchrow(
+                        "retention_due",
+                        {"application_id": application_id, "state": state, "keep_s": keep_s, "cap": cap},
+                    )
+                    for state in STATES_OF_CLASS[cls]
+                ]
                 found.append(
                     Due(
                         cls,
                         keep_s,
-                        int(row["expired"]),
-                        row["oldest_finished_at"],
-                        row["next_expiry_at"],
-                        row["now"],
+                        min(cap, sum(int(r["expired"]) for r in rows)),
+                        earliest(r["oldest_finished_at"] for r in rows),
+                        earliest(r["next_expiry_at"] for r in rows),
+                        rows[-1]["now"],
                     )
                 )
             return found
 
         return await self.db.run(body)
+
+
+def earliest(values: Iterable[datetime | None]) -> datetime | None:
+    """The earliest of the values that are not None; None when none is."""
+    return min((v for v in values if v is not None), default=None)

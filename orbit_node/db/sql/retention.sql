@@ -1,21 +1,25 @@
 -- Retention: the pruner (orbit_node.store.pruning) and what operators read of it.
 --
--- A task is expired when it is terminal (retention_class 1 succeeded, 2 failed/cancelled/
--- expired) and finished_at < NOW(6) - its application's retention for that class. Every
--- read goes through ix_tasks_retention (application_id, retention_class, finished_at):
--- the expired rows of an (application, class) lead its range, so a prune reads what it
--- deletes and never a live task (class NULL).
+-- A task is expired when it is terminal (succeeded; failed, cancelled or expired) and
+-- finished_at < NOW(6) - its application's retention for that outcome. Every read goes
+-- through ix_tasks_lease (state, lease_expires_at, application_id, finished_at), 000023:
+-- a finished task's lease is always NULL, so (state = one terminal state, lease NULL,
+-- application_id) is a range of that application's finished tasks in finished_at order.
+-- Its expired rows lead the range, so a prune reads what it deletes, and no live task is
+-- in it. The index is the one every transition already rewrites: retention adds no index
+-- operation to a task's life.
 --
--- Each read names one class with an equality (retention_class = 1, or = 2), never
--- retention_class IN (1, 2): MariaDB 10.11.19 was seen to return no rows at all for
--- "retention_class IN (1, 2) AND finished_at > ? ORDER BY finished_at" once it chose a
--- ref on application_id with a filesort (after rows had been deleted), 264 reads of
--- 1,259 in bench retention's harness; the range read of one class was right every time.
+-- Each read names one state with an equality, never state IN (...): MariaDB 10.11.19 was
+-- seen to return no rows at all for "class IN (1, 2) AND finished_at > ? ORDER BY
+-- finished_at" once it chose a ref on application_id with a filesort (after rows had been
+-- deleted; bench/README.md); a range read of one value was right every time. The states
+-- of an outcome are read as one range each and merged (UNION ALL, then ORDER BY).
 --
 -- Any number of nodes prune at once: the candidates, read without locks, are locked by
 -- primary key with SKIP LOCKED (a row another pruner, or a late transition, holds is
--- left for the next batch) and deleted by primary key in the same short transaction. At READ COMMITTED no gap is locked, so a
--- Finish adding a row to the end of the range never waits for a pruner.
+-- left for the next batch) and deleted by primary key in the same short transaction. At
+-- READ COMMITTED no gap is locked, so a Finish adding a row to the end of the range never
+-- waits for a pruner.
 
 -- Every application of this database with its own retention (NULL: the node's default).
 -- name: retention_applications
@@ -23,29 +27,35 @@ SELECT application_id, name, retain_succeeded_s, retain_failed_s
   FROM applications
  ORDER BY application_id
 
--- One batch of expired tasks of an (application, class), oldest first, read without
--- locking anything. overdue_s: how long past its retention each one is (the pruner's
--- lag). Not a locking read of the range: InnoDB would also lock, for a moment, the first
--- entry past it, which can be a live task of the next application (live entries sort
--- first, class NULL), and a claim's SKIP LOCKED would pass that task over: a claim took
--- the second task of a queue instead of the first (tests/test_hardening_conn.py).
--- name: prune_candidates
-SELECT task_id,
-       TIMESTAMPDIFF(MICROSECOND, finished_at, NOW(6) - INTERVAL %(keep_s)s SECOND) / 1000000 AS overdue_s
-  FROM tasks FORCE INDEX (ix_tasks_retention)
- WHERE application_id = %(application_id)s
-   AND retention_class = %(retention_class)s
-   AND finished_at < NOW(6) - INTERVAL %(keep_s)s SECOND
- ORDER BY finished_at
- LIMIT %(limit)s
+-- One batch of expired tasks of an (application, outcome), oldest first, read without
+-- locking anything: one branch per terminal state of the outcome (%(state_{i})s),
+-- merged by prune_candidates_order. overdue_s: how long past its retention each one is
+-- (the pruner's lag). Not a locking read of the range: InnoDB would also lock, for a
+-- moment, the first entry past it, which can be another application's task, and a
+-- claim's SKIP LOCKED would pass such a task over: a claim took the second task of a
+-- queue instead of the first (tests/test_hardening_conn.py).
+-- name: prune_candidates_branch
+(SELECT task_id, finished_at,
+        TIMESTAMPDIFF(MICROSECOND, finished_at, NOW(6) - INTERVAL %(keep_s)s SECOND) / 1000000 AS overdue_s
+   FROM tasks FORCE INDEX (ix_tasks_lease)
+  WHERE state = %(state_{i})s
+    AND lease_expires_at IS NULL
+    AND application_id = %(application_id)s
+    AND finished_at < NOW(6) - INTERVAL %(keep_s)s SECOND
+  ORDER BY finished_at
+  LIMIT %(limit)s)
+
+-- name: prune_candidates_order
+ORDER BY finished_at
+LIMIT %(limit)s
 
 -- Then exactly those rows are locked, by primary key, skipping what another pruner (or a
--- late transition) holds; the class is checked again on the locked row.
+-- late transition) holds; that the task is finished is checked again on the locked row.
 -- name: prune_lock
 SELECT task_id
   FROM tasks FORCE INDEX (PRIMARY)
  WHERE task_id IN %(task_ids)s
-   AND retention_class IS NOT NULL
+   AND state IN ('succeeded', 'failed', 'cancelled', 'expired')
    FOR UPDATE SKIP LOCKED
 
 -- What belongs to the locked tasks: their attempts, and their acceptance records (an
@@ -58,9 +68,10 @@ DELETE a FROM task_attempts a FORCE INDEX (uq_attempts_token) WHERE a.task_id IN
 -- name: prune_records
 DELETE r FROM idempotency_records r FORCE INDEX (ix_idempotency_records_task) WHERE r.task_id IN %(task_ids)s
 
--- The tasks themselves; the class condition is a guard: a live task is never deleted.
+-- The tasks themselves; the state condition is a guard: a live task is never deleted.
 -- name: prune_tasks
-DELETE t FROM tasks t FORCE INDEX (PRIMARY) WHERE t.task_id IN %(task_ids)s AND t.retention_class IS NOT NULL
+DELETE t FROM tasks t FORCE INDEX (PRIMARY)
+ WHERE t.task_id IN %(task_ids)s AND t.state IN ('succeeded', 'failed', 'cancelled', 'expired')
 
 -- Audit records older than their retention, oldest first (ix_audit_records_time).
 -- name: prune_audit_candidates
@@ -74,24 +85,27 @@ SELECT audit_id
 -- name: prune_audit
 DELETE r FROM audit_records r FORCE INDEX (PRIMARY) WHERE r.audit_id IN %(audit_ids)s
 
--- What retention deletes next for an (application, class), read only: how many tasks have
--- expired (counted up to %(cap)s index entries), the oldest of them, and when the first
--- task not yet expired will be.
+-- What retention deletes next for an (application, terminal state), read only: how many
+-- tasks have expired (counted up to %(cap)s index entries), the oldest of them, and when
+-- the first task not yet expired will be. The caller adds up the states of an outcome.
 -- name: retention_due
 SELECT (SELECT COUNT(*) FROM (SELECT 1
-                                FROM tasks FORCE INDEX (ix_tasks_retention)
-                               WHERE application_id = %(application_id)s
-                                 AND retention_class = %(retention_class)s
+                                FROM tasks FORCE INDEX (ix_tasks_lease)
+                               WHERE state = %(state)s
+                                 AND lease_expires_at IS NULL
+                                 AND application_id = %(application_id)s
                                  AND finished_at < NOW(6) - INTERVAL %(keep_s)s SECOND
                                LIMIT %(cap)s) expired) AS expired,
        (SELECT MIN(finished_at)
-          FROM tasks FORCE INDEX (ix_tasks_retention)
-         WHERE application_id = %(application_id)s
-           AND retention_class = %(retention_class)s) AS oldest_finished_at,
+          FROM tasks FORCE INDEX (ix_tasks_lease)
+         WHERE state = %(state)s
+           AND lease_expires_at IS NULL
+           AND application_id = %(application_id)s) AS oldest_finished_at,
        (SELECT MIN(finished_at) + INTERVAL %(keep_s)s SECOND
-          FROM tasks FORCE INDEX (ix_tasks_retention)
-         WHERE application_id = %(application_id)s
-           AND retention_class = %(retention_class)s
+          FROM tasks FORCE INDEX (ix_tasks_lease)
+         WHERE state = %(state)s
+           AND lease_expires_at IS NULL
+           AND application_id = %(application_id)s
            AND finished_at >= NOW(6) - INTERVAL %(keep_s)s SECOND) AS next_expiry_at,
        NOW(6) AS now
 

@@ -37,7 +37,7 @@ import trio
 from orbit_node.db import Database
 
 from . import HANDLER, retention_cpu, retention_sizing
-from .accounting import cpu_seconds
+from .accounting import cpu_seconds, self_cpu_seconds
 from .database import App, BenchDb, bench_database, make_app
 from .footprint import TASK_TABLES, server_pid, table_sizes
 from .lifecycle import (
@@ -56,6 +56,7 @@ from .lifecycle import (
 )
 from .orbitcmd import OrbitProcess, known_settings, orbit_process
 from .report import Target, format_table, ratio
+from .soak import rss_bytes
 
 PARTS = ("sizing", "soak", "catchup", "cpu")
 DEFAULT_PARTS = "sizing,soak,catchup"
@@ -182,7 +183,12 @@ async def sample_loop(
     """Every ``interval_s``: table rows and bytes (``sizes``), the backlog left, the node's
     retention metrics, CPU shares, the live tasks' database waits, and window latencies."""
     server = await server_pid(bdb.db)
-    last = (time.perf_counter(), cpu_seconds(node.pid), cpu_seconds(server) if server else math.nan)
+    last = (
+        time.perf_counter(),
+        cpu_seconds(node.pid),
+        cpu_seconds(server) if server else math.nan,
+        self_cpu_seconds(),
+    )
     last_t = 0.0
     while True:
         await trio.sleep(interval_s)
@@ -195,9 +201,18 @@ async def sample_loop(
         if backlog is not None:
             sample["backlog_left"] = await backlog_left(bdb.db, backlog)
         sample["metrics"] = await retention_metrics(node)
-        now = (time.perf_counter(), cpu_seconds(node.pid), cpu_seconds(server) if server else math.nan)
+        now = (
+            time.perf_counter(),
+            cpu_seconds(node.pid),
+            cpu_seconds(server) if server else math.nan,
+            self_cpu_seconds(),
+        )
         sample["node_cpu_pct"] = 100 * (now[1] - last[1]) / (now[0] - last[0])
         sample["server_cpu_pct"] = 100 * (now[2] - last[2]) / (now[0] - last[0])
+        # The harness runs the Workers that time the Finish acks: its own CPU, and the
+        # node's memory, say whether a latency that grows is theirs.
+        sample["harness_cpu_pct"] = 100 * (now[3] - last[3]) / (now[0] - last[0])
+        sample["node_rss_mb"] = rss_bytes(node.pid) / 2**20
         last = now
         for name, events in (
             ("submit", timeline.submits),
@@ -340,7 +355,9 @@ def soak_report(
             "pruned tasks",
             "lag s",
             "node %",
+            "node RSS MB",
             "mariadbd %",
+            "harness %",
             "submit p99",
             "dispatch p99",
             "finish p99",
@@ -353,7 +370,9 @@ def soak_report(
                 metric(s["metrics"], "orbit_retention_pruned_rows_total", "tasks"),
                 metric(s["metrics"], "orbit_retention_lag_seconds"),
                 s["node_cpu_pct"],
+                s["node_rss_mb"],
                 s["server_cpu_pct"],
+                s["harness_cpu_pct"],
                 s["submit_p99_ms"],
                 s["dispatch_p99_ms"],
                 s["finish_p99_ms"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from quart import Blueprint, g, request
+from quart import Blueprint, g, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug import exceptions as http_exceptions
 from werkzeug.exceptions import HTTPException
@@ -109,17 +109,25 @@ def create_app(state: NodeState) -> QuartTrio:
         # The statement and the server's words stay in the log, not in the response.
         return envelope.failure(exc)
 
+    def target() -> tuple[str, str]:
+        """The method and path of what failed: a request, or a WebSocket upgrade sent to a
+        route that is not one (answered as any request to it, before the upgrade)."""
+        if has_request_context():
+            return request.method, request.path
+        return "GET", websocket.path
+
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException):
+        method, path = target()
         status = exc.code or 500
         if status == 413:
             mapped: OrbitError = PayloadTooLarge(
                 f"body: request body exceeds {state.config.max_body_bytes} bytes", field="body"
             )
         elif status == 404:
-            mapped = NotFound(f"path: no route {request.path}", field="path")
+            mapped = NotFound(f"path: no route {path}", field="path")
         elif status == 405:
-            mapped = MethodNotAllowed(f"method: {request.method} is not allowed on {request.path}", field="method")
+            mapped = MethodNotAllowed(f"method: {method} is not allowed on {path}", field="method")
         elif status == 408:
             mapped = InvalidArgument("body: the request body did not arrive in time", field="body")
             mapped.http_status = 408
@@ -133,7 +141,7 @@ def create_app(state: NodeState) -> QuartTrio:
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception):
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        log.exception("unhandled error on %s %s", *target())
         error = OrbitError("internal error")
         return envelope.error(error)
 

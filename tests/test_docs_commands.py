@@ -27,6 +27,12 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 # A block starting with this line is not run, for this reason.
 SKIPPED = {
+    "mariadb-dump --single-transaction --quick --no-tablespaces -h DB -u backup orbit > orbit.sql": (
+        "tests/test_backup_restore.py takes this backup of a live database and restores it"
+    ),
+    "mariadb -h DB -u migrator -e 'CREATE DATABASE orbit_restored CHARACTER SET utf8mb4 COLLATE utf8mb4_bin'": (
+        "tests/test_backup_restore.py restores the backup this way into a new database"
+    ),
     "make run    # venv in .venv/, private MariaDB under ./var (unless ORBIT_MYSQL_DSN is set),": (
         "make run/test/lint build the checkout's own venv and database and make run never returns; "
         "the test's node and scratch database stand in for it"

@@ -281,7 +281,10 @@ class NoStore:
     async def release_many(self, items):
         raise AssertionError("no transition before hello")
 
-    async def finish_many(self, items):
+    async def finish_many(self, items, *, recorded_only=None):
+        raise AssertionError("no transition before hello")
+
+    async def attach_many(self, items):
         raise AssertionError("no transition before hello")
 
     async def get_queue(self, namespace_id, queue_id):

@@ -47,11 +47,27 @@ DUE = datetime(2030, 1, 1, 0, 0, 2)
 SEND_MESSAGES, SEND_BYTES = 4, 100
 
 # Written out here, not read from RULES: the held states each transition accepts ...
-ACCEPTS = {START: {RESERVED}, RENEW: {RESERVED, RUNNING}, FINISH: {RUNNING}, RELEASE: {RESERVED}}
+ATTACH = TransitionKind.ATTACH
+ATTACHING = TaskState.ATTACHING
+# Held states each kind accepts: a reservation is never renewed; only a task presented in
+# the hello (ATTACHING) is attached.
+ACCEPTS = {START: {RESERVED}, RENEW: {RUNNING}, FINISH: {RUNNING}, RELEASE: {RESERVED}, ATTACH: {ATTACHING}}
 # ... and what an accepted / a refused store result leaves held (None: dropped).
-AFTER_OK: dict[TransitionKind, TaskState | str | None] = {START: RUNNING, RENEW: "same", FINISH: None, RELEASE: None}
-AFTER_REFUSED: dict[TransitionKind, TaskState | str | None] = {START: None, RENEW: None, FINISH: None, RELEASE: None}
-OK_OUTCOME = {START: Outcome.STARTED, RENEW: Outcome.RENEWED, FINISH: Outcome.SUCCEEDED, RELEASE: Outcome.RELEASED}
+AFTER_OK: dict[TransitionKind, TaskState | str | None] = {
+    START: RUNNING,
+    RENEW: "same",
+    FINISH: None,
+    RELEASE: None,
+    ATTACH: RUNNING,
+}
+AFTER_REFUSED: dict[TransitionKind, TaskState | str | None] = dict.fromkeys(AFTER_OK)
+OK_OUTCOME = {
+    START: Outcome.STARTED,
+    RENEW: Outcome.RENEWED,
+    FINISH: Outcome.SUCCEEDED,
+    RELEASE: Outcome.RELEASED,
+    ATTACH: Outcome.ATTACHED,
+}
 
 
 def task_id(n: int) -> str:
@@ -154,8 +170,12 @@ def test_every_transition_kind_state_token_and_result(kind, held_state, token_ma
     split = c.split(kind, [ref(kind, 1, token(1) if token_matches else token(1, attempt=2))])
     assert dict(c.held) == before  # splitting changes nothing
 
-    if held_state is None or not token_matches or held_state not in ACCEPTS[kind]:
-        assert split.mine == () and split.not_held == (task_id(1),)
+    if held_state is None or not token_matches:
+        assert split.mine == () and split.not_held == (task_id(1),) and split.wrong_state == ()
+        return
+    if held_state not in ACCEPTS[kind]:
+        # Held with that token, in a state the transition does not apply to.
+        assert split.mine == () and split.not_held == () and split.wrong_state == (task_id(1),)
         return
     assert [r.task_id for r in split.mine] == [task_id(1)] and split.not_held == ()
 
@@ -175,7 +195,7 @@ def test_every_transition_kind_state_token_and_result(kind, held_state, token_ma
 
 def test_the_rule_table_is_the_one_the_tests_expect():
     assert {kind: set(rule.accepts) for kind, rule in RULES.items()} == ACCEPTS
-    assert [kind for kind, rule in RULES.items() if rule.notices] == [RENEW]
+    assert [kind for kind, rule in RULES.items() if rule.notices] == [RENEW, ATTACH]
 
 
 def test_a_start_refused_as_cancelled_drops_the_reservation():
@@ -196,7 +216,7 @@ def test_a_mixed_batch_keeps_the_order_of_its_refs():
     ]
     split = c.split(START, refs)
     assert [r.task_id for r in split.mine] == [task_id(3), task_id(1)]
-    assert split.not_held == (task_id(4), task_id(9), task_id(2))
+    assert split.not_held == (task_id(9),) and split.wrong_state == (task_id(4), task_id(2))
     settled = c.settle(START, split.mine, [ok(START, 3), refused(1)], now=2.0)
     assert {tid: h.state for tid, h in c.held.items()} == {task_id(n): RUNNING for n in (2, 3, 4)}
     assert settled.started_after_s == (2.0,) and settled.dropped == (task_id(1),)
@@ -238,7 +258,7 @@ def test_settle_takes_only_as_many_results_as_refs():
         ({"cancel_requested": True, "deadline_passed": True}, ("cancel_requested",)),
     ],
 )
-@pytest.mark.parametrize("state", [RESERVED, RUNNING])
+@pytest.mark.parametrize("state", [RUNNING])
 def test_an_accepted_renew_carries_the_cancel_notice(flags, expected, state):
     c = holding((1, state))
     split = c.split(RENEW, [p.TaskRef(task_id(1), token(1))])
@@ -280,7 +300,8 @@ def test_kind_of_names_each_transition_message():
     assert kind_of(p.Renew(refs)) is RENEW
     assert kind_of(p.Release(refs)) is RELEASE
     assert kind_of(p.Finish((p.FinishReport(task_id(1), token(1), "succeeded", "1", None, False),))) is FINISH
-    assert [k.value for k in TransitionKind] == ["start", "renew", "finish", "release"]
+    assert kind_of(p.Attach(refs)) is ATTACH
+    assert [k.value for k in TransitionKind] == ["start", "renew", "finish", "release", "attach"]
 
 
 # -- claim requests ------------------------------------------------------------------------------------
@@ -600,7 +621,15 @@ class ConnectionLife(RuleBasedStateMachine):
             and self.model[r.task_id][1] in ACCEPTS[kind]
         ]
         assert list(split.mine) == expect_mine
-        assert len(split.mine) + len(split.not_held) == len(refs)
+        expect_wrong_state = [
+            r.task_id
+            for r in refs
+            if r.task_id in self.model
+            and self.model[r.task_id][0] == r.token
+            and self.model[r.task_id][1] not in ACCEPTS[kind]
+        ]
+        assert list(split.wrong_state) == expect_wrong_state
+        assert len(split.mine) + len(split.not_held) + len(split.wrong_state) == len(refs)
         oks = [data.draw(st.booleans()) for _ in split.mine]
         results = [
             ok(kind, int(r.task_id, 16)) if good else refused(int(r.task_id, 16))

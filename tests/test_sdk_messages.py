@@ -107,7 +107,9 @@ NODE_MESSAGES = [
         p.cancel([(TASK, "cancel_requested"), ("b" * 32, "deadline")]),
         Cancel((CancelTask(TASK, "cancel_requested"), CancelTask("b" * 32, "deadline"))),
     ),
-    (p.drain(), Drain()),
+    (p.drain("shutdown"), Drain("shutdown")),
+    (p.drain("moved"), Drain("moved")),
+    ({"type": "drain"}, Drain()),
     (p.error("NOT_FOUND", "no such queue", "queues[0]"), Error("NOT_FOUND", "no such queue", "queues[0]")),
     (p.error("OUT_OF_ORDER", "a second hello"), Error("OUT_OF_ORDER", "a second hello")),
 ]

@@ -47,6 +47,14 @@ GOOD_INBOUND = [
         ],
     },
     {"type": "drain"},
+    {"type": "drain", "reason": "deploy"},
+    {
+        "type": "hello",
+        "queues": [QUEUE],
+        "capabilities": [{"handler": "object.prepare", "handler_version": "v1", "payload_version": "v1"}],
+        "capacity": 2,
+        "tasks": [{"task_id": TASK, "token": TOKEN}],
+    },
 ]
 
 BAD_INBOUND = [
@@ -55,6 +63,8 @@ BAD_INBOUND = [
     ('{"type":"heartbeat","type":"heartbeat"}', "MALFORMED_MESSAGE", None),
     ('{"type":"start","tasks":[{"task_id":"' + TASK + '","token":NaN}]}', "MALFORMED_MESSAGE", None),
     ('{"type":"launch"}', "UNKNOWN_TYPE", "type"),
+    ('{"tasks":[]}', "INVALID_MESSAGE", "type"),
+    ('{"type":7}', "INVALID_MESSAGE", "type"),
     ('{"type":"heartbeat","extra":1}', "INVALID_MESSAGE", "extra"),
     ('{"type":"hello","queues":[],"capabilities":[],"capacity":1}', "INVALID_MESSAGE", "queues"),
     (
@@ -237,7 +247,10 @@ def test_outbound_messages_match_the_schema():
         ),
         p.ack("finish", [{"task_id": TASK, "ok": False, "code": "OWNERSHIP_LOST"}]),
         p.cancel([(TASK, "deadline")]),
-        p.drain(),
+        p.drain("shutdown"),
+        p.drain("moved"),
+        p.ack("drain", []),
+        p.ack("attach", [{"task_id": TASK, "ok": True, "state": "running"}]),
         p.error("OUT_OF_ORDER", "hello first", "type"),
     ]:
         validate_message(message, direction="node")

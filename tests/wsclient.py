@@ -36,25 +36,32 @@ class RawWorker:
                 return message
             self.inbox.append(message)
 
-    async def hello(self, queues, *, capacity=1, capabilities=(CAP,), resource_keys=False) -> dict:
-        await self.send(
-            {
-                "type": "hello",
-                "queues": list(queues),
-                "capabilities": list(capabilities),
-                "capacity": capacity,
-                "resource_keys": resource_keys,
-            }
-        )
+    async def hello(self, queues, *, capacity=1, capabilities=(CAP,), resource_keys=False, tasks=None) -> dict:
+        """Send a hello (``tasks``: running tasks to re-attach) and return the welcome."""
+        hello = {
+            "type": "hello",
+            "queues": list(queues),
+            "capabilities": list(capabilities),
+            "capacity": capacity,
+            "resource_keys": resource_keys,
+        }
+        if tasks is not None:
+            hello["tasks"] = list(tasks)
+        await self.send(hello)
         return await self.recv_type("welcome")
 
     async def request(self, kind: str, tasks: list[dict], message_id: str) -> dict:
         await self.send({"type": kind, "id": message_id, "tasks": tasks})
-        while True:
-            ack = await self.recv_type("ack")
-            if ack.get("id") == message_id:
-                return ack
-            self.inbox.append(ack)
+        others = []
+        try:
+            while True:
+                ack = await self.recv_type("ack")
+                if ack.get("id") == message_id:
+                    return ack
+                # Another ack (of an earlier message, of a drain): kept for later readers.
+                others.append(ack)
+        finally:
+            self.inbox.extend(others)
 
 
 def ws_url(base_url: str) -> str:

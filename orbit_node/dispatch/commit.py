@@ -39,7 +39,7 @@ from typing import Protocol
 import attrs
 
 from ..grouping import GroupCommit
-from ..store.ownership import FinishItem, TransitionResult
+from ..store.ownership import AttachItem, FinishItem, TransitionResult
 from ..store.transitions import TransitionPart
 
 # The most items one group transaction decides; a batch never is split.
@@ -75,7 +75,8 @@ class PartStore(Protocol):
     def start_part(self, items: Iterable[tuple[str, str]]) -> TransitionPart: ...
     def renew_part(self, items: Iterable[tuple[str, str]]) -> TransitionPart: ...
     def release_part(self, items: Iterable[tuple[str, str]]) -> TransitionPart: ...
-    def finish_part(self, items: Iterable[FinishItem]) -> TransitionPart: ...
+    def finish_part(self, items: Iterable[FinishItem], *, recorded_only: str | None = None) -> TransitionPart: ...
+    def attach_part(self, items: Iterable[AttachItem]) -> TransitionPart: ...
     async def transition(self, parts: Sequence[TransitionPart]) -> list[list[TransitionResult]]: ...
 
 
@@ -96,8 +97,14 @@ class Lane:
     async def release_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]:
         return await self.committer.commit(self.committer.store.release_part(items), self.application_id)
 
-    async def finish_many(self, items: Iterable[FinishItem]) -> list[TransitionResult]:
-        return await self.committer.commit(self.committer.store.finish_part(items), self.application_id)
+    async def finish_many(
+        self, items: Iterable[FinishItem], *, recorded_only: str | None = None
+    ) -> list[TransitionResult]:
+        part = self.committer.store.finish_part(items, recorded_only=recorded_only)
+        return await self.committer.commit(part, self.application_id)
+
+    async def attach_many(self, items: Iterable[AttachItem]) -> list[TransitionResult]:
+        return await self.committer.commit(self.committer.store.attach_part(items), self.application_id)
 
 
 @attrs.define(eq=False, kw_only=True)

@@ -104,6 +104,9 @@ class Cancel:
 @attrs.frozen
 class Drain:
     type: ClassVar[str] = "drain"
+    # shutdown (the node stops) or moved (its slot went to another application); None
+    # from a node that does not say. Either way the Worker moves to its next connection.
+    reason: str | None = None
 
 
 @attrs.frozen
@@ -274,7 +277,7 @@ _PARSERS: dict[str, Callable[[_Fields], NodeMessage]] = {
     "dispatch": lambda m: Dispatch(tuple(_dispatched(t) for t in m.objects("tasks", at_least=1))),
     "ack": _ack,
     "cancel": _cancel,
-    "drain": lambda m: Drain(),
+    "drain": lambda m: Drain(m.optional_text("reason")),
     "error": lambda m: Error(code=m.text("code"), message=m.text("message"), field=m.optional_text("field")),
 }
 

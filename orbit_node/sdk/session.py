@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 import trio
+from trio_websocket import ConnectionClosed
 
 from ..limits import MAX_TASKS_PER_MESSAGE
 from .messages import Ack, AckResult, Welcome
@@ -21,6 +22,11 @@ from .messages import Ack, AckResult, Welcome
 # Pause before an undecided Start or Finish is sent again: first, and cap (doubling).
 UNDECIDED_RETRY_INITIAL_S = 0.25
 UNDECIDED_RETRY_MAX_S = 2.0
+
+
+class SessionLost(Exception):
+    """The session's connection ended before the node answered: what was asked may or may
+    not have been done, and is asked again on the next connection."""
 
 
 @attrs.define(eq=False)
@@ -33,22 +39,31 @@ class Session:
     last_heard: float = attrs.field(factory=trio.current_time)
     _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
     _waiting: dict[str, trio.MemorySendChannel[tuple[AckResult, ...]]] = attrs.field(factory=dict)
-    running: dict[str, tuple[str, trio.CancelScope]] = attrs.field(factory=dict)
-    # Why the node asked to stop a task (``cancel_requested`` or ``deadline``), by task id:
-    # set by a ``cancel`` (or a refused renew), read when the handler's report is built.
-    # A cancel for a task whose handler has not begun yet waits here and stops it at once.
-    cancels: dict[str, str] = attrs.field(factory=dict)
-    # Handlers started or about to start (between the start ack and the handler).
+    # Starts sent and not yet answered (a drain waits for them).
     busy: int = 0
     idle: trio.Event = attrs.field(factory=trio.Event)
     # Start and finish messages sent, by kind (the Worker's counters).
     sent: dict[str, int] = attrs.field(factory=lambda: {"start": 0, "finish": 0})
     starts: Batcher = attrs.field(init=False)
     finishes: Batcher = attrs.field(init=False)
+    # The answer to the hello's ``tasks`` (an ``ack`` of ``attach``), once it came.
+    attached: tuple[AckResult, ...] = ()
+    attach_answered: trio.Event = attrs.field(factory=trio.Event)
+    ended: bool = False
 
     def __attrs_post_init__(self) -> None:
         self.starts = Batcher(self, "start", self.sent)
         self.finishes = Batcher(self, "finish", self.sent)
+
+    def end(self) -> None:
+        """The connection is gone: every request still waiting raises ``SessionLost``."""
+        self.ended = True
+        for send in self._waiting.values():
+            send.close()
+        self._waiting.clear()
+        self.starts.abandon()
+        self.finishes.abandon()
+        self.attach_answered.set()
 
     def enter(self) -> None:
         self.busy += 1
@@ -60,20 +75,32 @@ class Session:
             self.idle.set()
 
     async def send(self, message: dict[str, Any]) -> None:
-        await self.ws.send_message(json.dumps(message, separators=(",", ":")))
+        if self.ended:
+            raise SessionLost("the connection is closed")
+        try:
+            await self.ws.send_message(json.dumps(message, separators=(",", ":")))
+        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise SessionLost("the connection closed while sending") from exc
 
     async def request(self, kind: str, tasks: list[dict[str, Any]]) -> tuple[AckResult, ...]:
-        """Send a start/renew/finish/release and wait for its ack's results."""
+        """Send a start/renew/finish/release and wait for its ack's results; ``SessionLost``
+        if the connection ends first."""
         message_id = f"m{next(self._ids)}"
         send, recv = trio.open_memory_channel[tuple[AckResult, ...]](1)
         self._waiting[message_id] = send
         try:
             await self.send({"type": kind, "id": message_id, "tasks": tasks})
             return await recv.receive()
+        except trio.EndOfChannel:
+            raise SessionLost("the connection closed before the node answered") from None
         finally:
             self._waiting.pop(message_id, None)
 
     def resolve(self, ack: Ack) -> None:
+        if ack.of == "attach" and ack.id is None:
+            self.attached = ack.results
+            self.attach_answered.set()
+            return
         send = self._waiting.pop(ack.id, None) if ack.id is not None else None
         if send is not None:
             send.send_nowait(ack.results)
@@ -92,17 +119,30 @@ class Batcher:
     # Messages sent per kind, shared with the Worker (a figure for tests and benchmarks).
     sent: dict[str, int]
     _queued: list[tuple[dict[str, Any], trio.MemorySendChannel[AckResult | None]]] = attrs.field(factory=list)
+    _sending: list[tuple[dict[str, Any], trio.MemorySendChannel[AckResult | None]]] = attrs.field(factory=list)
     _wake: trio.Event = attrs.field(factory=trio.Event)
 
     async def submit(self, items: list[dict[str, Any]]) -> list[AckResult | None]:
-        """Queue ``items``; returns each one's result (None if the ack did not name it)."""
+        """Queue ``items``; returns each one's result (None if the ack did not name it).
+        ``SessionLost`` if the connection ends before the node answered them."""
+        if self.session.ended:
+            raise SessionLost("the connection is closed")
         waits = []
         for item in items:
             send, recv = trio.open_memory_channel[AckResult | None](1)
             self._queued.append((item, send))
             waits.append(recv)
         self._wake.set()
-        return [await recv.receive() for recv in waits]
+        try:
+            return [await recv.receive() for recv in waits]
+        except trio.EndOfChannel:
+            raise SessionLost("the connection closed before the node answered") from None
+
+    def abandon(self) -> None:
+        """The connection is gone: whatever waits for an answer gets ``SessionLost``."""
+        for _, send in (*self._queued, *self._sending):
+            send.close()
+        self._queued, self._sending = [], []
 
     async def run(self) -> None:
         while True:
@@ -113,7 +153,14 @@ class Batcher:
             if not self._queued:
                 self._wake = trio.Event()
             self.sent[self.kind] += 1
-            results = await self.session.request(self.kind, [item for item, _ in batch])
+            self._sending = batch
+            try:
+                results = await self.session.request(self.kind, [item for item, _ in batch])
+            except SessionLost:
+                # The connection's end ends the session as well (its reader sees it).
+                self.abandon()
+                return
+            self._sending = []
             by_id = {r.task_id: r for r in results}
             for item, send in batch:
                 send.send_nowait(by_id.get(item["task_id"]))
@@ -122,7 +169,7 @@ class Batcher:
 async def until_decided(batcher: Batcher, items: list[dict[str, Any]]) -> list[AckResult | None]:
     """Submit ``items``; the ones the node answers without deciding (``AckResult.undecided``)
     are submitted again after a pause (doubling up to ``UNDECIDED_RETRY_MAX_S``) until each has an answer that decides
-    it. The session's end (the connection lost) stops the retries."""
+    it. The session's end (the connection lost) stops the retries: ``SessionLost``."""
     results: list[AckResult | None] = [None] * len(items)
     waiting = list(range(len(items)))
     pause = UNDECIDED_RETRY_INITIAL_S

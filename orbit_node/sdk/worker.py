@@ -38,9 +38,13 @@ The user's guide is ``docs/sdk.md``. In short:
   node URL, given several: ``connect.py``); a node that
   answers nothing (heartbeats included) for its announced heartbeat timeout counts as
   lost, even if the network never reset the connection, and so does one that sends no
-  welcome within ``welcome_timeout_s`` of the connection. Handlers
-  that were running are cancelled (their tasks come back after the lease expires),
-  since their Finish could not be accepted by another connection anyway.
+  welcome within ``welcome_timeout_s`` of the connection. A node's ``drain`` (it shuts
+  down, or gave the slot to another application) moves the Worker the same way, at once.
+* Running tasks belong to their fencing tokens, not to a connection: handlers keep
+  running across a lost connection or a move, the next connection's hello presents them
+  (``tasks``) and the node re-attaches those whose lease still holds; their renewals and
+  Finishes go through it. A handler is cancelled only when the node refuses its task, or
+  when its lease runs out before any node could be reached (``docs/sdk.md``).
 """
 
 from __future__ import annotations
@@ -48,10 +52,12 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import math
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
@@ -84,11 +90,31 @@ from .handlers import (
     stopped,
 )
 from .messages import Ack, Cancel, Dispatch, Dispatched, Drain, Error, Heartbeat, Unknown, Welcome, parse_message
-from .session import Session, until_decided
+from .session import Session, SessionLost, until_decided
 
 __all__ = ["Handler", "PermanentError", "Worker", "WorkerRejected", "WorkerTask"]
 
 log = logging.getLogger("orbit.sdk.worker")
+
+
+class Moved(Exception):
+    """The node asked the Worker to move (its ``drain``): reconnect, re-attach what runs."""
+
+
+@attrs.define(eq=False)
+class Running:
+    """A task whose Start the node accepted, until its Finish is decided or it is lost."""
+
+    token: str
+    scope: trio.CancelScope
+    # trio time until which its lease is known to hold: the last start, renew or attach
+    # answer plus the run lease (the node's clock may be ahead; the renewals keep it far off).
+    lease_until: float
+    # The node refused it (renew, re-attach) or its lease ran out with no node reached:
+    # its handler is stopped and nothing is reported.
+    lost: bool = False
+    # The handler returned: only its Finish is left to report.
+    done: bool = False
 
 
 class Worker(WorkerCounters):
@@ -165,6 +191,14 @@ class Worker(WorkerCounters):
         # The cancel scope of a connection attempt not yet welcomed (a drain ends it).
         self._connecting: trio.CancelScope | None = None
         self._ends = dict.fromkeys(ENDS, 0)
+        # Tasks started and not yet reported, across connections; the session they are
+        # reported through (None while none is live), and an event set at each change of
+        # either (a task lost, a session live or gone).
+        self._running: dict[str, Running] = {}
+        self._cancels: dict[str, str] = {}
+        self._live: Session | None = None
+        self._changed = trio.Event()
+        self._work: trio.Nursery | None = None
         self._connections = 0
         self._messages_sent = {"start": 0, "finish": 0}
         self._progress = trio.Event()
@@ -286,47 +320,77 @@ class Worker(WorkerCounters):
         status = [task_status]
         try:
             self._threads = trio.CapacityLimiter(self.capacity)
-            while not self._draining:
-                url = self._rotation.current
-                welcomed = self._connections
-                try:
-                    try:
-                        await self._attempt(url, status)
-                    except BaseExceptionGroup as group:
-                        # Nurseries wrap what ended the session; act on the exception itself
-                        # (keeping its own cause, which may say why).
-                        leaf = first_error(group)
-                        raise leaf from leaf.__cause__
-                except (WorkerRejected, ConfigError):
-                    raise
-                except (
-                    OSError,
-                    ConnectionClosed,
-                    HandshakeError,
-                    trio.BrokenResourceError,
-                    NodeSilent,
-                    OrbitClientError,
-                ) as exc:
-                    if self._draining:
-                        break
-                    pause = self._rotation.failed()
-                    what = "worker connection lost" if self._connections > welcomed else "worker could not connect"
-                    where = f" to {self._rotation.current}" if len(self.urls) > 1 else ""
-                    reason = describe_failure(exc, url, self.connect_timeout_s, looking_up=self._queue_ids is None)
-                    log.warning("%s (%s); reconnecting%s in %.1f s", what, reason, where, pause)
-                    with trio.move_on_after(pause):
-                        await self._drain_requested.wait()
+            try:
+                async with trio.open_nursery() as work:
+                    # Handlers run here, outside any one connection's session.
+                    self._work = work
+                    work.start_soon(self._lease_watch)
+                    await self._connect_loop(status)
+                    work.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                leaf = first_error(group)
+                raise leaf from leaf.__cause__
             self._drained = self._draining
         finally:
+            self._work = None
             self._stopped.set()
+
+    async def _connect_loop(self, status: list[trio.TaskStatus[None]]) -> None:
+        """Connections one after another until drained and every started task is reported."""
+        while not self._draining or self._running:
+            url = self._rotation.current
+            welcomed = self._connections
+            try:
+                try:
+                    await self._attempt(url, status)
+                except BaseExceptionGroup as group:
+                    # Nurseries wrap what ended the session; act on the exception itself
+                    # (keeping its own cause, which may say why).
+                    leaf = first_error(group)
+                    raise leaf from leaf.__cause__
+            except (WorkerRejected, ConfigError):
+                raise
+            except Moved as moved:
+                pause = self._rotation.failed()
+                where = f" to {self._rotation.current}" if len(self.urls) > 1 else ""
+                log.info(
+                    "worker asked to move by the node at %s (%s); reconnecting%s in %.1f s", url, moved, where, pause
+                )
+                await self._pause(pause)
+            except (
+                OSError,
+                ConnectionClosed,
+                HandshakeError,
+                trio.BrokenResourceError,
+                NodeSilent,
+                OrbitClientError,
+                SessionLost,
+            ) as exc:
+                if self._draining and not self._running:
+                    break
+                pause = self._rotation.failed()
+                what = "worker connection lost" if self._connections > welcomed else "worker could not connect"
+                where = f" to {self._rotation.current}" if len(self.urls) > 1 else ""
+                reason = describe_failure(exc, url, self.connect_timeout_s, looking_up=self._queue_ids is None)
+                log.warning("%s (%s); reconnecting%s in %.1f s", what, reason, where, pause)
+                await self._pause(pause)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait before the next attempt; a drain with nothing running ends the wait."""
+        with trio.move_on_after(seconds):
+            await self._drain_requested.wait()
+            while self._running:
+                await self._wait_changed()
 
     async def _attempt(self, url: str, status: list[trio.TaskStatus[None]]) -> None:
         """One connection to ``url`` (after looking queue names up there, the first time).
-        A drain requested before the welcome ends it quietly."""
+        A drain requested before the welcome ends it quietly, unless started tasks are
+        still to be reported."""
         with trio.CancelScope() as connecting:
-            self._connecting = connecting
+            if not self._running:
+                self._connecting = connecting
             try:
-                if self._draining:
+                if self._draining and not self._running:
                     return
                 if self._queue_ids is None:
                     self._queue_ids = await resolve_queues(
@@ -338,7 +402,13 @@ class Worker(WorkerCounters):
 
     def _hello(self) -> dict[str, Any]:
         assert self._queue_ids is not None, "queues are resolved before a session starts"
-        return hello_message(self._queue_ids, list(self._handlers), self.resource_keys, self.capacity, self.client_name)
+        hello = hello_message(
+            self._queue_ids, list(self._handlers), self.resource_keys, self.capacity, self.client_name
+        )
+        running = [{"task_id": task_id, "token": r.token} for task_id, r in self._running.items() if not r.lost]
+        if running:
+            hello["tasks"] = running
+        return hello
 
     async def _session(self, url: str, status: list[trio.TaskStatus[None]]) -> None:
         headers = [(b"authorization", f"Bearer {self._token}".encode())]
@@ -352,12 +422,19 @@ class Worker(WorkerCounters):
             ) as ws:
                 # The heartbeat watchdog starts with the session: until then this bound is
                 # all that stops a node that accepted the connection and answers nothing.
+                hello = self._hello()
                 with trio.move_on_after(self.welcome_timeout_s) as waited:
-                    await ws.send_message(json.dumps(self._hello()))
+                    await ws.send_message(json.dumps(hello))
                     answer = await ws.get_message()
                 if waited.cancelled_caught:
                     raise NodeSilent(f"no welcome from the node within {self.welcome_timeout_s:g} s of the hello")
                 welcome = parse_message(answer)
+                if isinstance(welcome, Error) and welcome.field == "tasks" and "tasks" in hello:
+                    # A node that cannot re-attach (older than this Worker, or the tasks
+                    # were more than it takes): those tasks are lost, the next hello is plain.
+                    for ref in hello["tasks"]:
+                        self._lose(ref["task_id"], f"the node refused to re-attach it ({welcome.message})")
+                    raise SessionLost(f"the node refused the hello's tasks: {welcome.message}")
                 if not isinstance(welcome, Welcome):
                     raise hello_refused(welcome)
                 # Welcomed: a drain now finishes what runs instead of ending the attempt.
@@ -367,26 +444,87 @@ class Worker(WorkerCounters):
                 session = Session(ws, welcome, sent=self._messages_sent)
                 if status:
                     status.pop().started()
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(session.starts.run)
-                    nursery.start_soon(session.finishes.run)
-                    nursery.start_soon(self._heartbeats, session)
-                    nursery.start_soon(self._renewals, session)
-                    nursery.start_soon(self._drain_watch, session, nursery)
-                    await self._receive(session, nursery)
-                    nursery.cancel_scope.cancel()
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(session.starts.run)
+                        nursery.start_soon(session.finishes.run)
+                        nursery.start_soon(self._heartbeats, session)
+                        nursery.start_soon(self._go_live, session, [t["task_id"] for t in hello.get("tasks", [])])
+                        nursery.start_soon(self._drain_watch, session, nursery)
+                        await self._receive(session, nursery)
+                        nursery.cancel_scope.cancel()
+                finally:
+                    session.end()
+                    if self._live is session:
+                        self._live = None
+                    self._signal()
         except HandshakeError as exc:
             code = getattr(exc, "status_code", None)
             if code in (400, 401, 403):
                 raise refusal(code, getattr(exc, "body", b"") or b"") from None
             raise
 
+    async def _go_live(self, session: Session, presented: list[str]) -> None:
+        """Once the node answered the tasks the hello presented (re-attached or refused),
+        the session is the one started tasks report through; then it renews them."""
+        if presented:
+            await session.attach_answered.wait()
+            answers = {r.task_id: r for r in session.attached}
+            now = trio.current_time()
+            for task_id in presented:
+                answer = answers.get(task_id)
+                running = self._running.get(task_id)
+                if running is None:
+                    continue
+                if answer is not None and answer.ok:
+                    running.lease_until = now + session.welcome.run_lease_s
+                elif not running.done:
+                    self._lose(task_id, f"the node did not re-attach it ({answer.code if answer else 'no answer'})")
+                # A task whose handler returned is reported anyway: a Finish recorded
+                # before the connection ended is answered with its recorded outcome.
+        if session.ended:
+            return
+        self._live = session
+        self._signal()
+        await self._renewals(session)
+
+    def _signal(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _wait_changed(self) -> None:
+        await self._changed.wait()
+
+    def _lose(self, task_id: str, why: str) -> None:
+        """The task is no longer this Worker's: stop its handler, report nothing."""
+        running = self._running.get(task_id)
+        if running is None or running.lost:
+            return
+        running.lost = True
+        running.scope.cancel()
+        log.warning("task %s: handler stopped: %s", task_id, why)
+        self._signal()
+
+    async def _lease_watch(self) -> None:
+        """While no session is live, a task whose lease has run out is lost: its handler
+        stops (the node's lease recovery gives the task another attempt)."""
+        while True:
+            now = trio.current_time()
+            if self._live is None:
+                for task_id, running in list(self._running.items()):
+                    if not running.lost and running.lease_until <= now:
+                        self._lose(task_id, "its lease ran out before a node could be reached")
+            wake = self._changed
+            soonest = min((r.lease_until for r in self._running.values() if not r.lost), default=math.inf)
+            with trio.move_on_at(soonest if self._live is None else math.inf):
+                await wake.wait()
+
     async def _receive(self, session: Session, nursery: trio.Nursery) -> None:
         while True:
             try:
                 message = parse_message(await session.ws.get_message())
             except ConnectionClosed:
-                if self._draining:
+                if self._draining and not self._running:
                     return
                 raise
             session.last_heard = trio.current_time()
@@ -397,22 +535,24 @@ class Worker(WorkerCounters):
                     session.resolve(message)
                 case Cancel(tasks=tasks):
                     for item in tasks:
-                        self._cancel(session, item.task_id, item.reason)
-                case Drain():
-                    # The node is shutting down: finish what runs, then reconnect (or stop if draining).
-                    nursery.start_soon(self._finish_then_close, session)
+                        self._cancel(item.task_id, item.reason)
+                case Drain(reason=reason):
+                    # The node shuts down (or gave this slot away): move now. What runs
+                    # goes on and is re-attached on the next connection.
+                    if self._draining and not self._running:
+                        return
+                    raise Moved(reason or "drain")
                 case Error(code=code, message=text):
                     log.warning("node refused a message: %s %s", code, text)
                 case Heartbeat() | Welcome() | Unknown():
                     pass  # heard from (last_heard), nothing more: a second welcome, a type unknown here
 
-    @staticmethod
-    def _cancel(session: Session, task_id: str, reason: str) -> None:
+    def _cancel(self, task_id: str, reason: str) -> None:
         """Stop the handler of ``task_id`` (or, if it has not begun, stop it as it begins)."""
-        session.cancels[task_id] = reason
-        running = session.running.get(task_id)
+        self._cancels[task_id] = reason
+        running = self._running.get(task_id)
         if running is not None:
-            running[1].cancel()
+            running.scope.cancel()
 
     async def _start_and_run(self, session: Session, tasks: tuple[Dispatched, ...]) -> None:
         refs = [{"task_id": t.task.task_id, "token": t.token} for t in tasks]
@@ -422,12 +562,19 @@ class Worker(WorkerCounters):
                 await session.request("release", refs)
                 return
             results = await until_decided(session.starts, refs)
-            async with trio.open_nursery() as nursery:
-                for t, result in zip(tasks, results, strict=False):
-                    if result is not None and result.ok:
-                        nursery.start_soon(self._run_one, session, t)
-                    else:
-                        session.cancels.pop(t.task.task_id, None)
+            now = trio.current_time()
+            assert self._work is not None
+            for t, result in zip(tasks, results, strict=False):
+                if result is not None and result.ok:
+                    running = Running(t.token, trio.CancelScope(), now + session.welcome.run_lease_s)
+                    self._running[t.task.task_id] = running
+                    self._work.start_soon(self._run_one, t, running)
+                else:
+                    self._cancels.pop(t.task.task_id, None)
+        except SessionLost:
+            # Starts not answered: their reservations go back to their queues when the
+            # node sees the connection end (a Start it did record ends by lease recovery).
+            pass
         finally:
             session.leave()
 
@@ -441,29 +588,47 @@ class Worker(WorkerCounters):
             result = await result
         return result
 
-    async def _run_one(self, session: Session, dispatched: Dispatched) -> None:
+    async def _run_one(self, dispatched: Dispatched, running: Running) -> None:
         task, token = dispatched.task, dispatched.token
         key = (task.handler, task.handler_version, task.payload_version)
         report: dict[str, Any] = {"task_id": task.task_id, "token": token}
-        with trio.CancelScope() as scope:
-            session.running[task.task_id] = (token, scope)
-            if task.task_id in session.cancels:
-                scope.cancel()  # the cancel came before the handler began
-            try:
-                result = await self._call(key, task)
-                check_result(result)
-                report.update(outcome="succeeded", result=result)
-            except Exception as exc:
-                report.update(failed(exc))
-        if scope.cancelled_caught:
-            report.update(stopped(session.cancels.get(task.task_id)))
         try:
-            (result,) = await until_decided(session.finishes, [report])
+            with running.scope:
+                if task.task_id in self._cancels:
+                    running.scope.cancel()  # the cancel came before the handler began
+                try:
+                    result = await self._call(key, task)
+                    check_result(result)
+                    report.update(outcome="succeeded", result=result)
+                except Exception as exc:
+                    report.update(failed(exc))
+            if running.scope.cancelled_caught:
+                report.update(stopped(self._cancels.get(task.task_id)))
+            running.done = True
+            answer = await self._report(task.task_id, running, report)
         finally:
-            session.running.pop(task.task_id, None)
-            session.cancels.pop(task.task_id, None)
-        if result is not None and result.ok:
-            self._finished(report, result.state, task.attempt, task.max_attempts)
+            self._running.pop(task.task_id, None)
+            self._cancels.pop(task.task_id, None)
+            self._signal()
+        if answer is not None and answer.ok:
+            self._finished(report, answer.state, task.attempt, task.max_attempts)
+
+    async def _report(self, task_id: str, running: Running, report: dict[str, Any]) -> Any:
+        """The Finish through the live session, again through the next one if the
+        connection ends first (the node answers a repeated Finish with what it recorded).
+        None when the task was lost before the node answered."""
+        while not running.lost:
+            session = self._live
+            if session is None:
+                await self._wait_changed()
+                continue
+            try:
+                (answer,) = await until_decided(session.finishes, [report])
+            except SessionLost:
+                await self._wait_changed()
+                continue
+            return answer
+        return None
 
     async def _heartbeats(self, session: Session) -> None:
         """Send a heartbeat every interval; a node silent for its heartbeat timeout is gone
@@ -473,19 +638,32 @@ class Worker(WorkerCounters):
             await trio.sleep(session.welcome.heartbeat_interval_s)
             if trio.current_time() - session.last_heard >= timeout:
                 raise NodeSilent(f"nothing from the node for {timeout:g} s")
-            await session.send({"type": "heartbeat"})
+            try:
+                await session.send({"type": "heartbeat"})
+            except SessionLost:
+                return
 
     async def _renewals(self, session: Session) -> None:
+        """Every third of the run lease, one renew of every started task not reported yet."""
+        lease_s = session.welcome.run_lease_s
         while True:
-            await trio.sleep(session.welcome.run_lease_s / 3)
-            refs = [{"task_id": task_id, "token": token} for task_id, (token, _) in session.running.items()]
+            await trio.sleep(lease_s / 3)
+            refs = [{"task_id": task_id, "token": r.token} for task_id, r in self._running.items() if not r.lost]
             if not refs:
                 continue
-            for result in await session.request("renew", refs):
-                if not result.ok and not result.undecided:
-                    running = session.running.get(result.task_id)
-                    if running is not None:
-                        running[1].cancel()
+            try:
+                answers = await session.request("renew", refs)
+            except SessionLost:
+                return
+            now = trio.current_time()
+            for answer in answers:
+                running = self._running.get(answer.task_id)
+                if running is None:
+                    continue
+                if answer.ok:
+                    running.lease_until = now + lease_s
+                elif not answer.undecided:
+                    self._lose(answer.task_id, f"the node refused its renewal ({answer.code})")
 
     async def _drain_watch(self, session: Session, nursery: trio.Nursery) -> None:
         await self._drain_requested.wait()
@@ -495,4 +673,6 @@ class Worker(WorkerCounters):
     async def _finish_then_close(self, session: Session) -> None:
         if session.busy:
             await session.idle.wait()
+        while self._running:
+            await self._wait_changed()
         await session.ws.aclose()

@@ -331,6 +331,7 @@ class _Claim:
                 deadline=r["deadline"],
                 resource_key=r["resource_key"],
                 available_at=r["available_at"],
+                deadline_in_s=None if r["deadline"] is None else (r["deadline"] - now).total_seconds(),
             )
             for r in rows
         ]

@@ -31,12 +31,23 @@ from ..claims import ClaimRequest
 from ..db import Database
 from .claim import run_claim
 from .explain import read_explanation
-from .ownership import FinishItem, Hook, Outcome, OwnershipLost, RecoveryStats, Reservation, TransitionResult
+from .ownership import (
+    AttachItem,
+    FinishItem,
+    Hook,
+    Outcome,
+    OwnershipLost,
+    RecoveryStats,
+    Reservation,
+    TransitionResult,
+)
 from .recovery import Requeued, run_recovery
 from .transitions import (
     RECOVERY_BATCH,
     TransitionPart,
     TransitionRules,
+    all_recorded_finishes,
+    attach_key,
     finish_key,
     pair_key,
     recorded_finishes,
@@ -102,9 +113,32 @@ class LeaseStore:
         A reservation whose lease has expired is refused like a late Start (the sweeper's now)."""
         return TransitionPart("release.locked", list(items), pair_key, self._rules.release)
 
-    def finish_part(self, items: Iterable[FinishItem]) -> TransitionPart:
-        """Record results and failures; retry with backoff or settle; release the resource key."""
+    def finish_part(self, items: Iterable[FinishItem], *, recorded_only: str | None = None) -> TransitionPart:
+        """Record results and failures; retry with backoff or settle; release the resource key.
+        A repeated Finish of an attempt (its token) is answered with what was recorded.
+
+        ``recorded_only`` (a namespace id): Finishes from a connection that does not hold
+        the tasks, answered only where they repeat one recorded, for tasks of that
+        namespace; nothing is written."""
+        if recorded_only is not None:
+            return TransitionPart(
+                "finish.locked",
+                list(items),
+                finish_key,
+                self._rules.finish_recorded,
+                all_recorded_finishes,
+                recorded_only,
+            )
         return TransitionPart("finish.locked", list(items), finish_key, self._rules.finish, recorded_finishes)
+
+    def attach_part(self, items: Iterable[AttachItem]) -> TransitionPart:
+        """Running tasks of a Worker's earlier connection, adopted by its new one: token
+        current, lease valid, state running; the lease is renewed."""
+        attach = list(items)
+        # One connection's items: one namespace, whose tasks alone it may adopt (another's
+        # are answered as not found, their state not said).
+        namespace_id = attach[0].namespace_id if attach else None
+        return TransitionPart("attach.locked", attach, attach_key, self._rules.attach, namespace_id=namespace_id)
 
     async def transition(self, parts: Sequence[TransitionPart]) -> list[list[TransitionResult]]:
         """Run several batches (of any kinds, naming distinct tasks) in one transaction."""
@@ -119,8 +153,13 @@ class LeaseStore:
     async def release_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]:
         return (await self.transition([self.release_part(items)]))[0]
 
-    async def finish_many(self, items: Iterable[FinishItem]) -> list[TransitionResult]:
-        return (await self.transition([self.finish_part(items)]))[0]
+    async def finish_many(
+        self, items: Iterable[FinishItem], *, recorded_only: str | None = None
+    ) -> list[TransitionResult]:
+        return (await self.transition([self.finish_part(items, recorded_only=recorded_only)]))[0]
+
+    async def attach_many(self, items: Iterable[AttachItem]) -> list[TransitionResult]:
+        return (await self.transition([self.attach_part(items)]))[0]
 
     # Single-item conveniences: OwnershipLost instead of an outcome.
 

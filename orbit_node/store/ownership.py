@@ -23,6 +23,8 @@ class Outcome(enum.Enum):
 
     STARTED = "started"
     RENEWED = "renewed"
+    # A running task taken over by a new connection of its Worker (its token, lease valid).
+    ATTACHED = "attached"
     RELEASED = "released"
     SUCCEEDED = "succeeded"
     # The attempt failed and the task is queued again (available_at moved by backoff).
@@ -79,6 +81,21 @@ class Reservation:
     deadline: datetime | None
     resource_key: str | None
     available_at: datetime
+    # Seconds from the claim (database clock) to the deadline; None without one. A node
+    # times the deadline's notice to the Worker by it, on its own clock.
+    deadline_in_s: float | None = None
+
+
+@attrs.frozen
+class AttachItem:
+    """A running task a Worker presents on a new connection: adopted by ``connection_id``
+    of ``node_id`` if its token is current and its lease valid, and it is of ``namespace_id``."""
+
+    task_id: str
+    token: str
+    namespace_id: str
+    node_id: str
+    connection_id: str
 
 
 @attrs.frozen
@@ -109,13 +126,17 @@ class TransitionResult:
     ok: bool = attrs.field(default=attrs.Factory(_applied, takes_self=True))
     # The task's state after this transaction (None when the task does not exist).
     state: str | None = None
-    # RENEWED / STARTED: the new lease expiry (database clock).
+    # RENEWED / STARTED / ATTACHED: the new lease expiry (database clock).
     lease_expires_at: datetime | None = None
+    # ATTACHED: the task's queue (the new connection did not receive its dispatch), and
+    # the seconds from this transaction to its deadline (None: none).
+    queue_id: str | None = None
+    deadline_in_s: float | None = None
     # RETRY: when the task becomes due again, and how long after this transaction's
     # database clock that is (its backoff: a node sets its own timer by it).
     available_at: datetime | None = None
     backoff_s: float | None = None
-    # STARTED / RENEWED: the Worker should stop the handler (cancel requested, deadline passed).
+    # STARTED / RENEWED / ATTACHED: the Worker should stop the handler (cancel requested, deadline passed).
     cancel_requested: bool = False
     deadline_passed: bool = False
     # The same transition was already applied for this token; nothing was written.

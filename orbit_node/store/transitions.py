@@ -23,6 +23,7 @@ from .backoff import backoff_delay_ms
 from .ownership import (
     LIVE_STATES,
     At,
+    AttachItem,
     FinishItem,
     LostReason,
     Outcome,
@@ -122,6 +123,8 @@ class Writes:
     start_now: datetime | None = None
     start_lease: datetime | None = None
     renewals: dict[datetime, list[str]] = attrs.field(factory=dict)
+    # Running tasks a new connection adopted: (node id, connection id) -> task ids.
+    attachments: dict[tuple[str, str], list[str]] = attrs.field(factory=dict)
     # Attempts closed: task id -> token, outcome and error.
     attempts: dict[str, dict[str, str]] = attrs.field(factory=dict)
     # Terminal: state, result and error; requeued: available_at (None keeps it) and error (None keeps it).
@@ -135,6 +138,9 @@ class Writes:
 
     def renew(self, row: TaskRow, lease: datetime) -> None:
         self.renewals.setdefault(lease, []).append(row.task_id)
+
+    def attach(self, row: TaskRow, node_id: str, connection_id: str) -> None:
+        self.attachments.setdefault((node_id, connection_id), []).append(row.task_id)
 
     def close_attempt(self, row: TaskRow, outcome: str, error: str | None = None) -> None:
         """Record the outcome of the row's current attempt (the one its token names)."""
@@ -178,6 +184,8 @@ class Writes:
             tx.defer("start_attempts", {**params, "attempts": named})
         for lease, renewed in self.renewals.items():
             tx.defer("renew_tasks", {"task_ids": tuple(renewed), "lease_expires_at": lease})
+        for (node_id, connection_id), attached in self.attachments.items():
+            tx.defer("attach_tasks", {"task_ids": tuple(attached), "node_id": node_id, "connection_id": connection_id})
         if self.keys:
             tx.defer(
                 "settle_release_keys",
@@ -243,6 +251,10 @@ def finish_key(item: FinishItem) -> tuple[str, str]:
     return (item.task_id, item.token)
 
 
+def attach_key(item: AttachItem) -> tuple[str, str]:
+    return (item.task_id, item.token)
+
+
 T = TypeVar("T")
 # decide(row, item, writes, context) -> result; context comes from the optional prepare step.
 Decide = Callable[[TaskRow, Any, Writes, Any], TransitionResult]
@@ -265,6 +277,10 @@ class TransitionPart:
     decide: Decide
     # Read once per transaction for all parts that name it; its result is their context.
     prepare: Prepare | None = None
+    # When set, a task of another namespace is answered as one that does not exist: a
+    # part whose items are not known to be the connection's own (a Finish of a task this
+    # connection does not hold, an attach) may name any task id.
+    namespace_id: str | None = None
 
     def keys(self) -> list[tuple[str, str]]:
         return [self.key(item) for item in self.items]
@@ -307,7 +323,7 @@ async def run_transitions(db: Database, at: At, parts: Sequence[TransitionPart])
                     results.append(attrs.evolve(first[item_key], duplicate=True))
                     continue
                 row = rows.get(item_key[0])
-                if row is None:
+                if row is None or (part.namespace_id is not None and row.namespace_id != part.namespace_id):
                     result = _lost(item_key[0], LostReason.NOT_FOUND)
                 else:
                     result = _with_state(part.decide(row, item, writes, context), row)
@@ -378,6 +394,29 @@ class TransitionRules:
             deadline_passed=row.past_deadline,
         )
 
+    def attach(self, row: TaskRow, item: AttachItem, writes: Writes, _: Any) -> TransitionResult:
+        """A running task, its token current and its lease valid, moves to a new connection
+        of its Worker (after a dropped connection, or a node's drain): the lease is renewed
+        and the row names the new node and connection; nothing else changes."""
+        if row.namespace_id != item.namespace_id:
+            return _lost(row.task_id, LostReason.NOT_FOUND)
+        refused = _not_owned(row, item.token, ("running",), settled_ok=False)
+        if refused is not None:
+            return refused
+        lease = row.now + timedelta(seconds=self.run_lease_s)
+        writes.renew(row, lease)
+        writes.attach(row, item.node_id, item.connection_id)
+        return TransitionResult(
+            task_id=row.task_id,
+            outcome=Outcome.ATTACHED,
+            state="running",
+            lease_expires_at=lease,
+            queue_id=row.queue_id,
+            deadline_in_s=None if row.deadline is None else (row.deadline - row.now).total_seconds(),
+            cancel_requested=row.cancel_requested,
+            deadline_passed=row.past_deadline,
+        )
+
     def release(self, row: TaskRow, item: tuple[str, str], writes: Writes, _: Any) -> TransitionResult:
         refused = _not_owned(row, item[1], ("reserved",), settled_ok=True)
         if refused is not None:
@@ -412,14 +451,27 @@ class TransitionRules:
         backoff_s = None if available_at is None else (available_at - row.now).total_seconds()
         return TransitionResult(task_id=task_id, outcome=outcome, available_at=available_at, backoff_s=backoff_s)
 
+    def finish_recorded(
+        self, row: TaskRow, item: FinishItem, writes: Writes, recorded: Mapping[tuple[str, str], Mapping[str, Any]]
+    ) -> TransitionResult:
+        """A Finish from a connection that does not hold the task: answered only if it
+        repeats one already recorded for that token (its ack was lost); nothing is
+        written. Ownership moves between connections by re-attaching, not by a Finish."""
+        attempt = recorded.get((item.task_id, item.token))
+        if attempt is not None and attempt["started_at"] is not None and attempt["outcome"] in FINISH_OUTCOMES:
+            return TransitionResult(task_id=row.task_id, outcome=Outcome(attempt["outcome"]), duplicate=True)
+        return _lost(row.task_id, LostReason.WRONG_STATE)
+
     def _after_failure(self, row: TaskRow, *, retryable: bool) -> tuple[Outcome, datetime | None]:
-        """Where a failed started attempt leaves the task: retry, failed, cancelled or expired."""
+        """Where a failed started attempt leaves the task: cancelled when its cancel was
+        requested, expired when its deadline has passed (a deadline bounds the run as well
+        as the start: docs/api.md, "Deadlines"), else failed or a retry."""
         if row.cancel_requested:
             return Outcome.CANCELLED, None
-        if not retryable or row.attempts >= row.max_attempts:
-            return Outcome.FAILED, None
         if row.past_deadline:
             return Outcome.EXPIRED, None
+        if not retryable or row.attempts >= row.max_attempts:
+            return Outcome.FAILED, None
         delay_ms = backoff_delay_ms(
             row.attempts,
             initial_ms=row.backoff_initial_ms,
@@ -460,6 +512,17 @@ async def recorded_finishes(
         for task_id, token in keys
         if (row := rows.get(task_id)) is not None and (row.fencing_token != token or row.state != "running")
     ]
+    return await _attempts_named(tx, stale)
+
+
+async def all_recorded_finishes(
+    tx: Tx, rows: Mapping[str, TaskRow], keys: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """Attempt rows of every (task, token) named: what a Finish of it recorded, if any."""
+    return await _attempts_named(tx, [k for k in keys if k[0] in rows])
+
+
+async def _attempts_named(tx: Tx, stale: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Mapping[str, Any]]:
     if not stale:
         return {}
     params = {"task_ids": tuple(sorted({t for t, _ in stale})), "pairs": tuple(stale)}

@@ -30,6 +30,7 @@ decided by ``core.ConnectionCore`` (sans-IO); this module only awaits and sends.
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 from collections.abc import Iterable, Sequence
@@ -45,7 +46,7 @@ from ..config import NodeConfig
 from ..dispatch.claim_pool import ClaimPool, PoolClosed
 from ..dispatch.scheduler import SchedulerRefused
 from ..errors import NotFound, OrbitError
-from ..store.ownership import FinishItem, Reservation, TransitionResult
+from ..store.ownership import AttachItem, FinishItem, Reservation, TransitionResult
 from ..store.tenancy import Principal
 from . import protocol as p
 from .core import (
@@ -64,6 +65,16 @@ log = logging.getLogger("orbit.workers")
 
 # Transition messages queued per connection before new ones are refused.
 MAX_QUEUED_TRANSITIONS = 256
+
+
+class Internal(enum.Enum):
+    """Work the node puts in a connection's transition loop itself."""
+
+    # The node drains: give back the reservations not started.
+    RELEASE_UNSTARTED = "release_unstarted"
+
+
+RELEASE_UNSTARTED = Internal.RELEASE_UNSTARTED
 # Bound on the shielded clean-up (releasing reservations) when a connection ends.
 CLEANUP_TIMEOUT_S = 5.0
 # Bound on the WebSocket close handshake once the queued frames are sent.
@@ -110,7 +121,10 @@ class TransitionStore(Protocol):
     async def start_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]: ...
     async def renew_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]: ...
     async def release_many(self, items: Iterable[tuple[str, str]]) -> list[TransitionResult]: ...
-    async def finish_many(self, items: Iterable[FinishItem]) -> list[TransitionResult]: ...
+    async def finish_many(
+        self, items: Iterable[FinishItem], *, recorded_only: str | None = None
+    ) -> list[TransitionResult]: ...
+    async def attach_many(self, items: Iterable[AttachItem]) -> list[TransitionResult]: ...
 
 
 class QueueLookup(Protocol):
@@ -164,8 +178,8 @@ class WorkerConnection:
     _out_send: trio.MemorySendChannel[Frame] = attrs.field(init=False)
     _out_recv: trio.MemoryReceiveChannel[Frame] = attrs.field(init=False)
     # Transitions for the transition loop, bounded by MAX_QUEUED_TRANSITIONS.
-    _tr_send: trio.MemorySendChannel[TransitionMessage] = attrs.field(init=False)
-    _tr_recv: trio.MemoryReceiveChannel[TransitionMessage] = attrs.field(init=False)
+    _tr_send: trio.MemorySendChannel[TransitionMessage | Internal] = attrs.field(init=False)
+    _tr_recv: trio.MemoryReceiveChannel[TransitionMessage | Internal] = attrs.field(init=False)
     _wake_watchdog: trio.Event = attrs.field(factory=trio.Event, init=False)
     # Set by ``move_away``: the node is full and needs this connection's slot.
     _moved: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -183,7 +197,7 @@ class WorkerConnection:
             send_buffer=SendBuffer(config.worker_send_buffer_messages, config.worker_send_buffer_bytes),
         )
         self._out_send, self._out_recv = trio.open_memory_channel[Frame](math.inf)
-        self._tr_send, self._tr_recv = trio.open_memory_channel[TransitionMessage](MAX_QUEUED_TRANSITIONS)
+        self._tr_send, self._tr_recv = trio.open_memory_channel[TransitionMessage | Internal](MAX_QUEUED_TRANSITIONS)
 
     @property
     def hello(self) -> p.Hello | None:
@@ -323,8 +337,14 @@ class WorkerConnection:
             await self._accept_hello(message)
             return
         if isinstance(message, p.Drain):
+            # No claim after this: the pool drops a pending request and releases what an
+            # in-flight one reserves, so no dispatch follows the ack. Repeated, it is
+            # acknowledged again.
             self.core.worker_drain()
             self.pool.leave(self.connection_id)
+            self.send(p.ack("drain", []))
+            self._held_changed.set()
+            self._close_if_drained()
             return
         try:
             self._tr_send.send_nowait(message)
@@ -356,7 +376,7 @@ class WorkerConnection:
                 ) from None
             except OrbitError as exc:
                 raise p.MessageRefused("UNAVAILABLE", exc.message, close_code=p.CLOSE_INTERNAL) from None
-        self.core.hello_received(hello, node_id=self.node_id)
+        attach = self.core.hello_received(hello, node_id=self.node_id, now=trio.current_time())
         await self.registry.register(self)
         config = self.config
         self.send(
@@ -370,7 +390,15 @@ class WorkerConnection:
                 run_lease_s=config.run_lease_s,
             )
         )
+        if attach is not None:
+            # Answered by an ack of "attach" before anything sent after the hello.
+            self._tr_send.send_nowait(attach)
         self.maybe_request_claim()
+
+    def _close_if_drained(self) -> None:
+        """A Worker that drained and holds nothing more is done: the node closes (1000)."""
+        if self.core.worker_draining and self.core.drained and not self.core.node_draining:
+            self.close_soon(p.CLOSE_NORMAL, "drained")
 
     # -- claims -----------------------------------------------------------------------
 
@@ -413,6 +441,9 @@ class WorkerConnection:
 
     async def _transitions(self) -> None:
         async for message in self._tr_recv:
+            if message is RELEASE_UNSTARTED:
+                await self._release_unstarted()
+                continue
             try:
                 await self._transition(message)
             except (p.MessageRefused, WorkerConnectionClosed):
@@ -424,20 +455,50 @@ class WorkerConnection:
                     p.ack(kind_of(message).value, [p.refused(t.task_id, exc.code) for t in message.tasks], message.id)
                 )
             self._held_changed.set()
+            self._close_if_drained()
             self.maybe_request_claim()
+
+    async def _release_unstarted(self) -> None:
+        """Give back every reservation not started (the node drains): no ack, the Worker
+        did not ask; a Start of one that arrives later is refused ``NOT_HELD``."""
+        unstarted = [p.TaskRef(task_id, token) for task_id, token in self.core.unstarted()]
+        if not unstarted:
+            return
+        try:
+            outcomes = await self.transitions.release_many([(r.task_id, r.token) for r in unstarted])
+        except OrbitError as exc:
+            log.warning("connection %s: could not release %d reservations: %s", self.connection_id, len(unstarted), exc)
+            return
+        settled = self.core.settle(TransitionKind.RELEASE, unstarted, outcomes, trio.current_time())
+        for back in settled.requeued:
+            self.observer.tasks_requeued(self.principal.application_id, back.queue_id, back.due_at, back.due_in_s)
+        self._held_changed.set()
 
     async def _transition(self, message: TransitionMessage) -> None:
         kind = kind_of(message)
         store = self.transitions
-        mine: Sequence[TaskHandle]
-        # A finish goes to the store as FinishItems, the others as (task_id, token).
+        split = self.core.split(kind, message.tasks)
+        mine: Sequence[TaskHandle] = split.mine
+        not_held: Sequence[str] = split.not_held
+        # Answers for tasks this connection does not hold (a repeated Finish); by task id.
+        recorded: dict[str, dict[str, Any]] = {}
         if isinstance(message, p.Finish):
             finishing = self.core.split(kind, message.tasks)
-            mine, not_held = finishing.mine, finishing.not_held
             outcomes = await store.finish_many([finish_item(r) for r in finishing.mine]) if mine else []
+            # A Finish of a task this connection does not hold is answered if it repeats
+            # one recorded for that token (its ack was lost, on this connection or an
+            # earlier one); nothing is written, and any other is NOT_HELD.
+            elsewhere = [finish_item(r) for r in message.tasks if r.task_id in set(not_held)]
+            if elsewhere:
+                ns = self.principal.namespace_id
+                for answer in await store.finish_many(elsewhere, recorded_only=ns):
+                    if answer.ok:
+                        recorded[answer.task_id] = ack_result(answer)
+        elif isinstance(message, p.Attach):
+            ns, node, conn = self.principal.namespace_id, self.node_id, self.connection_id
+            attach = [AttachItem(r.task_id, r.token, ns, node, conn) for r in split.mine]
+            outcomes = await store.attach_many(attach) if attach else []
         else:
-            split = self.core.split(kind, message.tasks)
-            mine, not_held = split.mine, split.not_held
             run = {
                 TransitionKind.START: store.start_many,
                 TransitionKind.RENEW: store.renew_many,
@@ -445,7 +506,11 @@ class WorkerConnection:
             }[kind]
             outcomes = await run([(r.task_id, r.token) for r in mine]) if mine else []
         settled = self.core.settle(kind, mine, outcomes, trio.current_time())
-        results = [p.refused(task_id, "NOT_HELD") for task_id in not_held]
+        if kind in (TransitionKind.START, TransitionKind.ATTACH):
+            # A task that now runs may have a deadline sooner than the watchdog's next look.
+            self._wake_watchdog.set()
+        results = [recorded.get(task_id) or p.refused(task_id, "NOT_HELD") for task_id in not_held]
+        results += [p.refused(task_id, "WRONG_STATE") for task_id in split.wrong_state]
         results += [ack_result(outcome) for _, outcome in zip(mine, outcomes, strict=False)]
         for seconds in settled.started_after_s:
             self.observer.observe_started(seconds)
@@ -469,6 +534,9 @@ class WorkerConnection:
             request = self.core.claim_retry(now)
             if request is not None:
                 self._submit(request)
+            passed = self.core.deadlines_passed(now)
+            if passed:
+                self.send(p.cancel([(task_id, "deadline") for task_id in passed]))
             self._wake_watchdog = trio.Event()
             with trio.move_on_at(self.core.watch_until()):
                 await self._wake_watchdog.wait()
@@ -486,12 +554,15 @@ class WorkerConnection:
         if moved:
             self.core.worker_drain()
             self.pool.leave(self.connection_id)
-        self.send(p.drain())
-        # The Worker finishes what runs and releases what it has not started; an
-        # in-flight claim still delivers first. At shutdown the node's grace period bounds
-        # the wait; a connection moved away gets as long. Then clean-up releases whatever
-        # reservations are left.
-        with trio.move_on_after(self.config.shutdown_grace_s if moved else math.inf):
+        self.send(p.drain("moved" if moved else "shutdown"))
+        # Reservations not started go back to their queues at once (through the transition
+        # loop, after any Start already received); running tasks keep their leases: the
+        # Worker re-attaches them on its next connection, here or on another node, and
+        # reports them there. The connection ends when the Worker closes it, or when it
+        # holds nothing more (a Worker that finishes what runs instead), or after the
+        # node's grace period.
+        await self._tr_send.send(RELEASE_UNSTARTED)
+        with trio.move_on_after(self.config.shutdown_grace_s):
             while not self.core.drained:
                 self._held_changed = trio.Event()
                 await self._held_changed.wait()

@@ -55,6 +55,9 @@ class TaskState(enum.Enum):
     RESERVED = "reserved"
     # The Worker's Start was accepted.
     RUNNING = "running"
+    # Presented in the hello as running on the Worker's earlier connection; counted in the
+    # capacity until the database says whether this connection may adopt it.
+    ATTACHING = "attaching"
 
 
 class TransitionKind(enum.Enum):
@@ -64,6 +67,7 @@ class TransitionKind(enum.Enum):
     RENEW = "renew"
     FINISH = "finish"
     RELEASE = "release"
+    ATTACH = "attach"
 
 
 class Effect(enum.Enum):
@@ -73,6 +77,8 @@ class Effect(enum.Enum):
     KEEP = "keep"
     # The reservation becomes a running task.
     RUN = "run"
+    # A presented task becomes a running task of this connection (its queue from the store).
+    ADOPT = "adopt"
     # The connection no longer holds the task.
     DROP = "drop"
 
@@ -96,11 +102,9 @@ RULES: Mapping[TransitionKind, TransitionRule] = MappingProxyType(
         TransitionKind.START: TransitionRule(
             accepts=frozenset({TaskState.RESERVED}), on_ok=Effect.RUN, on_refused=Effect.DROP
         ),
+        # A reservation is not renewed: it is started or released within its lease.
         TransitionKind.RENEW: TransitionRule(
-            accepts=frozenset({TaskState.RESERVED, TaskState.RUNNING}),
-            on_ok=Effect.KEEP,
-            on_refused=Effect.DROP,
-            notices=True,
+            accepts=frozenset({TaskState.RUNNING}), on_ok=Effect.KEEP, on_refused=Effect.DROP, notices=True
         ),
         TransitionKind.FINISH: TransitionRule(
             accepts=frozenset({TaskState.RUNNING}), on_ok=Effect.DROP, on_refused=Effect.DROP
@@ -108,10 +112,13 @@ RULES: Mapping[TransitionKind, TransitionRule] = MappingProxyType(
         TransitionKind.RELEASE: TransitionRule(
             accepts=frozenset({TaskState.RESERVED}), on_ok=Effect.DROP, on_refused=Effect.DROP
         ),
+        TransitionKind.ATTACH: TransitionRule(
+            accepts=frozenset({TaskState.ATTACHING}), on_ok=Effect.ADOPT, on_refused=Effect.DROP, notices=True
+        ),
     }
 )
 
-TransitionMessage = p.Start | p.Renew | p.Finish | p.Release
+TransitionMessage = p.Start | p.Renew | p.Finish | p.Release | p.Attach
 
 _KIND_OF_MESSAGE: Mapping[type[TransitionMessage], TransitionKind] = MappingProxyType(
     {
@@ -119,6 +126,7 @@ _KIND_OF_MESSAGE: Mapping[type[TransitionMessage], TransitionKind] = MappingProx
         p.Renew: TransitionKind.RENEW,
         p.Finish: TransitionKind.FINISH,
         p.Release: TransitionKind.RELEASE,
+        p.Attach: TransitionKind.ATTACH,
     }
 )
 
@@ -152,19 +160,25 @@ class Held:
     queue_id: str
     # The caller's clock when the task was dispatched (metrics: dispatch -> Start).
     dispatched_at: float
+    # The caller's clock when its deadline passes; None without one.
+    deadline_at: float | None = None
 
     def running(self) -> Held:
         """The same task, started (built directly: ``attrs.evolve`` costs three times as
         much, once per task a Start settles)."""
-        return Held(self.token, TaskState.RUNNING, self.queue_id, self.dispatched_at)
+        return Held(self.token, TaskState.RUNNING, self.queue_id, self.dispatched_at, self.deadline_at)
 
 
 @attrs.frozen
 class Split(Generic[Ref]):
-    """A transition's refs: the ones for the store and the ones refused ``NOT_HELD``."""
+    """A transition's refs: the ones for the store, the ones refused ``NOT_HELD`` (not
+    held by this connection with that token) and the ones refused ``WRONG_STATE`` (held,
+    but in a state the transition does not apply to: a Finish before its Start, a renew of
+    a reservation)."""
 
     mine: tuple[Ref, ...]
     not_held: tuple[str, ...]
+    wrong_state: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -244,6 +258,8 @@ class ConnectionCore:
     # When to ask again after a refused or failed claim request (caller's clock).
     retry_claim_at: float | None = attrs.field(default=None, init=False)
     _held: dict[str, Held] = attrs.field(factory=dict, init=False)
+    # Running tasks the Worker was told had passed their deadline (told once).
+    _deadline_told: set[str] = attrs.field(factory=set, init=False)
     # The claim request of this connection with ``limit=0``; set by ``hello_received``.
     _claim: ClaimRequest | None = attrs.field(default=None, init=False)
 
@@ -258,12 +274,30 @@ class ConnectionCore:
         return now - self.last_received >= self.heartbeat_timeout_s
 
     def watch_until(self) -> float:
-        """When the watchdog must look again without an event: the silence deadline, or
-        the retry of a refused claim request if that is sooner."""
+        """When the watchdog must look again without an event: the silence deadline, the
+        retry of a refused claim request, or the first deadline of a running task, whichever
+        is soonest."""
         deadline = self.last_received + self.heartbeat_timeout_s
         if self.retry_claim_at is not None:
             deadline = min(deadline, self.retry_claim_at)
+        for task_id, held in self._held.items():
+            if held.deadline_at is not None and held.state is TaskState.RUNNING and task_id not in self._deadline_told:
+                deadline = min(deadline, held.deadline_at)
         return deadline
+
+    def deadlines_passed(self, now: float) -> list[str]:
+        """Running tasks whose deadline passed by ``now`` and whose Worker has not been
+        told: each is told once (a ``cancel`` with reason ``deadline``)."""
+        passed = [
+            task_id
+            for task_id, held in self._held.items()
+            if held.state is TaskState.RUNNING
+            and held.deadline_at is not None
+            and held.deadline_at <= now
+            and task_id not in self._deadline_told
+        ]
+        self._deadline_told.update(passed)
+        return passed
 
     def check_order(self, message: p.Message) -> None:
         """``hello`` first (anything else closes the connection), and only once; a
@@ -308,9 +342,13 @@ class ConnectionCore:
 
     # -- connection life ---------------------------------------------------------------
 
-    def hello_received(self, hello: p.Hello, *, node_id: str) -> None:
-        """The Worker's accepted hello: its queues, capabilities and capacity."""
+    def hello_received(self, hello: p.Hello, *, node_id: str, now: float = 0.0) -> p.Attach | None:
+        """The Worker's accepted hello: its queues, capabilities and capacity. The running
+        tasks it presents are held as ``ATTACHING`` (counted in its capacity) until the
+        returned ``Attach`` is settled."""
         self.hello = hello
+        for ref in hello.tasks:
+            self._held[ref.task_id] = Held(ref.token, TaskState.ATTACHING, "", now)
         self._claim = ClaimRequest(
             connection_id=self.connection_id,
             node_id=node_id,
@@ -321,6 +359,7 @@ class ConnectionCore:
             resource_key_support=hello.resource_keys,
             limit=0,
         )
+        return p.Attach(hello.tasks) if hello.tasks else None
 
     def worker_drain(self) -> None:
         """The Worker said ``drain``: no new claims; its pending request is withdrawn."""
@@ -398,7 +437,8 @@ class ConnectionCore:
         """The claim ran: its reservations are held, reserved, dispatched at ``now``."""
         self.outstanding = False
         for r in reservations:
-            self._held[r.task_id] = Held(r.fencing_token, TaskState.RESERVED, r.queue_id, now)
+            deadline_at = None if r.deadline_in_s is None else now + r.deadline_in_s
+            self._held[r.task_id] = Held(r.fencing_token, TaskState.RESERVED, r.queue_id, now, deadline_at)
 
     def claim_failed(self, now: float) -> None:
         """The scheduler refused the request or the claim failed: ask again a scan cycle later."""
@@ -423,13 +463,16 @@ class ConnectionCore:
         accepts = RULES[kind].accepts
         mine: list[Ref] = []
         not_held: list[str] = []
+        wrong_state: list[str] = []
         for ref in refs:
             held = self._held.get(ref.task_id)
-            if held is not None and held.token == ref.token and held.state in accepts:
+            if held is None or held.token != ref.token:
+                not_held.append(ref.task_id)
+            elif held.state in accepts:
                 mine.append(ref)
             else:
-                not_held.append(ref.task_id)
-        return Split(tuple(mine), tuple(not_held))
+                wrong_state.append(ref.task_id)
+        return Split(tuple(mine), tuple(not_held), tuple(wrong_state))
 
     def settle(
         self, kind: TransitionKind, refs: Sequence[TaskHandle], results: Sequence[TransitionResult], now: float
@@ -444,6 +487,7 @@ class ConnectionCore:
             effect = rule.on_ok if result.ok else rule.on_refused
             if effect is Effect.DROP:
                 gone = self._held.pop(ref.task_id, None)
+                self._deadline_told.discard(ref.task_id)
                 if gone is not None:
                     dropped.append(ref.task_id)
                     if result.ok and result.outcome in _REQUEUED:
@@ -456,6 +500,13 @@ class ConnectionCore:
                 if held is not None:
                     self._held[ref.task_id] = held.running()
                     started.append(now - held.dispatched_at)
+            elif effect is Effect.ADOPT:
+                held = self._held.get(ref.task_id)
+                if held is not None:
+                    deadline_at = None if result.deadline_in_s is None else now + result.deadline_in_s
+                    self._held[ref.task_id] = Held(
+                        held.token, TaskState.RUNNING, result.queue_id or "", now, deadline_at
+                    )
             if result.ok and rule.notices:
                 if result.cancel_requested:
                     cancels.append(CancelNotice(ref.task_id, "cancel_requested"))
@@ -487,6 +538,6 @@ def ack_result(result: TransitionResult) -> dict[str, Any]:
         body["state"] = result.state
     if result.ok and result.lease_expires_at is not None:
         body["lease_expires_at"] = rfc3339(result.lease_expires_at)
-    if result.ok and result.outcome in (Outcome.STARTED, Outcome.RENEWED):
+    if result.ok and result.outcome in (Outcome.STARTED, Outcome.RENEWED, Outcome.ATTACHED):
         body["cancel_requested"] = bool(result.cancel_requested or result.deadline_passed)
     return body

@@ -102,6 +102,8 @@ class Hello:
     capacity: int
     client_name: str | None
     client_version: str | None
+    # Running tasks of the Worker's earlier connection it asks this one to adopt.
+    tasks: tuple[TaskRef, ...] = ()
 
 
 @attrs.frozen
@@ -134,8 +136,18 @@ class Finish:
 
 
 @attrs.frozen
+class Attach:
+    """The tasks of a hello's ``tasks``, adopted once the hello is accepted (answered by
+    an ``ack`` of ``attach``); not a message a Worker sends on its own."""
+
+    tasks: tuple[TaskRef, ...]
+    id: str | None = None
+
+
+@attrs.frozen
 class Drain:
-    pass
+    # The Worker's own word for why (logged), if it gave one.
+    reason: str | None = None
 
 
 Message = Hello | Heartbeat | Start | Renew | Release | Finish | Drain
@@ -207,8 +219,12 @@ def _ref(item: Any) -> TaskRef | None:
 
 def _task_refs(obj: Mapping[str, Any]) -> tuple[TaskRef, ...]:
     _fields(obj, {"tasks"}, {"id"}, "")
+    return _ref_list(obj["tasks"], low=1)
+
+
+def _ref_list(value: Any, *, low: int) -> tuple[TaskRef, ...]:
     refs = []
-    for i, item in enumerate(_list(obj["tasks"], "tasks", low=1, high=MAX_TASKS_PER_MESSAGE)):
+    for i, item in enumerate(_list(value, "tasks", low=low, high=MAX_TASKS_PER_MESSAGE)):
         ref = _ref(item)
         if ref is not None:
             refs.append(ref)
@@ -225,7 +241,7 @@ def _task_refs(obj: Mapping[str, Any]) -> tuple[TaskRef, ...]:
 
 
 def _hello(obj: Mapping[str, Any]) -> Hello:
-    _fields(obj, {"queues", "capabilities", "capacity"}, {"resource_keys", "client"}, "")
+    _fields(obj, {"queues", "capabilities", "capacity"}, {"resource_keys", "client", "tasks"}, "")
     queues = tuple(
         _string(q, _HEX32, f"queues[{i}]") for i, q in enumerate(_list(obj["queues"], "queues", low=1, high=MAX_QUEUES))
     )
@@ -248,13 +264,23 @@ def _hello(obj: Mapping[str, Any]) -> Hello:
             client_name = _string(client["name"], _NAME, "client.name")
         if "version" in client:
             client_version = _string(client["version"], _VERSION, "client.version")
+    capacity = _int(obj["capacity"], 1, MAX_CAPACITY, "capacity")
+    tasks = _ref_list(obj.get("tasks", []), low=0)
+    seen: set[str] = set()
+    for i, ref in enumerate(tasks):
+        if ref.task_id in seen:
+            raise _invalid(f"tasks: task {ref.task_id} is presented twice", f"tasks[{i}].task_id")
+        seen.add(ref.task_id)
+    if len(tasks) > capacity:
+        raise _invalid(f"tasks: {len(tasks)} running tasks presented, more than the capacity {capacity}", "tasks")
     return Hello(
         queues=tuple(dict.fromkeys(queues)),
         capabilities=frozenset(caps),
         resource_keys=_bool(obj.get("resource_keys", False), "resource_keys"),
-        capacity=_int(obj["capacity"], 1, MAX_CAPACITY, "capacity"),
+        capacity=capacity,
         client_name=client_name,
         client_version=client_version,
+        tasks=tasks,
     )
 
 
@@ -315,6 +341,16 @@ def _finish(obj: Mapping[str, Any]) -> Finish:
     return Finish(tuple(reports), _message_id(obj))
 
 
+def _drain(obj: Mapping[str, Any]) -> Drain:
+    _fields(obj, set(), {"reason"}, "")
+    if "reason" not in obj:
+        return Drain()
+    reason = obj["reason"]
+    if not isinstance(reason, str) or not 1 <= len(reason) <= 64:
+        raise _invalid("reason: expected a string of 1..64 characters", "reason")
+    return Drain(reason)
+
+
 def _empty(cls: Callable[[], Message]) -> Callable[[Mapping[str, Any]], Message]:
     def parse(obj: Mapping[str, Any]) -> Message:
         _fields(obj, set(), set(), "")
@@ -330,7 +366,7 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
     "renew": lambda obj: Renew(_task_refs(obj), _message_id(obj)),
     "release": lambda obj: Release(_task_refs(obj), _message_id(obj)),
     "finish": _finish,
-    "drain": _empty(Drain),
+    "drain": lambda obj: _drain(obj),
 }
 
 
@@ -352,10 +388,15 @@ def parse_message(data: str | bytes) -> Message:
         raise MessageRefused("MALFORMED_MESSAGE", f"not a JSON message: {exc}") from None
     if not isinstance(obj, dict):
         raise MessageRefused("MALFORMED_MESSAGE", "a message must be a JSON object")
-    kind = obj.get("type")
-    parser = _PARSERS.get(kind) if isinstance(kind, str) else None
+    if "type" not in obj:
+        raise _invalid("missing field 'type'", "type")
+    kind = obj["type"]
+    if not isinstance(kind, str):
+        raise _invalid("type: expected a string", "type")
+    parser = _PARSERS.get(kind)
     if parser is None:
-        raise MessageRefused("UNKNOWN_TYPE", f"unknown message type {kind!r}", field="type")
+        shown = kind if len(kind) <= 64 else kind[:64] + "..."
+        raise MessageRefused("UNKNOWN_TYPE", f"unknown message type {shown!r}", field="type")
     return parser(obj)
 
 
@@ -435,8 +476,15 @@ def cancel(items: list[tuple[str, str]]) -> dict[str, Any]:
     return {"type": "cancel", "tasks": [{"task_id": task_id, "reason": reason} for task_id, reason in items]}
 
 
-def drain() -> dict[str, Any]:
-    return {"type": "drain"}
+# Why the node asks a Worker to drain: it shuts down, or it gave the connection's slot to
+# an application under its fair share. Either way the Worker moves: it reconnects (to
+# another node, given several) and re-attaches what runs there.
+DRAIN_REASONS = ("shutdown", "moved")
+
+
+def drain(reason: str) -> dict[str, Any]:
+    assert reason in DRAIN_REASONS, reason
+    return {"type": "drain", "reason": reason}
 
 
 def error(code: str, message: str, field: str | None = None) -> dict[str, Any]:

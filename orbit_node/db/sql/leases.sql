@@ -209,6 +209,14 @@ UPDATE tasks
    SET lease_expires_at = %(lease_expires_at)s
  WHERE task_id IN %(task_ids)s
 
+-- A running task's new connection (attach): where its Worker is now, for explain and the
+-- console. Ownership stays with the token.
+-- name: attach_tasks
+UPDATE tasks FORCE INDEX (PRIMARY)
+   SET owner_node_id = %(node_id)s,
+       connection_id = %(connection_id)s
+ WHERE task_id IN %(task_ids)s
+
 -- The settle statements take values per task (orbit_node.db.tx.per_row_statement):
 -- %(row_keys)s are the task ids, and {column} is the value most of them have, with a
 -- CASE task_id WHEN ... THEN ... branch for each task whose value differs. Column names

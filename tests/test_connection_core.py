@@ -78,7 +78,7 @@ def token(n: int, attempt: int = 1) -> str:
     return f"{attempt}-{n:016x}"
 
 
-def hello(capacity: int = 8, *, resource_keys: bool = False) -> p.Hello:
+def hello(capacity: int = 8, *, resource_keys: bool = False, tasks: tuple[p.TaskRef, ...] = ()) -> p.Hello:
     return p.Hello(
         queues=QUEUES,
         capabilities=CAPS,
@@ -86,6 +86,7 @@ def hello(capacity: int = 8, *, resource_keys: bool = False) -> p.Hello:
         capacity=capacity,
         client_name=None,
         client_version=None,
+        tasks=tasks,
     )
 
 
@@ -644,6 +645,28 @@ class ConnectionLife(RuleBasedStateMachine):
                 del self.model[r.task_id]
             elif isinstance(after, TaskState):
                 self.model[r.task_id] = (self.model[r.task_id][0], after)
+
+    @rule()
+    def reconnect(self) -> None:
+        """The connection ends and the Worker opens another, presenting what runs: its
+        reservations are gone (released when the old one ended), its running tasks wait
+        for the attach, counted in the capacity, on a core that starts afresh."""
+        running = tuple(p.TaskRef(tid, tok) for tid, (tok, state) in self.model.items() if state is RUNNING)
+        self.core = ConnectionCore(
+            "c_2",
+            "a" * 32,
+            "n" * 32,
+            claim_batch_size=self.batch,
+            retry_after_s=SCAN_CYCLE_S,
+            send_buffer=send_buffer(),
+        )
+        attach = self.core.hello_received(hello(self.capacity, tasks=running), node_id="node-2", now=self.tick())
+        assert (attach is None) == (not running)
+        if attach is not None:
+            assert attach.tasks == running
+        self.model = {r.task_id: (r.token, TaskState.ATTACHING) for r in running}
+        self.outstanding = False
+        self.draining = False
 
     @rule(by_worker=st.booleans())
     def drain(self, by_worker: bool) -> None:

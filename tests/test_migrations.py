@@ -24,7 +24,7 @@ async def test_up_from_empty_then_status_then_up_again_changes_nothing(empty_dsn
         assert await migrate.current_version(db) == 0
         applied = await migrate.up(db)
         assert [m.version for m in applied] == list(range(1, migrate.HEAD + 1))
-        assert migrate.HEAD == 23
+        assert migrate.HEAD == 24
         status = await migrate.status(db)
         assert [(s.version, s.state) for s in status] == [(v, "applied") for v in range(1, migrate.HEAD + 1)]
         before = await schema_dump(db)
@@ -167,5 +167,65 @@ async def test_dispatch_columns_are_documented_in_the_schema(dsn):
             )
         )
         assert fks[0]["n"] == 0
+    finally:
+        await db.aclose()
+
+
+async def test_the_marked_migrations_are_the_expand_only_ones():
+    """The mark is read from the file's first line; 000024 carries it, 000023 (which
+    drops an index older nodes name) does not."""
+    marked = {m.version for m in migrate.MIGRATIONS if m.compatible}
+    assert 24 in marked and 23 not in marked and 21 not in marked
+
+
+@pytest.mark.parametrize("compatible", [True, False])
+async def test_a_node_serves_a_newer_schema_only_when_every_unknown_version_is_compatible(node_config, dsn, compatible):
+    from .nodeutil import run_node
+
+    db = Database(dsn, size=1)
+    try:
+        await db.run(
+            lambda tx: tx.execute_raw(
+                "INSERT INTO orbit_schema_migrations (version, name, checksum, compatible)"
+                " VALUES (%s, 'future', REPEAT('0', 64), %s)",
+                (migrate.HEAD + 1, int(compatible)),
+            )
+        )
+        async with run_node(node_config) as node, node.client(None) as http:
+            ready = await http.get("/readyz")
+        if compatible:
+            assert ready.status_code == 200 and ready.json()["data"]["schema_version"] == migrate.HEAD + 1
+        else:
+            assert ready.status_code == 503 and ready.json()["error"]["cause"] == "schema_ahead"
+    finally:
+        await db.aclose()
+
+
+async def test_up_refuses_a_contracting_step_while_an_older_node_is_live(empty_dsn):
+    db = Database(empty_dsn, size=1)
+    try:
+        await migrate.up(db, target=22)
+
+        async def node(tx, node_id: str, stopped: bool) -> None:
+            await tx.execute_raw(
+                "INSERT INTO nodes (node_id, hostname, http_addr, version, stopped_at)"
+                " VALUES (%s, 'old-host', '10.0.0.1:8080', '0.1', IF(%s, NOW(6), NULL))",
+                (node_id, stopped),
+            )
+
+        await db.run(lambda tx: node(tx, "a" * 32, False))
+        await db.run(lambda tx: node(tx, "b" * 32, True))
+        # 000023 drops an index the older node reads: refused, naming the live node only.
+        with pytest.raises(SchemaMismatch, match="000023") as refused:
+            await migrate.up(db)
+        assert "a" * 32 in refused.value.message and "b" * 32 not in refused.value.message
+        assert await migrate.current_version(db) == 22
+        # Once it has stopped (or been upgraded), the step goes on; a compatible step
+        # never waits for anyone.
+        await db.run(lambda tx: tx.execute_raw("UPDATE nodes SET stopped_at = NOW(6) WHERE node_id = %s", ("a" * 32,)))
+        assert [m.version for m in await migrate.up(db)] == [23, 24]
+        await db.run(lambda tx: node(tx, "c" * 32, False))
+        rows = await db.run(lambda tx: tx.fetchall_raw("SELECT version, compatible FROM orbit_schema_migrations"))
+        assert {r["version"]: r["compatible"] for r in rows}[24] == 1
     finally:
         await db.aclose()

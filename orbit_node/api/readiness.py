@@ -124,7 +124,7 @@ class Readiness:
                 version,
                 f"the database schema is at version {version:06d}, this node needs {migrate.HEAD:06d}",
             )
-        if version > migrate.HEAD:
+        if version > migrate.HEAD and not await migrate.newer_are_compatible(self.db, migrate.HEAD):
             return Verdict(
                 "schema_ahead",
                 version,

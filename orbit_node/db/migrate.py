@@ -4,6 +4,14 @@ Applied versions are recorded in ``orbit_schema_migrations`` with the file's
 SHA-256. ``up`` is idempotent, serialised across processes by a named lock, and
 refuses to touch a database that has a version this code does not know (a newer
 node migrated it) or whose applied file changed since.
+
+Expand, then contract: a migration whose file starts with the line
+``-- orbit: compatible`` only adds what nodes of the version before it ignore (a column,
+a table, an index), so they run unchanged against it; the database records the mark,
+and a node accepts a newer schema whose unknown versions are all compatible. A
+migration without the mark may change what older nodes read or write, so ``up``
+refuses to apply it while a live node whose code does not know it is registered
+(docs/operations.md, "Upgrades").
 """
 
 from __future__ import annotations
@@ -22,6 +30,10 @@ _FILE = re.compile(r"^(\d{6})_([a-z0-9_]+)\.sql$")
 _STATEMENT_END = re.compile(r";[ \t]*$", re.MULTILINE)
 # How long `up` waits for another migrating process before giving up.
 LOCK_WAIT_S = 60
+# The first line of a migration that nodes of the version before it run unchanged against.
+COMPATIBLE_MARK = "-- orbit: compatible"
+# A node whose heartbeat is this recent (and that has not stopped) is live for ``up``.
+LIVE_NODE_S = 30
 
 
 def migrations_dir() -> Path:
@@ -37,6 +49,11 @@ class Migration:
     version: int
     name: str
     sql: str
+
+    @property
+    def compatible(self) -> bool:
+        """Nodes of the version before this one run unchanged against it (expand only)."""
+        return self.sql.lstrip().startswith(COMPATIBLE_MARK)
 
     @property
     def checksum(self) -> str:
@@ -78,9 +95,54 @@ async def _ensure_table(tx: Tx) -> None:
         " version INT NOT NULL PRIMARY KEY,"
         " name VARCHAR(128) NOT NULL,"
         " checksum CHAR(64) NOT NULL,"
-        " applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
+        " applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
+        " compatible TINYINT(1) NOT NULL DEFAULT 0"
         ") ENGINE=InnoDB"
     )
+    if not await _has_column(tx, "orbit_schema_migrations", "compatible"):
+        # A table made before the mark existed: its versions are all older nodes' own.
+        await tx.execute_raw(
+            "ALTER TABLE orbit_schema_migrations ADD COLUMN compatible TINYINT(1) NOT NULL DEFAULT 0, ALGORITHM=INSTANT"
+        )
+
+
+async def _has_column(tx: Tx, table: str, column: str) -> bool:
+    rows = await tx.fetchall_raw(
+        "SELECT COUNT(*) AS n FROM information_schema.columns"
+        " WHERE table_schema = DATABASE() AND table_name = %s AND column_name = %s",
+        (table, column),
+    )
+    return bool(rows[0]["n"])
+
+
+async def newer_are_compatible(db: Database, head: int) -> bool:
+    """Every applied version above ``head`` (this code's newest) is marked compatible:
+    a node of this code may serve the database."""
+
+    async def body(tx: Tx) -> bool:
+        if not await _has_column(tx, "orbit_schema_migrations", "compatible"):
+            return False
+        rows = await tx.fetchall_raw(
+            "SELECT COUNT(*) AS n FROM orbit_schema_migrations WHERE version > %s AND compatible = 0", (head,)
+        )
+        return not rows[0]["n"]
+
+    return await db.run(body)
+
+
+async def _older_live_nodes(tx: Tx, version: int) -> list[str]:
+    """Live nodes whose code does not know ``version`` (or is older than the column that
+    says what it knows)."""
+    if not await _has_column(tx, "nodes", "node_id"):
+        return []
+    known = "schema_head >= %s" if await _has_column(tx, "nodes", "schema_head") else "FALSE"
+    rows = await tx.fetchall_raw(
+        "SELECT node_id, hostname, http_addr FROM nodes"
+        f" WHERE stopped_at IS NULL AND heartbeat_at > NOW(6) - INTERVAL %s SECOND AND NOT COALESCE({known}, FALSE)"
+        " ORDER BY node_id",
+        (LIVE_NODE_S, version) if known != "FALSE" else (LIVE_NODE_S,),
+    )
+    return [f"{r['hostname']} ({r['http_addr']}, node {r['node_id']})" for r in rows]
 
 
 async def _applied(tx: Tx) -> dict[int, dict]:
@@ -152,11 +214,19 @@ async def up(db: Database, *, target: int | None = None) -> list[Migration]:
                     if row["checksum"] != m.checksum:
                         raise SchemaMismatch(f"applied migration {m.version:06d}_{m.name} was changed since it ran")
                     continue
+                if not m.compatible:
+                    older = await _older_live_nodes(tx, m.version)
+                    if older:
+                        raise SchemaMismatch(
+                            f"migration {m.version:06d}_{m.name} changes what older nodes use, and "
+                            f"{len(older)} live node(s) do not know it: {', '.join(older)}; "
+                            "upgrade or stop them first (docs/operations.md, Upgrades)"
+                        )
                 for statement in m.statements():
                     await tx.execute_raw(statement)
                 await tx.execute_raw(
-                    "INSERT INTO orbit_schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                    (m.version, m.name, m.checksum),
+                    "INSERT INTO orbit_schema_migrations (version, name, checksum, compatible) VALUES (%s, %s, %s, %s)",
+                    (m.version, m.name, m.checksum, int(m.compatible)),
                 )
                 done.append(m)
             return done

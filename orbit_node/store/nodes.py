@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-from ..db import Database
+from ..db import Database, migrate
 
 
 @attrs.define(eq=False)
@@ -15,7 +15,15 @@ class NodeStore:
     async def register(self, node_id: str, *, hostname: str, http_addr: str, version: str) -> None:
         await self.db.execute(
             "node_register",
-            {"node_id": node_id, "hostname": hostname[:255], "http_addr": http_addr, "version": version},
+            {
+                "node_id": node_id,
+                "hostname": hostname[:255],
+                "http_addr": http_addr,
+                "version": version,
+                # The newest migration this code knows: orbit-migrate's check before a
+                # step older nodes cannot run against.
+                "schema_head": migrate.HEAD,
+            },
         )
 
     async def heartbeat(self, node_id: str) -> None:

@@ -5,7 +5,8 @@ SELECT 1 AS ok
 SELECT NOW(6) AS now
 
 -- name: node_register
-INSERT INTO nodes (node_id, hostname, http_addr, version) VALUES (%(node_id)s, %(hostname)s, %(http_addr)s, %(version)s)
+INSERT INTO nodes (node_id, hostname, http_addr, version, schema_head)
+VALUES (%(node_id)s, %(hostname)s, %(http_addr)s, %(version)s, %(schema_head)s)
 
 -- name: node_heartbeat
 UPDATE nodes SET heartbeat_at = NOW(6) WHERE node_id = %(node_id)s

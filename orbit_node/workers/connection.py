@@ -35,7 +35,7 @@ import logging
 import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import attrs
 import trio
@@ -483,12 +483,14 @@ class WorkerConnection:
         # Answers for tasks this connection does not hold (a repeated Finish); by task id.
         recorded: dict[str, dict[str, Any]] = {}
         if isinstance(message, p.Finish):
-            finishing = self.core.split(kind, message.tasks)
-            outcomes = await store.finish_many([finish_item(r) for r in finishing.mine]) if mine else []
+            # The refs of a finish are its reports (``split`` keeps the type it is given).
+            reports = cast(Sequence[p.FinishReport], mine)
+            outcomes = await store.finish_many([finish_item(r) for r in reports]) if mine else []
             # A Finish of a task this connection does not hold is answered if it repeats
             # one recorded for that token (its ack was lost, on this connection or an
             # earlier one); nothing is written, and any other is NOT_HELD.
-            elsewhere = [finish_item(r) for r in message.tasks if r.task_id in set(not_held)]
+            unheld = set(not_held)
+            elsewhere = [finish_item(r) for r in message.tasks if r.task_id in unheld]
             if elsewhere:
                 ns = self.principal.namespace_id
                 for answer in await store.finish_many(elsewhere, recorded_only=ns):

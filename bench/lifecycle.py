@@ -39,6 +39,20 @@ from .report import summarize
 # The terminal states: each a range of ix_tasks_lease (state, NULL lease, application, finished_at).
 FINISHED_STATES = tuple(CLASS_OF_STATE)
 
+
+def finished_ranges(select: str) -> list[str]:
+    """``select`` over each terminal state's range of an application's finished tasks in
+    ix_tasks_lease, one statement each; ``%s`` is the application. One equality per
+    statement: MariaDB 10.11.19 answered an ``IN`` list of outcomes with ``ORDER BY
+    finished_at`` with no rows at all whenever it chose ``ref`` on application_id and a
+    filesort (bench/README.md)."""
+    return [
+        f"{select} FROM tasks FORCE INDEX (ix_tasks_lease) "
+        f"WHERE state = '{state}' AND lease_expires_at IS NULL AND application_id = %s"
+        for state in FINISHED_STATES
+    ]
+
+
 # Arrivals that may wait for a free client before one is dropped (a steady rate, not a burst).
 PENDING_ARRIVALS = 1000
 # Tasks finished this recently are left for the next sample (a Finish whose finished_at is
@@ -254,19 +268,15 @@ class DatabaseWaits:
 
     async def read(self) -> int:
         """Append the waits of the tasks finished in (last read, now - margin]; how many."""
-        # One range of ix_tasks_lease (state, lease_expires_at, application_id,
-        # finished_at) per terminal state, each an equality (a finished task's lease is
-        # NULL): MariaDB 10.11.19 answered an ``IN`` list of outcomes with ``ORDER BY
-        # finished_at`` with no rows at all whenever it chose ``ref`` on application_id
-        # and a filesort (bench/README.md).
-        one = (
+        select = (
             "SELECT UNIX_TIMESTAMP(finished_at) AS f, "
             "TIMESTAMPDIFF(MICROSECOND, available_at, reserved_at) / 1e6 AS d, "
-            "TIMESTAMPDIFF(MICROSECOND, reserved_at, started_at) / 1e6 AS s "
-            "FROM tasks FORCE INDEX (ix_tasks_lease) WHERE state = '{state}' AND lease_expires_at IS NULL "
-            "AND application_id = %s AND finished_at > FROM_UNIXTIME(%s) AND finished_at <= FROM_UNIXTIME(%s)"
+            "TIMESTAMPDIFF(MICROSECOND, reserved_at, started_at) / 1e6 AS s"
         )
-        sql = " UNION ALL ".join(one.format(state=state) for state in FINISHED_STATES)
+        sql = " UNION ALL ".join(
+            f"{one} AND finished_at > FROM_UNIXTIME(%s) AND finished_at <= FROM_UNIXTIME(%s)"
+            for one in finished_ranges(select)
+        )
         upto = f"{time.time() - COMMIT_MARGIN_S:.6f}"
         after = f"{self._after:.6f}"
         params = (self.application_id, after, upto) * len(FINISHED_STATES)

@@ -47,6 +47,7 @@ from .lifecycle import (
     Live,
     Timeline,
     Traffic,
+    finished_ranges,
     flat_within,
     live_traffic,
     padding,
@@ -470,16 +471,6 @@ async def seed_backlog(bdb: BenchDb, app: App, count: int) -> float:
     finally:
         await db.aclose()
     return time.perf_counter() - began
-
-
-def finished_ranges(select: str) -> list[str]:
-    """``select`` over each terminal state's range of the application's finished tasks in
-    ix_tasks_lease, one statement each (see ``DatabaseWaits``); ``%s`` the application."""
-    return [
-        f"{select} FROM tasks FORCE INDEX (ix_tasks_lease) "
-        f"WHERE state = '{state}' AND lease_expires_at IS NULL AND application_id = %s"
-        for state in FINISHED_STATES
-    ]
 
 
 async def backlog_left(db: Database, app: App) -> int:

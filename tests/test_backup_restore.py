@@ -6,7 +6,6 @@ and the ``mariadb`` client."""
 from __future__ import annotations
 
 import secrets
-import shutil
 from pathlib import Path
 
 import attrs
@@ -21,10 +20,8 @@ from orbit_node.services import default_services
 from .conftest import create_database, drop_database, server_dsn
 from .nodeutil import make_tenant, run_node
 
-pytestmark = [
-    pytest.mark.time_cap(120),
-    pytest.mark.skipif(shutil.which("mariadb-dump") is None, reason="mariadb-dump is not installed"),
-]
+# mariadb-dump and mariadb come with the server make test installs: no skip.
+pytestmark = pytest.mark.time_cap(120)
 
 
 def client_args(database: str) -> list[str]:

@@ -7,7 +7,11 @@ from __future__ import annotations
 import logging
 
 import pytest
+import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
+
+from orbit_node.api import worker_socket
+from orbit_node.workers.connection import WorkerConnectionClosed
 
 
 @pytest.mark.parametrize(
@@ -25,3 +29,24 @@ async def test_an_upgrade_to_a_route_that_is_not_a_websocket_is_refused_plainly(
         assert refused.value.status_code == status
         assert f'"code":"{code}"'.encode() in (refused.value.body or b"")
     assert not [r for r in caplog.records if r.exc_info], "no traceback is logged"
+
+
+@pytest.mark.parametrize("error", [trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError])
+async def test_a_close_frame_that_meets_the_peers_tcp_close_ends_the_connection_quietly(monkeypatch, error):
+    """Hypercorn 0.18 sends a connection's EOF without its send lock: a close frame sent
+    at that moment raises BusyResourceError on the socket. The peer is gone either way, so
+    the transport says so in the connection's own terms instead of failing the handler."""
+
+    class ClosingSocket:
+        async def send(self, text):
+            raise error("socket closing")
+
+        async def close(self, code, reason):
+            raise error("socket closing")
+
+    monkeypatch.setattr(worker_socket, "websocket", ClosingSocket())
+    with pytest.raises(WorkerConnectionClosed):
+        await worker_socket.QuartTransport().close(1001, "node shutting down")
+    if error is not trio.BusyResourceError:
+        with pytest.raises(WorkerConnectionClosed):
+            await worker_socket.QuartTransport().send("{}")

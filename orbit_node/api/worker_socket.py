@@ -14,9 +14,11 @@ over its share is moved away (``workers/slots.py``).
 
 from __future__ import annotations
 
+import trio
 from quart import Blueprint, websocket
 
 from ..errors import InvalidArgument, OrbitError, ResourceExhausted, Unavailable
+from ..workers.connection import WorkerConnectionClosed
 from ..workers.slots import Refused
 from . import envelope
 from .auth import bearer_token, node_state
@@ -41,10 +43,19 @@ class QuartTransport:
         return await websocket.receive()
 
     async def send(self, text: str) -> None:
-        await websocket.send(text)
+        try:
+            await websocket.send(text)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise WorkerConnectionClosed("peer gone") from None
 
     async def close(self, code: int, reason: str) -> None:
-        await websocket.close(code, reason)
+        try:
+            await websocket.close(code, reason)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+            # The TCP connection is closing under the close frame: the peer went first.
+            # BusyResourceError is hypercorn's (0.18) EOF, sent without its send lock,
+            # meeting this frame on the socket.
+            raise WorkerConnectionClosed("peer gone") from None
 
 
 @blueprint.websocket("/v1/workers/connect")

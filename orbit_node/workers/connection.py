@@ -268,7 +268,10 @@ class WorkerConnection:
             await self.transport.send(frame.text)
         close = self.core.closing or Close(p.CLOSE_NORMAL, "")
         with trio.move_on_after(CLOSE_TIMEOUT_S):
-            await self.transport.close(close.code, close.reason)
+            try:
+                await self.transport.close(close.code, close.reason)
+            except WorkerConnectionClosed:
+                pass  # the peer went while the close frame was on its way
         raise ClosedByNode(close.reason, close_code=close.code)
 
     # -- the connection's life ----------------------------------------------------------

@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from orbit_node.sdk.client import OrbitClient
+from orbit_node.sdk.errors import ResourceExhaustedError
 from orbit_node.sdk.models import SubmitTaskRequest
 from orbit_node.sdk.worker import Worker, WorkerTask
 
@@ -80,7 +81,8 @@ async def submit_open_loop(
 ) -> dict[str, Any]:
     """Poisson arrivals at ``rate``/s for ``duration_s``: each arrival is submitted when due,
     whatever earlier submissions are doing (up to ``max_in_flight`` at once; beyond that an
-    arrival is counted as ``dropped``, so the load stays open-loop)."""
+    arrival is counted as ``dropped``, so the load stays open-loop). ``refused``: submits
+    answered 429 (a rate limit or the node's fair admission); ``errors``: any other failure."""
     rng = random.Random(seed)
     limiter = trio.CapacityLimiter(max_in_flight)
     clients = [OrbitClient(url, token) for _ in range(min(max_in_flight, 32))]
@@ -88,10 +90,11 @@ async def submit_open_loop(
     late: list[float] = []
     dropped = 0
     errors = 0
+    refused = 0
     submitted = 0
 
     async def one(i: int, due: float) -> None:
-        nonlocal errors, submitted
+        nonlocal errors, refused, submitted
         async with limiter:
             started = time.perf_counter()
             late.append(started - due)
@@ -100,6 +103,9 @@ async def submit_open_loop(
                     f"o-{secrets.token_hex(8)}-{i}", submit_request(queue_id, delay_s=delay_s(i))
                 )
                 submitted += 1
+            except ResourceExhaustedError:
+                refused += 1
+                return
             except Exception:
                 errors += 1
                 return
@@ -129,6 +135,7 @@ async def submit_open_loop(
         "submitted": submitted,
         "dropped": dropped,
         "errors": errors,
+        "refused": refused,
         "submit_latencies": latencies,
         "start_lateness": late,
     }

@@ -29,8 +29,20 @@ Phases, each on a fresh node process (so the claim pool's counters start at zero
   gives. Six of each, so that the heaviest needs well under one of the 4 SQL slots: one
   claim in flight per application caps any application at one slot, whatever its weight.
 
+* ``isolation``: the small applications' throughput alone and beside A, in the shape
+  of ``slow-sql`` (every statement slowed, SDK Workers of capacity 4), for each delay of
+  ``--s4-isolation-delays`` and each number of connections per small application of
+  ``--s4-isolation-connections``: B-F alone, then the same beside A. Each small
+  application should start at least 0.9x what it starts alone, up to its weighted share
+  of the node's total beside A. Where a small application's time goes: its claims per
+  connection and second, tasks per claim, and the legs reserved -> started -> finished,
+  from its tasks' rows.
+* ``admission``: B submits one task at a time at ``--s4-admission-rate``/s over HTTP,
+  alone, then while A floods single submits with ``--s4-admission-clients`` clients back
+  to back: B's submit latency p50/p99 both times, and the 429s each application got.
+
 With ``--s4-baseline DIR`` (a source tree of an older commit: ``git worktree add DIR
-2f1cfde``), ``slow-sql`` and ``three-nodes`` also run with that tree's node, in the same
+2f1cfde``), ``slow-sql``, ``three-nodes``, ``isolation`` and ``admission`` also run with that tree's node, in the same
 run, before the current one: a before/after pair.
 
 Claim turns per application come from the node's ``ClaimPool.statistics()``.
@@ -39,6 +51,7 @@ Claim turns per application come from the node's ``ClaimPool.statistics()``.
 from __future__ import annotations
 
 import argparse
+import secrets
 import subprocess
 import time
 from contextlib import AsyncExitStack, nullcontext
@@ -48,9 +61,11 @@ from typing import Any
 import attrs
 import trio
 
+from orbit_node.sdk.client import OrbitClient
+from orbit_node.sdk.errors import ResourceExhaustedError
 from orbit_node.store.operations import OperationsStore
 
-from .clients import connection_plan, submit_open_loop, worker_fleet
+from .clients import connection_plan, submit_open_loop, submit_request, worker_fleet
 from .database import App, bench_database, make_app, seed_tasks, task_times
 from .processes import node_process
 from .proxy import delayed_dsn
@@ -141,6 +156,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="S4: seeded backlog of each application, slow-sql and three-nodes phases (default 4000)",
     )
     parser.add_argument(
+        "--s4-isolation-delays",
+        default=",".join(f"{d:g}" for d in ISOLATION_DELAYS_MS),
+        help="S4: isolation phase, the delays added to every statement, ms (default 20,40)",
+    )
+    parser.add_argument(
+        "--s4-isolation-connections",
+        default=",".join(map(str, ISOLATION_CONNECTIONS)),
+        help="S4: isolation phase, connections per small application (default 1,2)",
+    )
+    parser.add_argument(
+        "--s4-admission-rate",
+        type=float,
+        default=ADMISSION_RATE,
+        help=f"S4: admission phase, B's submits/s (default {ADMISSION_RATE:g})",
+    )
+    parser.add_argument(
+        "--s4-admission-clients",
+        type=int,
+        default=ADMISSION_CLIENTS,
+        help=f"S4: admission phase, A's flooding clients (default {ADMISSION_CLIENTS})",
+    )
+    parser.add_argument(
         "--s4-phases",
         default=",".join(PHASES),
         help=f"S4: the phases to run, comma-separated (default: all, {','.join(PHASES)})",
@@ -154,7 +191,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-PHASES = ("alone", "flood", "pool-bound", "slow-sql", "three-nodes", "weights")
+PHASES = ("alone", "flood", "pool-bound", "slow-sql", "three-nodes", "weights", "isolation", "admission")
+# Issue 38: the isolation phase's shapes and target. A small application beside A starts
+# at least this much of what it starts alone, up to its weighted share of the node.
+ISOLATION_DELAYS_MS = (20.0, 40.0)
+ISOLATION_CONNECTIONS = (1, 2)
+TARGET_ISOLATION = 0.9
+# Issue 38: the admission phase. A floods single submits with this many clients back to
+# back; B submits one at a time at this rate. B's p99 under the flood within this factor
+# of its p99 alone, plus ADMISSION_SLACK_S.
+ADMISSION_CLIENTS = 32
+ADMISSION_RATE = 10.0
+TARGET_ADMISSION_P99 = 3.0
+ADMISSION_SLACK_S = 0.020
 # The weights phase: six applications of each weight. So many that the heaviest one's
 # share of the turns (4/42) needs well under one SQL slot: one claim in flight per
 # application caps any application at one slot of four, whatever its weight.
@@ -166,10 +215,12 @@ TARGET_WEIGHT_SHARE_ERROR = 0.10
 SMALL_ALONE = "slow-sql, B-F alone"
 
 
-def slow_apps(backlog: int, *, nodes: int = 1, big: bool = True) -> list[AppSpec]:
+def slow_apps(
+    backlog: int, *, nodes: int = 1, big: bool = True, small_connections: int = SLOW_SMALL_CONNECTIONS
+) -> list[AppSpec]:
     """A: 10 queues, 20 connections over every node (a backlog for each); B-F: 1 queue,
-    2 connections, on the first node. Without ``big``, B-F alone."""
-    small = [AppSpec(key, 1, SLOW_SMALL_CONNECTIONS, backlog) for key in SMALL]
+    ``small_connections`` connections, on the first node. Without ``big``, B-F alone."""
+    small = [AppSpec(key, 1, small_connections, backlog) for key in SMALL]
     if not big:
         return small
     return [AppSpec("A", A_QUEUES, SLOW_A_CONNECTIONS, backlog * nodes, nodes=tuple(range(nodes))), *small]
@@ -287,6 +338,7 @@ async def _phase(
         if key in steady:
             waits[key] = summarize(r["to_start"] for r in rows)
     series = [_turn_series(node, names, t0, t1) for node in stats]
+    cycles = {key: await cycle_figures(bdb.db, app.application_id, t0, t1) for key, app in apps.items()}
     return {
         "name": label,
         "phase": name,
@@ -299,6 +351,7 @@ async def _phase(
         "turn_fairness": fairness(turns),
         "throughput": {k: v / (t1 - t0) for k, v in finished.items()},
         "throughput_fairness": fairness(finished),
+        "cycles": cycles,
         "waits_s": waits,
         "series": {key: _sum_series([s[key] for s in series]) for key in names.values()},
         "claim_delay_ms": claim_delay_ms,
@@ -306,6 +359,234 @@ async def _phase(
         "mean_in_flight": _mean(line.get("in_flight", 0) for line in windows[0]),
         "mean_pending": _mean(line.get("pending", 0) for line in windows[0]),
     }
+
+
+async def _flood_client(client: OrbitClient, queue_id: str, done: trio.Event, counts: dict[str, int]) -> None:
+    """Single submits back to back until ``done``; a 429 is tried again at once (a flood
+    that does not honour Retry-After: the node's worst case)."""
+    i = 0
+    while not done.is_set():
+        i += 1
+        try:
+            await client.submit_task(f"f-{secrets.token_hex(8)}-{i}", submit_request(queue_id))
+            counts["accepted"] += 1
+        except ResourceExhaustedError:
+            counts["refused"] += 1
+        except Exception:
+            counts["errors"] += 1
+
+
+async def _admission_phase(bdb, args: argparse.Namespace, *, tree: Path | None, code: str) -> dict[str, Any]:
+    """B's single submits at a steady rate, alone and then under A's flood of single
+    submits back to back, on one fresh node: B's latencies, the 429s of each."""
+    label = "admission" if not code else f"admission @{code}"
+    a = await make_app(bdb.db, f"A-{label}", queues=1)
+    b = await make_app(bdb.db, f"B-{label}", queues=1)
+    out: dict[str, Any] = {"name": label, "phase": "admission", "code": code, "apps": [], "admission": {}}
+    async with node_process(bdb.dsn, tree=tree) as node:
+        for flooding in (False, True):
+            flood = {"accepted": 0, "refused": 0, "errors": 0}
+            done = trio.Event()
+            clients = [OrbitClient(node.url, a.token) for _ in range(args.s4_admission_clients if flooding else 0)]
+            t0 = time.perf_counter()
+            try:
+                async with trio.open_nursery() as nursery:
+                    for client in clients:
+                        nursery.start_soon(_flood_client, client, a.queue_id, done, flood)
+                    if flooding:
+                        await trio.sleep(1.0)  # the flood is under way before B is measured
+                    got = await submit_open_loop(
+                        node.url, b.token, b.queue_id, rate=args.s4_admission_rate, duration_s=args.s4_seconds, seed=5
+                    )
+                    done.set()
+            finally:
+                with trio.CancelScope(shield=True):
+                    for client in clients:
+                        await client.aclose()
+            seconds = time.perf_counter() - t0
+            out["admission"]["flood" if flooding else "alone"] = {
+                "b": summarize(got["submit_latencies"]),
+                "b_refused": got["refused"],
+                "b_errors": got["errors"],
+                "a_accepted_s": flood["accepted"] / seconds,
+                "a_refused": flood["refused"],
+                "a_errors": flood["errors"],
+            }
+    return out
+
+
+async def cycle_figures(db, application_id: str, t0: float, t1: float) -> dict[str, float]:
+    """Where an application's time goes in a window, from its tasks reserved in it: claims
+    per connection and second (a claim's tasks share one reserved_at), tasks per claim,
+    and the mean legs reserved -> started (the Start) and started -> finished (handler and
+    Finish), in seconds."""
+    sql = (
+        "SELECT connection_id, COUNT(*) AS tasks, COUNT(DISTINCT reserved_at) AS claims, "
+        "AVG(TIMESTAMPDIFF(MICROSECOND, reserved_at, started_at)) / 1e6 AS to_start, "
+        "AVG(TIMESTAMPDIFF(MICROSECOND, started_at, finished_at)) / 1e6 AS to_finish "
+        "FROM tasks WHERE application_id = %s AND reserved_at >= FROM_UNIXTIME(%s) "
+        "AND reserved_at < FROM_UNIXTIME(%s) AND state = 'succeeded' GROUP BY connection_id"
+    )
+    rows = await db.run(lambda tx: tx.fetchall_raw(sql, (application_id, t0, t1)))
+    if not rows:
+        return {}
+    tasks = sum(int(r["tasks"]) for r in rows)
+    claims = sum(int(r["claims"]) for r in rows)
+    return {
+        "connections": len(rows),
+        "claims_per_connection_s": claims / len(rows) / (t1 - t0),
+        "tasks_per_claim": tasks / claims,
+        "to_start_s": sum(float(r["to_start"]) * int(r["tasks"]) for r in rows) / tasks,
+        "to_finish_s": sum(float(r["to_finish"]) * int(r["tasks"]) for r in rows) / tasks,
+    }
+
+
+def isolation_figures(alone: dict[str, Any], beside: dict[str, Any]) -> dict[str, Any]:
+    """Per small application: tasks/s alone, beside A, and beside A over the most it can
+    be promised (what it starts alone, up to its weighted share of the node's total
+    beside A)."""
+    total = sum(beside["throughput"].values())
+    weights = {spec["key"]: spec["weight"] for spec in beside["apps"]}
+    rows = {}
+    for key in SMALL:
+        got_alone, got = alone["throughput"].get(key, 0.0), beside["throughput"].get(key, 0.0)
+        share = total * weights[key] / sum(weights.values())
+        bound = min(got_alone, share)
+        rows[key] = {"alone": got_alone, "beside": got, "share": share, "bound": bound, "ratio": ratio(got, bound)}
+    return {"apps": rows, "total": total, "worst": min(r["ratio"] for r in rows.values())}
+
+
+def isolation_report(isolations: list[dict[str, Any]]) -> tuple[list[str], list[Target]]:
+    """The isolation phases' tables (per small application; where its time goes) and a
+    target per shape run with this tree's node."""
+    pairs: dict[tuple[str, float, int], dict[bool, dict[str, Any]]] = {}
+    for p in isolations:
+        pairs.setdefault((p["code"], p["delay_ms"], p["small_connections"]), {})[p["big"]] = p
+    rows, cycle_rows, targets = [], [], []
+    for (code, delay, small), pair in pairs.items():
+        if False not in pair or True not in pair:
+            continue
+        figures = isolation_figures(pair[False], pair[True])
+        shape = f"{delay:g} ms, {small} conn" + ("s" if small > 1 else "")
+        for key, row in figures["apps"].items():
+            rows.append(
+                [
+                    code or "this tree",
+                    shape,
+                    key,
+                    row["alone"],
+                    row["beside"],
+                    figures["total"],
+                    row["share"],
+                    row["ratio"],
+                ]
+            )
+        for big, p in sorted(pair.items()):
+            cycles = [p["cycles"][key] for key in SMALL if p["cycles"].get(key)]
+            cycle_rows.append(
+                [
+                    code or "this tree",
+                    shape,
+                    "beside A" if big else "alone",
+                    _mean(c["claims_per_connection_s"] for c in cycles),
+                    _mean(c["tasks_per_claim"] for c in cycles),
+                    ms(_mean(c["to_start_s"] for c in cycles)),
+                    ms(_mean(c["to_finish_s"] for c in cycles)),
+                    p["cycles"].get("A", {}).get("claims_per_connection_s", "-"),
+                    f"{p['mean_in_flight']:.2f} / {SQL_SLOTS}",
+                ]
+            )
+        if not code:
+            targets.append(
+                Target.at_least(
+                    f"S4 isolation {shape}: worst small app, beside A / min(alone, share)",
+                    figures["worst"],
+                    TARGET_ISOLATION,
+                    note=f"every statement +{delay:g} ms, B-F {small} x capacity {SLOW_CAPACITY}, A 10 x 20",
+                )
+            )
+    tables = [
+        format_table(
+            [
+                "isolation: node code",
+                "shape",
+                "app",
+                "tasks/s alone",
+                "beside A",
+                "node total beside A",
+                "weighted share of it",
+                "beside / min(alone, share)",
+            ],
+            rows,
+            align="lllrrrrr",
+        ),
+        format_table(
+            [
+                "where B-F's time goes: node code",
+                "shape",
+                "B-F",
+                "claims / connection / s",
+                "tasks / claim",
+                "reserved -> started ms",
+                "started -> finished ms",
+                "A's claims / connection / s",
+                "claims in flight",
+            ],
+            cycle_rows,
+            align="lllrrrrrr",
+        ),
+    ]
+    return tables, targets
+
+
+def admission_report(admissions: list[dict[str, Any]]) -> tuple[str, list[Target]]:
+    """The admission phases' table and, for this tree's node, B's p99 target and no 429 for B."""
+    rows, targets = [], []
+    for p in admissions:
+        alone, flood = p["admission"]["alone"], p["admission"]["flood"]
+        rows.append(
+            [
+                p["code"] or "this tree",
+                ms(alone["b"].get("p50", float("nan"))),
+                ms(alone["b"].get("p99", float("nan"))),
+                ms(flood["b"].get("p50", float("nan"))),
+                ms(flood["b"].get("p99", float("nan"))),
+                ratio(flood["b"].get("p99"), alone["b"].get("p99")),
+                flood["a_accepted_s"],
+                flood["a_refused"],
+                alone["b_refused"] + flood["b_refused"],
+                alone["b_errors"] + flood["b_errors"] + flood["a_errors"],
+            ]
+        )
+        if not p["code"]:
+            bound = TARGET_ADMISSION_P99 * alone["b"].get("p99", float("nan")) + ADMISSION_SLACK_S
+            targets += [
+                Target.at_most(
+                    "S4 admission: B's submit p99 under A's flood",
+                    ms(flood["b"].get("p99", float("nan"))),
+                    ms(bound),
+                    unit=" ms",
+                    note=f"{TARGET_ADMISSION_P99:g}x B's p99 alone + {ms(ADMISSION_SLACK_S):g} ms",
+                ),
+                Target.at_most("S4 admission: B's 429s", alone["b_refused"] + flood["b_refused"], 0),
+            ]
+    table = format_table(
+        [
+            "admission: node code",
+            "B alone p50 ms",
+            "p99 ms",
+            "B under A's flood p50 ms",
+            "p99 ms",
+            "p99 flood / alone",
+            "A accepted / s",
+            "A's 429s",
+            "B's 429s",
+            "other errors",
+        ],
+        rows,
+        align="lrrrrrrrrr",
+    )
+    return table, targets
 
 
 def _node_dsn(dsn, delay_ms: float, only: str | None):
@@ -433,6 +714,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         claim_batch_size=POOL_CLAIM_BATCH,
                     )
                 )
+        if "isolation" in wanted:
+            delays = [float(d) for d in args.s4_isolation_delays.split(",") if d.strip()]
+            connections = [int(c) for c in args.s4_isolation_connections.split(",") if c.strip()]
+            for tree, code in trees:
+                for delay in delays:
+                    for small in connections:
+                        shape = {**slow, "claim_delay_ms": delay, "tree": tree, "code": code}
+                        for big in (False, True):
+                            specs = slow_apps(args.s4_slow_backlog, big=big, small_connections=small)
+                            name = f"isolation {delay:g} ms x{small}, " + ("beside A" if big else "B-F alone")
+                            phase = await _phase(bdb, name, specs, **shape)
+                            phase |= {"phase": "isolation", "delay_ms": delay, "small_connections": small, "big": big}
+                            phases.append(phase)
+        if "admission" in wanted:
+            for tree, code in trees:
+                phases.append(await _admission_phase(bdb, args, tree=tree, code=code))
         if "weights" in wanted:
             phases.append(
                 await _phase(
@@ -444,8 +741,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
             )
     by = {p["name"]: p for p in phases}
+    admissions = [p for p in phases if p["phase"] == "admission"]
+    isolations = [p for p in phases if p["phase"] == "isolation"]
+    phases_with_turns = [p for p in phases if p["phase"] != "admission"]
     turn_rows = []
-    for p in phases:
+    for p in phases_with_turns:
+        if p["phase"] == "isolation":
+            continue  # its own table below
         tf, hf = p["turn_fairness"], p["throughput_fairness"]
         weights = {spec["key"]: spec["weight"] for spec in p["apps"]}
         for spec in p["apps"]:
@@ -493,7 +795,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             p["mean_pending"],
             ms(ratio(p["mean_in_flight"], sum(p["turns_by_node"][0].values()) / p["window_s"])),
         ]
-        for p in phases
+        for p in phases_with_turns
     ]
     phase_table = format_table(
         [
@@ -580,6 +882,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         )
     targets = []
+    if isolations:
+        iso_tables, iso_targets = isolation_report(isolations)
+        tables += iso_tables
+        targets += iso_targets
+    if admissions:
+        adm_table, adm_targets = admission_report(admissions)
+        tables.append(adm_table)
+        targets += adm_targets
     if "alone" in by and "flood" in by:
         wait_rows = []
         for key in ("B", "C"):
@@ -692,6 +1002,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "first node (Little's law).",
         f"{args.s4_seconds:g} s windows; claim turns from the nodes' ClaimPool.statistics().turns_by_application.",
     ]
+    if isolations:
+        notes.append(
+            "isolation: B-F (1 queue, 1 or 2 connections each) alone, then beside A (10 queues x "
+            f"{SLOW_A_CONNECTIONS} connections), all with a seeded backlog of {args.s4_slow_backlog:,}, SDK Workers "
+            f"of capacity {SLOW_CAPACITY}, every statement of the node slowed by the delay; tasks/s = tasks "
+            "finished in the window. The promise: each small application beside A starts at least "
+            f"{TARGET_ISOLATION:g}x the lesser of what it starts alone and its weighted share of the node's total "
+            "beside A. A claim's tasks share one reserved_at; the legs are means over the tasks reserved in "
+            "the window."
+        )
+    if admissions:
+        notes.append(
+            f"admission: B submits one task at a time, Poisson at {args.s4_admission_rate:g}/s for "
+            f"{args.s4_seconds:g} s, alone, then while A floods single submits with {args.s4_admission_clients} "
+            "clients back to back that retry a 429 at once (the node's worst case); no Workers."
+        )
     if args.s4_baseline is not None:
         notes.append(f"phases marked @{trees[0][1]} ran that commit's node ({trees[0][0]}), the others this tree's.")
     return {
@@ -707,6 +1033,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def plot(report: dict[str, Any], outdir, plots) -> list:
     out = []
     for phase in report["figures"]["phases"]:
+        if "series" not in phase:
+            continue
         out.append(
             plots.lines(
                 outdir / f"s4-turns-{phase['name'].replace(' @', '-')}.png",

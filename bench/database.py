@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -65,15 +67,25 @@ class BenchDb:
 
 
 @asynccontextmanager
-async def bench_database(*, pool_size: int = 8) -> AsyncIterator[BenchDb]:
-    """A new migrated database, dropped on exit."""
+async def bench_database(*, pool_size: int = 8, migrations_of: Path | None = None) -> AsyncIterator[BenchDb]:
+    """A new migrated database, dropped on exit. ``migrations_of``: a source tree of an
+    older commit whose ``orbit-migrate up`` migrates it, so that the tree's node (which
+    refuses a schema newer than its own) can run on it."""
     server = bench_dsn()
     name = "orbit_bench_" + secrets.token_hex(4)
     await admin_sql(server, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
     dsn = server.with_database(name)
     db = Database(dsn, size=pool_size)
     try:
-        await migrate.up(db)
+        if migrations_of is None:
+            await migrate.up(db)
+        else:
+            await trio.run_process(
+                [sys.executable, "-m", "orbit_node.cli.migrate", "up"],
+                cwd=migrations_of,
+                env={**os.environ, "ORBIT_MYSQL_DSN": dsn.url()},
+                stdout=subprocess.DEVNULL,
+            )
         version = (await db.run(lambda tx: tx.fetchall_raw("SELECT VERSION() AS v")))[0]["v"]
         yield BenchDb(dsn, db, version)
     finally:

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--s2-before",
         type=Path,
         default=None,
-        help="S2 pickup: a checkout of earlier code measured first in the same run (paired before/after)",
+        help="S2 pickup and pace: a checkout of earlier code measured first in the same run (paired before/after)",
     )
 
 

@@ -1,13 +1,14 @@
 """S2 latency: where single submits saturate, pickup at 10, 50 and 80 % of it on the
 accepting node and on another (``bench/levels.py``); and pickup at a low rate with delayed
-tasks, cross-node cancel and the idle cost, before and after (``bench/pickup.py``)."""
+tasks, cross-node cancel and the idle cost, before and after (``bench/pickup.py``); and
+pickup on one node at 2.5-40 arrivals/s per Worker connection (``bench/pace_levels.py``)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from . import levels, pickup
+from . import levels, pace_levels, pickup
 from .database import bench_database
 from .report import Target, format_table
 
@@ -15,21 +16,23 @@ from .report import Target, format_table
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--s2-parts",
-        default="levels,pickup",
-        help="S2: levels (saturation, then load levels on the same and another node) and/or pickup (delayed, cancel, idle)",
+        default="levels,pickup,pace",
+        help="S2: levels (saturation, then load levels on the same and another node), pickup (delayed, cancel, "
+        "idle) and/or pace (one node, 2.5-40 arrivals/s per connection)",
     )
     pickup.add_arguments(parser)
     levels.add_arguments(parser)
+    pace_levels.add_arguments(parser)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     parts = {part.strip() for part in args.s2_parts.split(",") if part.strip()}
-    if not parts or parts - {"levels", "pickup"}:
-        raise SystemExit("--s2-parts: a comma-separated subset of levels,pickup")
+    if not parts or parts - {"levels", "pickup", "pace"}:
+        raise SystemExit("--s2-parts: a comma-separated subset of levels,pickup,pace")
     report: dict[str, Any] = {"scenario": "s2", "figures": {}, "tables": [], "targets": [], "notes": []}
     async with bench_database() as bdb:
         report["server"] = bdb.server_version
-        for part, measure in (("levels", levels_part), ("pickup", pickup_part)):
+        for part, measure in (("levels", levels_part), ("pickup", pickup_part), ("pace", pace_part)):
             if part in parts:
                 found = await measure(bdb, args)
                 report["figures"].update(found["figures"])
@@ -41,6 +44,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 async def levels_part(bdb, args: argparse.Namespace) -> dict[str, Any]:
     """The load levels (``bench/levels.py``)."""
     return levels.report(await levels.measure(bdb, args), args)
+
+
+async def pace_part(bdb, args: argparse.Namespace) -> dict[str, Any]:
+    """One node at 2.5-40 arrivals/s per connection (``bench/pace_levels.py``)."""
+    return pace_levels.report(await pace_levels.measure(bdb, args), args)
 
 
 async def pickup_part(bdb, args: argparse.Namespace) -> dict[str, Any]:

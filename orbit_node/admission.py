@@ -3,8 +3,11 @@
 After authentication (cheap: the credential cache), a request's expensive part, its
 route handler (reading and validating the body, running its transaction), waits for its
 turn on the node: at most ``slots`` handlers run at once node-wide and at most
-``per_application`` of one application; the next waiting request is chosen by virtual
-time with the applications' fairness weights (``Rotation``, the claim scheduler's). When
+``per_application`` of one application while another application waits (alone, an
+application may hold ``solo`` slots: all but ``reserve``, kept for a newcomer, so the
+admission costs a lone application's group commits nothing); the next waiting request is
+chosen by virtual time with the applications' fairness weights (``Rotation``, the claim
+scheduler's). When
 the node is saturated (``max_waiting`` requests already wait), a request of an
 application over its weighted share of the waiting bound plus the slots is refused at
 once (429 ``RESOURCE_EXHAUSTED``, field ``requests``); one under its share always waits
@@ -78,6 +81,12 @@ class FairAdmission:
     def weight(self, application_id: str) -> int:
         return self._weights.get(application_id, 1)
 
+    @property
+    def solo(self) -> int:
+        """Handlers an application may hold while no request of any application waits."""
+        limits = self.limits
+        return max(limits.per_application, limits.slots - limits.reserve)
+
     def arrive(self, application_id: str) -> tuple[Verdict, int]:
         """A request of the application wants its turn: granted at once (it runs now and
         must be ``release``d), waiting (its ticket is granted by a later ``release``, or
@@ -85,9 +94,12 @@ class FairAdmission:
         running = self._running.get(application_id, 0)
         limits = self.limits
         # Fast path. After every decision either every slot is busy or every application
-        # that waits holds its per_application: a free slot and room of its own mean that
-        # nobody who could run is waiting, so taking it jumps no line.
-        if self.busy < limits.slots and running < limits.per_application:
+        # that waits holds its per_application (and there is no room beyond it): a free slot
+        # and room of its own mean that nobody who could run is waiting, so taking it jumps
+        # no line. Beyond its per_application, only while nobody waits at all.
+        if (self.busy < limits.slots and running < limits.per_application) or (
+            not self.waiting and running < self.solo and self.busy < limits.slots - limits.reserve
+        ):
             self._running[application_id] = running + 1
             self.busy += 1
             return Verdict.GRANTED, -1
@@ -151,7 +163,15 @@ class FairAdmission:
                     break
                 held.append(app)
             if chosen is None:
-                break
+                # Every waiting application holds its per_application: the first in
+                # virtual time may go beyond it while the reserve stays free.
+                if self.busy >= limits.slots - limits.reserve:
+                    break
+                room = [app for app in held if self._running.get(app, 0) < self.solo]
+                if not room:
+                    break
+                chosen = room[0]
+                held = held[: held.index(chosen)]
             queue = self._queues[chosen]
             ticket = queue.popleft()
             del self._owner[ticket]

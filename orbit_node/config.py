@@ -186,13 +186,18 @@ class AdmissionLimits:
     """Fair admission of HTTP requests between applications (``orbit_node/admission.py``,
     docs/operations.md, "Fair admission of requests")."""
 
-    # Route handlers (body, validation, transaction) in progress per node: about the API's
-    # share of the database pool (16 connections, 12 of them for claims and group commits);
-    # submits group-commit, so a few more than the connections keep the batches full.
-    slots: int = attrs.field(default=8, validator=_positive)
-    # Handlers in progress per application per node: one application's flood leaves the
-    # other slots to the others.
-    per_application: int = attrs.field(default=4, validator=_positive)
+    # Route handlers (body, validation, transaction) in progress per node. Submits
+    # group-commit (one transaction for the submits in progress), so the slots bound the
+    # groups' size: 8 slots made a single application's 16 back-to-back clients pay 1.35-1.5x
+    # the node CPU per submit of no admission at all (bench/README.md, issue 38).
+    slots: int = attrs.field(default=16, validator=_positive)
+    # Handlers in progress per application per node while another application waits: one
+    # application's flood leaves the other slots to the others.
+    per_application: int = attrs.field(default=8, validator=_positive)
+    # Slots an application alone (nobody else waiting) leaves free beyond its
+    # per_application: it may hold up to max(per_application, slots - reserve), and a
+    # request of another application that arrives then runs at once.
+    reserve: int = attrs.field(default=2, validator=_non_negative)
     # Requests waiting for their turn per node; beyond it, an application over its weighted
     # share of this bound (plus the slots) is refused 429 at once.
     max_waiting: int = attrs.field(default=256, validator=_positive)

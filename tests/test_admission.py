@@ -57,25 +57,30 @@ class Sim:
         per_app = Counter(app for app, _ in self.running)
         assert stats.busy == len(self.running) <= limits.slots
         assert stats.running == dict(per_app)
-        assert all(n <= limits.per_application for n in per_app.values())
+        assert all(n <= fair.solo for n in per_app.values())
         assert stats.waiting == len(self.waiting) == sum(stats.queued.values())
         # Work-conserving: a free slot is left only when every waiting application holds
-        # its per_application.
+        # its per_application and the rest is the reserve (or its solo bound).
         if stats.busy < limits.slots:
-            assert all(per_app[app] == limits.per_application for app in stats.queued)
+            for app in stats.queued:
+                assert per_app[app] >= limits.per_application, (app, per_app, stats)
+                assert stats.busy >= limits.slots - limits.reserve or per_app[app] >= fair.solo, (app, per_app, stats)
 
 
 limits_st = st.builds(
     AdmissionLimits,
     slots=st.integers(1, 6),
     per_application=st.integers(1, 6),
+    reserve=st.integers(0, 3),
     max_waiting=st.integers(1, 8),
 )
 
 
 @settings(max_examples=150, deadline=None)
 @given(
-    limits=st.builds(AdmissionLimits, slots=st.integers(1, 6), per_application=st.integers(1, 6)),
+    limits=st.builds(
+        AdmissionLimits, slots=st.integers(1, 6), per_application=st.integers(1, 6), reserve=st.integers(0, 3)
+    ),
     others=st.integers(0, 4),
     warm_up=st.integers(0, 40),
 )

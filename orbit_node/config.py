@@ -188,12 +188,14 @@ class AdmissionLimits:
 
     # Route handlers (body, validation, transaction) in progress per node. Submits
     # group-commit (one transaction for the submits in progress), so the slots bound the
-    # groups' size: 8 slots made a single application's 16 back-to-back clients pay 1.35-1.5x
-    # the node CPU per submit of no admission at all (bench/README.md, issue 38).
-    slots: int = attrs.field(default=16, validator=_positive)
+    # groups' size, and a request that waits for a slot costs a wake-up: 8 slots made a
+    # single application's 16 back-to-back clients pay 1.35-1.5x the node CPU per submit
+    # of no admission at all, 16 slots (2 of the 16 waiting) about 1.2x (bench/README.md,
+    # issue 38).
+    slots: int = attrs.field(default=32, validator=_positive)
     # Handlers in progress per application per node while another application waits: one
     # application's flood leaves the other slots to the others.
-    per_application: int = attrs.field(default=8, validator=_positive)
+    per_application: int = attrs.field(default=16, validator=_positive)
     # Slots an application alone (nobody else waiting) leaves free beyond its
     # per_application: it may hold up to max(per_application, slots - reserve), and a
     # request of another application that arrives then runs at once.

@@ -41,6 +41,13 @@ WINDOW_S = 20.0
 # 2-core machine (load average 7-8): A/mean 1.31.
 MAX_A_OVER_SMALL = 1.25
 MIN_JAIN = 0.98
+# Tasks finished in the window, each small application over an even share of the node's:
+# 0.96 measured here. Issue 38 measured 0.25x of alone from outside on 15723f5 (B-F 8.2
+# tasks/s each beside A's 48.6); neither this test nor bench s4's isolation phase (which
+# runs 15723f5's node beside today's) reproduced it: 0.98-1.15 there. The bound is the
+# promise in a gross form; a mutant whose group commits run 4 at once (turns A/mean 1.5,
+# failing the bound above) still gives 0.91 here: isolation is the weaker promise.
+MIN_TASK_SHARE = 0.8
 
 
 def jain(values: list[int]) -> float:
@@ -68,14 +75,18 @@ async def test_a_big_application_gets_no_more_turns_than_small_ones_when_sql_is_
             config = attrs.evolve(node_config, dsn=proxy.dsn_for(dsn))
             async with run_node(config, services=default_services()) as running, trio.open_nursery() as nursery:
                 scheduler = running.node.state.services.pool.scheduler
+                workers: dict[str, list[Worker]] = {key: [] for key in tenants}
                 for key, queue_id in plan:
                     worker = Worker(running.base_url, tenants[key].token, [queue_id], capacity=CAPACITY)
                     worker.register("h", "v1", "v1", noop)
+                    workers[key].append(worker)
                     nursery.start_soon(worker.run)
                 await trio.sleep(WARM_UP_S)
                 before = dict(scheduler.statistics().turns_by_application)
+                done_before = {key: sum(w.completed for w in ws) for key, ws in workers.items()}
                 await trio.sleep(WINDOW_S)
                 after = scheduler.statistics()
+                done = {key: sum(w.completed for w in ws) - done_before[key] for key, ws in workers.items()}
                 nursery.cancel_scope.cancel()
     turns = {
         key: after.turns_by_application.get(t.application_id, 0) - before.get(t.application_id, 0)
@@ -86,3 +97,9 @@ async def test_a_big_application_gets_no_more_turns_than_small_ones_when_sql_is_
     assert after.max_in_flight_seen == 4 and small_mean >= 20, turns
     assert turns["A"] / small_mean <= MAX_A_OVER_SMALL, turns
     assert jain(list(turns.values())) >= MIN_JAIN, turns
+    # Isolation in a gross form (bench s4's isolation phase has the exact one): each small
+    # application finishes at least MIN_TASK_SHARE of an even share of the node's tasks.
+    # Alone, each of them finishes more than that share here (bench s4: 29.6 tasks/s
+    # alone, 31.9 an even share beside A, 20 ms), so the share is the bound that applies.
+    even = sum(done.values()) / len(done)
+    assert min(done[key] for key in SMALL) >= MIN_TASK_SHARE * even, done

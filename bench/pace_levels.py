@@ -6,17 +6,19 @@ future-dated, ``pickup.arrivals``) at each total rate of ``--s2-pace-rates`` for
 ``--s2-seconds``. Accepted -> started p50-p999 of the tasks due at submit (database
 clock). A connection may claim 4 times per second (P3); what this measures is how long a
 task that arrives between two claims waits for the next. With ``--s2-before DIR`` each
-rate runs first with that tree's node, then with this one (paired).
+rate runs first with that tree's node (on a database its own migrations made), then with
+this one (paired).
 """
 
 from __future__ import annotations
 
 import argparse
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 from . import pickup
-from .database import BenchDb
+from .database import BenchDb, bench_database
 from .processes import node_process
 from .report import Target, format_table
 
@@ -37,12 +39,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def measure(bdb: BenchDb, args: argparse.Namespace) -> list[dict[str, Any]]:
-    codes: list[tuple[str, Path | None]] = [("after", None)]
-    if args.s2_before is not None:
-        codes.insert(0, ("before", args.s2_before.resolve()))
+    async with AsyncExitStack() as stack:
+        codes: list[tuple[str, Path | None, BenchDb]] = [("after", None, bdb)]
+        if args.s2_before is not None:
+            # The earlier node on a database its own migrations made (a node refuses a newer schema).
+            tree = args.s2_before.resolve()
+            codes.insert(0, ("before", tree, await stack.enter_async_context(bench_database(migrations_of=tree))))
+        return await _levels(codes, args)
+
+
+async def _levels(codes: list[tuple[str, Path | None, BenchDb]], args: argparse.Namespace) -> list[dict[str, Any]]:
     levels = []
     for index, rate in enumerate(float(r) for r in args.s2_pace_rates.split(",") if r.strip()):
-        for code, tree in codes:
+        for code, tree, bdb in codes:
             async with node_process(bdb.dsn, tree=tree) as node:
                 found = await pickup.arrivals(
                     bdb,

@@ -1,7 +1,7 @@
 """Shared fixtures: every test gets its own database on a real MariaDB server.
 
 The server comes from ORBIT_TEST_MYSQL_DSN (``make test`` points it at the private
-MariaDB under ./var). Each test process (each pytest-xdist worker) migrates one template
+MariaDB under ./var; the database it names need not exist). Each test process (each pytest-xdist worker) migrates one template
 database ``orbit_tpl_<random>`` once; each test then gets ``orbit_t_<random>``, a copy of
 the template's tables (``CREATE TABLE ... LIKE`` and the rows the migrations wrote), and
 drops it afterwards, so tests never see each other's rows and none pays for replaying
@@ -36,12 +36,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def server_dsn() -> Dsn:
+    """The test server's address and account. The DSN's database is not used (it need not
+    exist): every test creates its own, and connections that belong to no test's database
+    (creating and dropping them) use ``information_schema``, which every account can open."""
     text = os.environ.get("ORBIT_TEST_MYSQL_DSN")
     if not text:
         text = subprocess.run(
             [str(REPO / "scripts" / "devdb.sh"), "dsn"], check=True, capture_output=True, text=True
         ).stdout.strip()
-    return Dsn.parse(text)
+    return Dsn.parse(text).with_database("information_schema")
 
 
 async def create_database(name: str) -> None:

@@ -1,7 +1,7 @@
 """The node-wide fair claim scheduler (P3 section 3), as a pure state machine.
 
 No I/O and no clock of its own: every decision takes ``now`` (trio's clock in the
-node) and returns what to do. The trio adapter (``pool.py``) does the awaiting.
+node) and returns what to do. The trio adapter (``claim_pool.py``) does the awaiting.
 
 Limits (``SchedulerLimits``, development baseline):
 * at most ``sql_slots`` claims in flight per node (4);

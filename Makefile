@@ -10,10 +10,14 @@ export ORBIT_HTTP_ADDR ?= 127.0.0.1:8080
 
 .PHONY: install db browser run lint test bench clean
 
-$(STAMP): pyproject.toml
+# The repository's three distributions, editable: the wire contract (protocol/), the SDK
+# (sdk/) and the node (here), which depends on both.
+EDITABLE := -e ./protocol -e ./sdk
+
+$(STAMP): pyproject.toml sdk/pyproject.toml protocol/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet $(EDITABLE) -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,11 +34,13 @@ READY_WAIT_S ?= 600
 run: install db
 	@BIN="$(abspath $(BIN))" CREDENTIALS="$(abspath $(CREDENTIALS))" READY_WAIT_S="$(READY_WAIT_S)" exec scripts/run.sh
 
-# Lint, format check and type check (configuration in pyproject.toml); `make test` runs it first.
+# Lint, format check, type check and the import contracts (configuration in pyproject.toml);
+# `make test` runs it first.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The console's browser tests drive headless Chromium through chromedriver: Debian's
 # chromium and chromium-driver packages, installed with apt when missing (like MariaDB).
@@ -59,7 +65,7 @@ test: install db browser lint
 
 # Benchmark extras (plots, histograms, profiler, peers) only for `make bench`.
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/pip install --quiet $(EDITABLE) -e '.[test,bench]'
 	touch $(BENCH_STAMP)
 
 # `make bench` runs every scenario; `make bench SCENARIO=s1 BENCH_ARGS='--tasks 2000'` one of them.

@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from orbit_node.sdk import OrbitClient
+from orbit_sdk import OrbitClient
 
 from . import durability
 from .accounting import Measured, measured_phase

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import trio
 
-from orbit_node.sdk import OrbitClient, SubmitTaskRequest, Worker, WorkerTask
+from orbit_sdk import OrbitClient, SubmitTaskRequest, Worker, WorkerTask
 
 from .clients import wait_until
 from .database import bench_database, make_app

@@ -13,10 +13,10 @@ from typing import Any
 import attrs
 import trio
 
-from orbit_node.sdk.client import OrbitClient
-from orbit_node.sdk.errors import ResourceExhaustedError
-from orbit_node.sdk.models import SubmitTaskRequest
-from orbit_node.sdk.worker import Worker, WorkerTask
+from orbit_sdk.client import OrbitClient
+from orbit_sdk.errors import ResourceExhaustedError
+from orbit_sdk.models import SubmitTaskRequest
+from orbit_sdk.worker import Worker, WorkerTask
 
 from . import HANDLER
 from .database import App

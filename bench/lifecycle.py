@@ -30,8 +30,8 @@ import trio
 
 from orbit_node.db import Database
 from orbit_node.retention import CLASS_OF_STATE
-from orbit_node.sdk import OrbitClient, PermanentError, SubmitTaskRequest
-from orbit_node.sdk.worker import Worker, WorkerTask
+from orbit_sdk import OrbitClient, PermanentError, SubmitTaskRequest
+from orbit_sdk.worker import Worker, WorkerTask
 
 from . import HANDLER
 from .report import summarize

@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from orbit_node.sdk import OrbitClient, Worker
+from orbit_sdk import OrbitClient, Worker
 
 from .accounting import cpu_seconds
 from .cancel import HANDLER as BLOCKING_HANDLER

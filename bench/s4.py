@@ -61,9 +61,9 @@ from typing import Any
 import attrs
 import trio
 
-from orbit_node.sdk.client import OrbitClient
-from orbit_node.sdk.errors import ResourceExhaustedError
 from orbit_node.store.operations import OperationsStore
+from orbit_sdk.client import OrbitClient
+from orbit_sdk.errors import ResourceExhaustedError
 
 from .clients import connection_plan, submit_open_loop, submit_request, worker_fleet
 from .database import App, bench_database, make_app, seed_tasks, task_times

@@ -35,8 +35,8 @@ from typing import Any
 import trio
 
 from orbit_node.config import NodeConfig
-from orbit_node.sdk import OrbitClient
-from orbit_node.sdk.worker import Worker, WorkerTask
+from orbit_sdk import OrbitClient
+from orbit_sdk.worker import Worker, WorkerTask
 
 from . import HANDLER
 from .accounting import cpu_seconds

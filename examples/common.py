@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from orbit_node.sdk import Worker
+from orbit_sdk import Worker
 
 # Bound on draining the Worker when a scenario ends (well or not).
 CLEANUP_S = 3

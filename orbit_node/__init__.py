@@ -1,3 +1,5 @@
 """Orbit node: a durable task dispatcher on trio and one MySQL/MariaDB database."""
 
-__version__ = "0.1.0"
+from orbit_protocol import __version__
+
+__all__ = ["__version__"]

@@ -20,10 +20,11 @@ from typing import Any
 
 import attrs
 
+from orbit_protocol.limits import MAX_BATCH_TASKS
+
 from . import strict_json
 from .errors import InvalidArgument
 from .ids import is_hex32
-from .limits import MAX_BATCH_TASKS
 from .strict_json import NotStrictJson, show
 from .wire import rfc3339
 

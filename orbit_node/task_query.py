@@ -18,9 +18,10 @@ from typing import Any
 
 import attrs
 
+from orbit_protocol.limits import MAX_BULK, MAX_TASK_IDS
+
 from .errors import FailedPrecondition, InvalidArgument
 from .ids import is_hex32
-from .limits import MAX_BULK, MAX_TASK_IDS
 from .rules import HANDLER, LATEST, MAX_PRIORITY, QUEUE_ID, integer, kind, reject_unknown, string, timestamp
 from .strict_json import show
 

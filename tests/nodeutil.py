@@ -19,8 +19,8 @@ import trio
 from orbit_node.config import NodeConfig
 from orbit_node.db import Database
 from orbit_node.node import Node
-from orbit_node.sdk import SubmitTaskRequest
 from orbit_node.store.tenancy import SCOPES, TenancyStore
+from orbit_sdk import SubmitTaskRequest
 
 # Every scope for every queue of the namespace.
 ALL_SCOPES: dict[str, str] = {scope: "*" for scope in SCOPES}

@@ -12,10 +12,10 @@ import attrs
 import pytest
 import trio
 
-from orbit_node.sdk.client import OrbitClient
-from orbit_node.sdk.models import SubmitTaskRequest
-from orbit_node.sdk.worker import Worker
 from orbit_node.services import default_services
+from orbit_sdk.client import OrbitClient
+from orbit_sdk.models import SubmitTaskRequest
+from orbit_sdk.worker import Worker
 
 from .conftest import create_database, drop_database, server_dsn
 from .nodeutil import make_tenant, run_node

@@ -8,8 +8,8 @@ import attrs
 import pytest
 import trio
 
-from orbit_node.sdk import OrbitClient, SubmitTaskRequest, Worker, WorkerTask
 from orbit_node.services import default_services
+from orbit_sdk import OrbitClient, SubmitTaskRequest, Worker, WorkerTask
 
 from .nodeutil import make_tenant, run_node
 

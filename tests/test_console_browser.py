@@ -30,10 +30,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from orbit_node.sdk.worker import Worker, WorkerTask
 from orbit_node.services import default_services
 from orbit_node.store.plans import PlanStore
 from orbit_node.store.tenancy import TenancyStore
+from orbit_sdk.worker import Worker, WorkerTask
 
 from . import seed
 from .nodeutil import make_tenant, make_token, run_node

@@ -15,8 +15,8 @@ from __future__ import annotations
 import attrs
 import trio
 
-from orbit_node.sdk.worker import Worker, WorkerTask
 from orbit_node.services import default_services
+from orbit_sdk.worker import Worker, WorkerTask
 
 from . import seed
 from .faults.proxy import open_fault_proxy

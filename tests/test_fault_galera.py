@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from orbit_node.db import Database, migrate
-from orbit_node.sdk.worker import Worker, WorkerTask
+from orbit_sdk.worker import Worker, WorkerTask
 
 from .faults.checks import TERMINAL, assert_attempt_history, rows
 from .faults.galera import GaleraCluster, galera_missing

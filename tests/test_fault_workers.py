@@ -11,9 +11,9 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from orbit_node.sdk.worker import Worker
 from orbit_node.services import default_services
 from orbit_node.store.ownership import OwnershipLost
+from orbit_sdk.worker import Worker
 
 from . import seed
 from .faults.checks import assert_attempt_history, tenant_with_token, wait_for_state

@@ -17,10 +17,10 @@ import subprocess
 import pytest
 import trio
 
-from orbit_node import logs
-from orbit_node.sdk.client import OrbitClient
-from orbit_node.sdk.models import SubmitTaskRequest
-from orbit_node.sdk.worker import Worker, WorkerTask
+from orbit_protocol import logs
+from orbit_sdk.client import OrbitClient
+from orbit_sdk.models import SubmitTaskRequest
+from orbit_sdk.worker import Worker, WorkerTask
 
 from .helpers import BIN, cli
 

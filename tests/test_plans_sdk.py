@@ -8,7 +8,8 @@ from datetime import UTC
 import pytest
 import trio
 
-from orbit_node.sdk import (
+from orbit_node.services import ServiceSet
+from orbit_sdk import (
     InvalidArgumentError,
     NotFoundError,
     OrbitClient,
@@ -17,7 +18,6 @@ from orbit_node.sdk import (
     PlanTaskSummary,
     TaskTemplate,
 )
-from orbit_node.services import ServiceSet
 
 from .nodeutil import make_tenant, run_node
 from .plans_seed import seconds, set_next_fire, whole_second

@@ -10,8 +10,8 @@ import attrs
 import pytest
 import trio
 
-from orbit_node.sdk.worker import Worker
 from orbit_node.services import default_services
+from orbit_sdk.worker import Worker
 
 from . import seed
 from .faults.checks import tenant_with_token

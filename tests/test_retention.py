@@ -27,12 +27,12 @@ from orbit_node.retention import (
     is_expired,
     parse_duration,
 )
-from orbit_node.sdk.client import OrbitClient
-from orbit_node.sdk.models import SubmitTaskRequest
-from orbit_node.sdk.worker import Worker, WorkerTask
 from orbit_node.services import default_services
 from orbit_node.store.operations import OperationsStore
 from orbit_node.store.pruning import PruneStats, PruneStore
+from orbit_sdk.client import OrbitClient
+from orbit_sdk.models import SubmitTaskRequest
+from orbit_sdk.worker import Worker, WorkerTask
 
 from .helpers import cli, wait_until
 from .nodeutil import count_rows, make_tenant, run_node

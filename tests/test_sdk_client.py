@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from orbit_node.cli.admin import bootstrap
-from orbit_node.sdk import (
+from orbit_sdk import (
     AlreadyExistsError,
     Backoff,
     ConfigError,

@@ -12,9 +12,9 @@ import httpx
 import pytest
 import trio
 
-import orbit_node.sdk as sdk
+import orbit_sdk as sdk
 from orbit_node import errors
-from orbit_node.sdk import (
+from orbit_sdk import (
     ConfigError,
     Credentials,
     InvalidRequestError,

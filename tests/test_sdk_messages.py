@@ -1,4 +1,4 @@
-"""The SDK's reading of the node's Worker messages (``orbit_node/sdk/messages.py``): every
+"""The SDK's reading of the node's Worker messages (``sdk/orbit_sdk/messages.py``): every
 message the node builds parses into its value, a malformed one is a ``ProtocolError``
 naming its type and field, an unknown type is ``Unknown``; and how the Worker reacts to
 the last two on a live connection."""
@@ -14,8 +14,9 @@ import pytest
 import trio
 from trio_websocket import WebSocketRequest, serve_websocket
 
-from orbit_node.sdk import ProtocolError, Worker, WorkerRejected, WorkerTask
-from orbit_node.sdk.messages import (
+from orbit_node.workers import protocol as p
+from orbit_sdk import ProtocolError, Worker, WorkerRejected, WorkerTask
+from orbit_sdk.messages import (
     Ack,
     AckResult,
     Cancel,
@@ -29,7 +30,6 @@ from orbit_node.sdk.messages import (
     Welcome,
     parse_message,
 )
-from orbit_node.workers import protocol as p
 
 from .test_worker_protocol import QUEUE, TASK, TOKEN, FakeReservation
 

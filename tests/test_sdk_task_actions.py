@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from orbit_node.sdk import (
+from orbit_sdk import (
     FailedPreconditionError,
     InvalidArgumentError,
     OrbitClient,

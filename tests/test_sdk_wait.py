@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from orbit_node.sdk import (
+from orbit_sdk import (
     Backoff,
     InvalidRequestError,
     NotFoundError,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import trio
 
-from orbit_node.sdk.client import OrbitClient
-from orbit_node.sdk.models import SubmitTaskRequest
-from orbit_node.sdk.worker import Worker, WorkerTask
 from orbit_node.services import default_services
+from orbit_sdk.client import OrbitClient
+from orbit_sdk.models import SubmitTaskRequest
+from orbit_sdk.worker import Worker, WorkerTask
 
 from .nodeutil import make_tenant, run_node
 

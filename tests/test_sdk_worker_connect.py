@@ -11,7 +11,7 @@ import pytest
 import trio
 from trio_websocket import WebSocketRequest, serve_websocket
 
-from orbit_node.sdk import Worker
+from orbit_sdk import Worker
 
 QUEUE_ID = "a" * 32
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import trio
 
-from orbit_node.sdk import (
+from orbit_sdk import (
     Backoff,
     ConfigError,
     OrbitClient,

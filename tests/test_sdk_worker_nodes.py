@@ -11,8 +11,8 @@ import attrs
 import pytest
 import trio
 
-from orbit_node.sdk import OrbitClient, Worker, WorkerTask, connect
 from orbit_node.services import default_services
+from orbit_sdk import OrbitClient, Worker, WorkerTask, connect
 
 from .helpers import wait_until
 from .nodeutil import make_tenant, run_node, task_request

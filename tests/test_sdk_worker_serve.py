@@ -16,9 +16,9 @@ from pathlib import Path
 import attrs
 import trio
 
-from orbit_node.sdk import Backoff, OrbitClient
-from orbit_node.sdk.serving import EXIT_CONFIG, EXIT_DRAINED, EXIT_FAILED, EXIT_REJECTED
 from orbit_node.services import default_services
+from orbit_sdk import Backoff, OrbitClient
+from orbit_sdk.serving import EXIT_CONFIG, EXIT_DRAINED, EXIT_FAILED, EXIT_REJECTED
 
 from .helpers import BIN, wait_until
 from .nodeutil import make_tenant, run_node, task_request
@@ -31,7 +31,7 @@ SERVICE = """
 
     import trio
 
-    from orbit_node.sdk import Worker, WorkerTask
+    from orbit_sdk import Worker, WorkerTask
 
     worker = Worker.from_env(queues=["q1"], capacity=2)
 
@@ -185,7 +185,7 @@ async def test_exit_statuses_say_how_it_ended(full_node, db, tmp_path):
     (tmp_path / "broken.py").write_text(
         textwrap.dedent(
             """
-            from orbit_node.sdk import Worker
+            from orbit_sdk import Worker
 
             class Broken(Worker):
                 async def run(self, **kwargs):

@@ -14,8 +14,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import attrs
 import trio
 
-from orbit_node.sdk.worker import Worker, WorkerTask
 from orbit_node.services import default_services
+from orbit_sdk.worker import Worker, WorkerTask
 
 from . import seed
 from .faults.checks import assert_attempt_history, tenant_with_token, wait_for_state

@@ -14,7 +14,8 @@ import pytest
 import trio
 
 import orbit_node
-from orbit_node.sdk import (
+from orbit_node.services import default_services
+from orbit_sdk import (
     ConfigError,
     OrbitClient,
     PermanentError,
@@ -23,7 +24,6 @@ from orbit_node.sdk import (
     WorkerRejected,
     WorkerTask,
 )
-from orbit_node.services import default_services
 
 from .nodeutil import make_tenant, make_token, run_node
 

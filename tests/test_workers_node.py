@@ -11,10 +11,10 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 
 from orbit_node.db import Database
 from orbit_node.node import Node
-from orbit_node.sdk.worker import Worker
 from orbit_node.services import default_services
 from orbit_node.store.ownership import OwnershipLost
 from orbit_node.store.tenancy import TenancyStore
+from orbit_sdk.worker import Worker
 
 from . import seed
 from .faults.checks import wait_for_state

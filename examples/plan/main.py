@@ -24,7 +24,7 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from orbit_node.sdk import OrbitClient, PlanDefinition, PlanSchedule, TaskTemplate, Worker, WorkerTask
+from orbit_sdk import OrbitClient, PlanDefinition, PlanSchedule, TaskTemplate, Worker, WorkerTask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import main, run_id, serving  # noqa: E402

@@ -21,7 +21,7 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from orbit_node.sdk import OrbitClient, SubmitTaskRequest, Worker, WorkerTask
+from orbit_sdk import OrbitClient, SubmitTaskRequest, Worker, WorkerTask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import ScenarioFailed, main, run_id, serving  # noqa: E402

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import trio
 
-from orbit_node.sdk import Backoff, OrbitClient, PermanentError, SubmitTaskRequest, Worker, WorkerTask
+from orbit_sdk import Backoff, OrbitClient, PermanentError, SubmitTaskRequest, Worker, WorkerTask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import main, run_id, serving  # noqa: E402

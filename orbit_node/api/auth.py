@@ -9,7 +9,8 @@ from __future__ import annotations
 from quart import current_app, g, request
 from werkzeug.datastructures import Headers
 
-from .. import logs
+from orbit_protocol import logs
+
 from ..errors import PermissionDenied, Unauthenticated
 from ..services import Shard
 from ..store.tenancy import ALL_QUEUES, Principal

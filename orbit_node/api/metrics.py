@@ -19,7 +19,8 @@ from hypercorn.trio import serve
 from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, Scope
 from quart import Blueprint, Response, g, request
 
-from .. import logs
+from orbit_protocol import logs
+
 from ..errors import NotFound
 from ..metrics import NodeMetrics
 from .auth import bearer_token, node_state

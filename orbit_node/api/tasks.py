@@ -10,7 +10,9 @@ from typing import Any
 
 from quart import Blueprint, request
 
-from .. import logs, rules
+from orbit_protocol import logs
+
+from .. import rules
 from ..errors import OrbitError, PermissionDenied, ResourceExhausted
 from ..services import Shard
 from ..store.acceptance import Submission

@@ -10,24 +10,14 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO
+
+from orbit_protocol.commands import fail
 
 from ..config import check_environment
 from ..db import Database
 from ..dsn import Dsn, parse_shards
 from ..errors import ConfigError, OrbitError
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
-    raise SystemExit(code)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (exit status 2); ``--help`` is unchanged."""
-
-    def error(self, message: str) -> NoReturn:
-        fail(f"{self.prog}: {message} (see --help)", 2)
 
 
 def dsns_from_env(env=None) -> list[tuple[str, Dsn]]:

@@ -6,8 +6,10 @@ import argparse
 
 import trio
 
+from orbit_protocol.commands import Parser
+
 from ..db import Database, migrate
-from .common import Parser, dsns_from_env, print_json, run_command
+from .common import dsns_from_env, print_json, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:

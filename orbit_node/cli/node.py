@@ -10,11 +10,13 @@ import socket
 
 import trio
 
+from orbit_protocol.commands import Parser
+
 from ..config import SDK_VARIABLES, SETTING_VARIABLES, NodeConfig
 from ..errors import ConfigError
 from ..node import Node
 from ..services import default_services
-from .common import Parser, run_command
+from .common import run_command
 
 # What the node reads (the SDK's variables are the clients').
 NODE_SETTINGS = sorted(SETTING_VARIABLES - SDK_VARIABLES)
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.parse_args(argv)
     config = run_command(NodeConfig.from_env)
-    from ..logs import configure_logging
+    from orbit_protocol.logs import configure_logging
 
     configure_logging(config.log_level, fmt=config.log_format)
     node = build_node(config)

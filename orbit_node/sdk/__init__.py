@@ -1,98 +1,22 @@
-"""Python SDK: a trio-native client of the task interface (``OrbitClient``: tasks, queues,
-plans, waiting for tasks) and the automatic Worker (``Worker``: run handlers for the
-tasks of queues; ``Worker.serve`` / ``orbit-worker`` as a process of its own). Every
-failure it raises is an ``OrbitClientError``.
-
-    from orbit_node.sdk import OrbitClient, PermanentError, SubmitTaskRequest, Worker, WorkerTask
-
-The guide is ``docs/sdk.md``.
+"""``orbit_node.sdk`` is ``orbit_sdk``: the SDK became a distribution of its own
+(``orbit-sdk``), and code written against ``orbit_node.sdk``, ``orbit_node.sdk.client``,
+``orbit_node.sdk.worker`` (or any other module of it) keeps working where the node is
+installed. Each such module is the same module object as ``orbit_sdk``'s, so classes,
+exceptions and ``isinstance`` checks are shared. New code imports ``orbit_sdk``.
 """
 
-from .client import OrbitClient
-from .credentials import Credentials, credentials_from_env
-from .errors import (
-    AlreadyExistsError,
-    ApiError,
-    ConfigError,
-    FailedPreconditionError,
-    IdempotencyConflictError,
-    InternalError,
-    InvalidArgumentError,
-    InvalidRequestError,
-    NotFoundError,
-    OrbitClientError,
-    PayloadTooLargeError,
-    PermissionDeniedError,
-    ProtocolError,
-    ResourceExhaustedError,
-    TransportError,
-    UnauthenticatedError,
-    UnavailableError,
-    UnsupportedMediaTypeError,
-    WaitTimeoutError,
-)
-from .filters import BulkItem, BulkResult, TaskFilter
-from .models import (
-    Backoff,
-    BatchItemResult,
-    Page,
-    Plan,
-    PlanDefinition,
-    PlanSchedule,
-    PlanTaskSummary,
-    PlanVersion,
-    Queue,
-    SubmitResult,
-    SubmitTaskRequest,
-    Task,
-    TaskSummary,
-    TaskTemplate,
-)
-from .worker import Handler, PermanentError, Worker, WorkerRejected, WorkerTask
+from __future__ import annotations
 
-__all__ = [
-    "AlreadyExistsError",
-    "ApiError",
-    "Backoff",
-    "BatchItemResult",
-    "BulkItem",
-    "BulkResult",
-    "ConfigError",
-    "Credentials",
-    "FailedPreconditionError",
-    "Handler",
-    "IdempotencyConflictError",
-    "InternalError",
-    "InvalidArgumentError",
-    "InvalidRequestError",
-    "NotFoundError",
-    "OrbitClient",
-    "OrbitClientError",
-    "Page",
-    "PayloadTooLargeError",
-    "PermanentError",
-    "Plan",
-    "PlanDefinition",
-    "PlanSchedule",
-    "PlanTaskSummary",
-    "PlanVersion",
-    "PermissionDeniedError",
-    "ProtocolError",
-    "Queue",
-    "ResourceExhaustedError",
-    "SubmitResult",
-    "SubmitTaskRequest",
-    "Task",
-    "TaskFilter",
-    "TaskSummary",
-    "TaskTemplate",
-    "TransportError",
-    "UnauthenticatedError",
-    "UnavailableError",
-    "UnsupportedMediaTypeError",
-    "WaitTimeoutError",
-    "Worker",
-    "WorkerRejected",
-    "WorkerTask",
-    "credentials_from_env",
-]
+import importlib
+import pkgutil
+import sys
+
+import orbit_sdk
+from orbit_sdk import *  # noqa: F403 (the SDK's public names, as before)
+from orbit_sdk import __all__  # noqa: F401
+
+for _module in pkgutil.iter_modules(orbit_sdk.__path__):
+    # As an import of the submodule would: in sys.modules and an attribute of this package.
+    globals()[_module.name] = sys.modules[f"{__name__}.{_module.name}"] = importlib.import_module(
+        f"orbit_sdk.{_module.name}"
+    )

@@ -16,10 +16,11 @@ from typing import Any
 
 import attrs
 
+from orbit_protocol.limits import MAX_BULK
+
 from ..db import Database, Tx
 from ..errors import DatabaseError, NotFound, OrbitError
 from ..ids import is_hex32, time_ordered_id
-from ..limits import MAX_BULK
 from ..rules import NewTask
 from ..task_query import TaskCursor, TaskFilter
 from .acceptance import Create, Record, Repeat, Submission, decide

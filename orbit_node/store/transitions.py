@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 
 import attrs
 
+from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS
+
 from ..db import Database, Tx
-from ..limits import MAX_ERROR_MESSAGE_CHARS
 from .backoff import backoff_delay_ms
 from .ownership import (
     LIVE_STATES,

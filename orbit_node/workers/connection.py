@@ -40,7 +40,8 @@ from typing import Any, Protocol, cast
 import attrs
 import trio
 
-from .. import logs
+from orbit_protocol import logs
+
 from ..claims import ClaimRequest
 from ..config import NodeConfig
 from ..dispatch.claim_pool import ClaimPool, PoolClosed

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_TASKS_PER_MESSAGE
+
 from .. import strict_json
 from ..claims import Capability
 from ..errors import OrbitError
-from ..limits import MAX_ERROR_MESSAGE_CHARS, MAX_TASKS_PER_MESSAGE
 from ..rules import HANDLER, QUEUE_ID, VERSION
 from ..strict_json import NotStrictJson
 from ..wire import rfc3339

@@ -47,7 +47,7 @@ import trio
 
 from orbit_node.db import Database, Tx, migrate
 from orbit_node.errors import OrbitError
-from orbit_node.sdk.worker import Worker, WorkerRejected, WorkerTask
+from orbit_sdk.worker import Worker, WorkerRejected, WorkerTask
 
 from ..nodeutil import make_tenant
 from .history import TERMINAL, Attempt, Execution, History, Observation, Task, Verdict, check, epoch

@@ -62,7 +62,7 @@ async def script(base_url: str, token: str) -> None:
 
 
 async def poison(base_url: str, token: str, queue_id: str) -> None:
-    from orbit_node.sdk.worker import Worker
+    from orbit_sdk.worker import Worker
 
     worker = Worker(url=base_url, token=token, queues=[queue_id], capacity=1)
 

@@ -26,7 +26,8 @@ from typing import Any
 
 from quart import Blueprint, Response, g, render_template, request
 
-from ... import logs
+from orbit_protocol import logs
+
 from ...errors import NotFound, OrbitError, PermissionDenied, Unauthenticated
 from ...retention import CLASS_OF_STATE, Retention, RetentionClass, format_duration
 from ...services import Shard

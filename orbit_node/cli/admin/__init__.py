@@ -16,7 +16,9 @@ import argparse
 
 import trio
 
-from ..common import Parser, database_from_env, fail, run_command
+from orbit_protocol.commands import Parser
+
+from ..common import database_from_env, fail, run_command
 from . import applications, audit, credentials, database, live, queues, tasks
 from .credentials import bootstrap, create_credential, node_url
 

@@ -17,9 +17,12 @@ from typing import Any
 
 import trio
 
-from ..sdk import ConfigError, Worker
-from ..sdk.serving import EXIT_CONFIG, EXIT_SIGNAL_BASE
-from .common import Parser, fail
+from orbit_protocol.commands import Parser, fail
+from orbit_protocol.logs import configure_logging
+
+from .errors import ConfigError
+from .serving import EXIT_CONFIG, EXIT_SIGNAL_BASE
+from .worker import Worker
 
 # Log levels --log-level accepts.
 LEVELS = ("debug", "info", "warning", "error")
@@ -67,8 +70,6 @@ def main(argv: list[str] | None = None) -> None:
         "--log-format", choices=("auto", "json", "text"), default="auto", help="default: text on a terminal, else json"
     )
     args = parser.parse_args(argv)
-    from ..logs import configure_logging
-
     configure_logging(args.log_level, fmt=args.log_format)
     try:
         try:

@@ -16,7 +16,8 @@ import attrs
 import trio
 from trio_websocket import ConnectionClosed
 
-from ..limits import MAX_TASKS_PER_MESSAGE
+from orbit_protocol.limits import MAX_TASKS_PER_MESSAGE
+
 from .messages import Ack, AckResult, Welcome
 
 # Pause before an undecided Start or Finish is sent again: first, and cap (doubling).

@@ -25,7 +25,8 @@ import httpx
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, ConnectionTimeout, DisconnectionTimeout, HandshakeError
 
-from .. import __version__
+from orbit_protocol import __version__
+
 from .client import OrbitClient
 from .encoding import is_id
 from .errors import ConfigError, OrbitClientError, PermissionDeniedError, UnauthenticatedError

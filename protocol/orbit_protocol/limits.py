@@ -1,9 +1,9 @@
 """Limits of what travels between a node and its clients, in one place for both sides.
 
-Pure constants, no imports: the node's validation (``rules.py``, ``task_query.py``,
-``workers/protocol.py``, ``store/transitions.py``) and the SDK (``orbit_node.sdk``, which
-imports nothing else of the node but ``__version__``) read them from here, so a limit
-cannot drift between the side that enforces it and the side that keeps within it.
+Pure constants, no imports: the node's validation (``orbit_node/rules.py``,
+``task_query.py``, ``workers/protocol.py``, ``store/transitions.py``) and the SDK
+(``orbit_sdk``) read them from here, so a limit cannot drift between the side that
+enforces it and the side that keeps within it.
 """
 
 # Submissions in one POST /v1/tasks/batch.

@@ -23,7 +23,8 @@ from typing import Any
 
 import httpx
 
-from ..limits import MAX_BATCH_TASKS
+from orbit_protocol.limits import MAX_BATCH_TASKS
+
 from .credentials import Credentials, credentials_from_env
 from .errors import ConfigError, InvalidRequestError, ProtocolError, TransportError, api_error
 from .filters import BulkItem, BulkResult, TaskFilter

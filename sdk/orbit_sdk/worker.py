@@ -1,6 +1,6 @@
 """The automatic Worker: connect, receive reservations, run handlers, report.
 
-    from orbit_node.sdk import PermanentError, Worker, WorkerTask
+    from orbit_sdk import PermanentError, Worker, WorkerTask
 
     worker = Worker.from_env(queues=["initial"], capacity=4)   # ORBIT_CREDENTIALS_FILE, ORBIT_URL
 

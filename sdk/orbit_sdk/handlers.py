@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 
 import attrs
 
-from ..limits import MAX_ERROR_MESSAGE_CHARS
+from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS
+
 from .encoding import NotJson, encode
 
 

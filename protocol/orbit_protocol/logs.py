@@ -23,7 +23,7 @@ import time
 import types
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TextIO
 
 # Fields that identify what a line is about; printed first (JSON) or in brackets (text).
 CONTEXT_FIELDS = (
@@ -142,7 +142,7 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     """``time LEVEL logger: message [field=value ...]`` for people at a terminal."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
@@ -155,7 +155,7 @@ class TextFormatter(logging.Formatter):
         return redact(line)
 
 
-def make_handler(fmt: str = "auto", stream=None) -> logging.Handler:
+def make_handler(fmt: str = "auto", stream: TextIO | None = None) -> logging.Handler:
     """A stream handler with the context and redaction filters and the chosen format."""
     stream = stream or sys.stderr
     if fmt == "auto":
@@ -169,7 +169,7 @@ def make_handler(fmt: str = "auto", stream=None) -> logging.Handler:
     return handler
 
 
-def configure_logging(level: str = "info", *, fmt: str | None = None, stream=None) -> None:
+def configure_logging(level: str = "info", *, fmt: str | None = None, stream: TextIO | None = None) -> None:
     """Send every logger's records to one handler on ``stream`` (stderr) at ``level``."""
     handler = make_handler(fmt or "auto", stream)
     root = logging.getLogger()

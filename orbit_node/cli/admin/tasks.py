@@ -177,6 +177,12 @@ def show_render(task: dict[str, Any], args: argparse.Namespace) -> None:
             ],
         )
     )
+    # The traceback of the last attempt that sent one, whole (the table shows its start).
+    for a in reversed(history):
+        error = a["error"]
+        if isinstance(error, dict) and isinstance(error.get("traceback"), str):
+            print(f"\ntraceback of attempt {a['attempt']}:\n{error['traceback'].rstrip()}")
+            break
 
 
 async def action_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:

@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml sdk/pyproject.toml protocol/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(EDITABLE) -e '.[test]'
+	@# A venv made before the SDK had its own distribution: replacing the old orbit-node
+	@# removes the orbit-worker script it owned, after the SDK wrote its own.
+	test -x $(BIN)/orbit-worker || $(BIN)/pip install --quiet --no-deps --force-reinstall -e ./sdk
 	touch $(STAMP)
 
 install: $(STAMP)

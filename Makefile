@@ -71,7 +71,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install --quiet $(EDITABLE) -e '.[test,bench]'
 	touch $(BENCH_STAMP)
 
-# `make bench` runs every scenario; `make bench SCENARIO=s1 BENCH_ARGS='--tasks 2000'` one of them.
+# `make bench` runs every scenario; `make bench SCENARIO=burn-down BENCH_ARGS='--tasks 2000'` one of them.
 # Each runs at production durability (and the development setting beside it where it prints a
 # column each) on private mariadbd servers it starts itself (bench/durability.py); only
 # `--durability server` uses ORBIT_BENCH_MYSQL_DSN (default: the development server, `make db`).

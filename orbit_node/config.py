@@ -190,7 +190,7 @@ class AdmissionLimits:
     # group-commit (one transaction for the submits in progress), so the slots bound the
     # groups' size, and a request that waits for a slot costs a wake-up: 8 slots made a
     # single application's 16 back-to-back clients pay 1.35-1.5x the node CPU per submit
-    # of no admission at all, 16 slots (2 of the 16 waiting) about 1.2x (bench/README.md,
+    # of no admission at all, 16 slots (2 of the 16 waiting) about 1.2x (docs/benchmarks/fairness.md,
     # issue 38).
     slots: int = attrs.field(default=32, validator=_positive)
     # Handlers in progress per application per node while another application waits: one

@@ -11,6 +11,7 @@ fails when the README differs) all come from there. Units are in the names
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -134,7 +135,10 @@ def check_environment(env: Mapping[str, str]) -> None:
         and not k.startswith(TOOL_PREFIXES)
     )
     if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown setting (a typo?)", field=unknown[0])
+        known = sorted(SETTING_VARIABLES | TOOL_VARIABLES)
+        near = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.75)
+        hint = f"did you mean {near[0]}?" if near else "a typo?"
+        raise ConfigError(f"{unknown[0]}: unknown setting ({hint})", field=unknown[0])
 
 
 def parse_addr(value: str, *, field: str = "ORBIT_HTTP_ADDR") -> tuple[str, int]:

@@ -71,6 +71,11 @@ async def confirm_bulk(action: str):
         after=query.cursor,
         limit=MAX_BULK,
     )
+    already = 0
+    if action == "retry":
+        # A task retried before is not retried again: counted apart, never offered.
+        notes = await shard().tasks.finish_notes(who.namespace_id, counted.tasks)
+        already = sum(1 for note in notes.values() if note["retried_by"])
     bounded = found
     if counted.tasks:
         newest = counted.tasks[0].created_at + timedelta(microseconds=1)
@@ -82,6 +87,7 @@ async def confirm_bulk(action: str):
         refresh=False,
         action=action,
         count=len(counted.tasks),
+        already=already,
         more=counted.next_cursor is not None,
         shown=counted.tasks[:SHOWN],
         queue_names=await queue_names(),

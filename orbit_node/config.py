@@ -23,6 +23,8 @@ from .errors import ConfigError, InvalidArgument
 from .retention import DEFAULT_AUDIT_S, DEFAULT_FAILED_S, DEFAULT_SUCCEEDED_S, format_duration, parse_duration
 
 LOG_FORMATS = ("auto", "json", "text")
+# ORBIT_ACCESS_LOG: every request, the failed and slow ones only, or none.
+ACCESS_LOG_MODES = ("all", "errors", "off")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 METRICS_MODES = ("off", "open", "credential")
 SWITCHES = {"on": True, "off": False}
@@ -285,6 +287,21 @@ class NodeConfig:
         parse=_word,
         doc="`json` (one object per line), `text`, or `auto` (text on a terminal, else JSON)",
     )
+    access_log: str = setting(
+        "errors",
+        env="ORBIT_ACCESS_LOG",
+        parse=_word,
+        doc="the access log (logger `orbit.access`): `all` (a line per request at info; health, readiness and "
+        "metrics probes at debug), `errors` (a line at info for a request answered 4xx/5xx or slower than "
+        "`ORBIT_ACCESS_LOG_SLOW_MS`, the others at debug), or `off`",
+    )
+    access_log_slow_ms: float = setting(
+        1000.0,
+        env="ORBIT_ACCESS_LOG_SLOW_MS",
+        parse=_number(float),
+        validator=_non_negative,
+        doc="with `ORBIT_ACCESS_LOG=errors`, a request that takes longer than this (milliseconds) is logged too",
+    )
     metrics: str = setting(
         "off",
         env="ORBIT_METRICS",
@@ -485,6 +502,11 @@ class NodeConfig:
             raise ConfigError(
                 f"ORBIT_LOG_FORMAT: expected one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}",
                 field="ORBIT_LOG_FORMAT",
+            )
+        if self.access_log not in ACCESS_LOG_MODES:
+            raise ConfigError(
+                f"ORBIT_ACCESS_LOG: expected one of {', '.join(ACCESS_LOG_MODES)}, got {self.access_log!r}",
+                field="ORBIT_ACCESS_LOG",
             )
         if self.metrics not in METRICS_MODES:
             raise ConfigError(

@@ -185,6 +185,8 @@ def test_typescript_types_are_generated_and_a_schedule_is_typed(tmp_path):
     assert 'schedule: components["schemas"]["PlanSchedule"];' in types
     # Optional in a request: an interval schedule with a time zone is refused.
     assert re.search(r"^ {12}time_zone\?: string;$", schedule.group(0), re.M), schedule.group(0)
+    # Optional in an answer: a plan version's definition is answered as it was given.
+    assert re.search(r"^ {12}catch_up\?: ", schedule.group(0), re.M), schedule.group(0)
     # Every enumeration has a type (an untyped one comes out as `@enum {unknown}`).
     assert "@enum {unknown}" not in types
 

@@ -33,8 +33,8 @@ HTTP_METHODS = {"get", "put", "post", "delete", "patch"}
 PACKAGE = "orbit_openapi_generated_client"
 # What npm prints when it cannot reach its registry (the only reason to skip the TypeScript test).
 REGISTRY_UNREACHABLE = re.compile(r"ENOTFOUND|EAI_AGAIN|ECONNREFUSED|ECONNRESET|ETIMEDOUT|ENETUNREACH|EHOSTUNREACH")
-# The generator is given the task fields' own documentation to write into docstrings; a
-# few seconds is plenty (it takes about three).
+# A bound on one generator run: each takes a few seconds (npx's first run also downloads
+# openapi-typescript).
 GENERATE_TIMEOUT_S = 120
 
 

@@ -9,7 +9,8 @@ import trio
 from quart import Blueprint
 
 from orbit_node.api import auth, explain
-from orbit_node.api.app import NodeState, create_app
+from orbit_node.api.app import create_app
+from orbit_node.api.state import NodeState
 from orbit_node.errors import NotFound
 from orbit_node.store.tenancy import TenancyStore
 

@@ -87,6 +87,7 @@ def create_app(state: NodeState) -> QuartTrio:
         await probe()
 
     access_mode, access_slow_s = state.config.access_log, state.config.access_log_slow_ms / 1000
+
     # One hook before and one after every request (each hook is a call per request).
     @app.before_request
     async def _begin():

@@ -221,9 +221,10 @@ def resource_key(value: Any, field: str = "resource_key") -> str:
 # -- request bodies ----------------------------------------------------------------
 
 
-def submit_task(body: Mapping[str, Any]) -> NewTask:
-    """The body of POST /v1/tasks -> a validated NewTask."""
-    return NewTask(**task_fields(body, allowed=SUBMIT_FIELDS, required=SUBMIT_REQUIRED))
+def submit_task(body: Mapping[str, Any], *, trace_context: str | None = None) -> NewTask:
+    """The body of POST /v1/tasks -> a validated NewTask (with the request's validated
+    trace context, if any)."""
+    return NewTask(**task_fields(body, allowed=SUBMIT_FIELDS, required=SUBMIT_REQUIRED), trace_context=trace_context)
 
 
 def batch_tasks(body: Mapping[str, Any]) -> list[Any]:
@@ -240,7 +241,7 @@ def batch_tasks(body: Mapping[str, Any]) -> list[Any]:
     return items
 
 
-def batch_item(value: Any, index: int) -> tuple[str, NewTask]:
+def batch_item(value: Any, index: int, *, trace_context: str | None = None) -> tuple[str, NewTask]:
     """Item ``index`` of a batch -> (its idempotency key, the validated NewTask).
 
     The POST /v1/tasks rules exactly, plus ``idempotency_key`` (the header's rule); every
@@ -259,7 +260,7 @@ def batch_item(value: Any, index: int) -> tuple[str, NewTask]:
         IDEMPOTENCY_KEY,
         "1-255 visible ASCII characters (0x21-0x7E)",
     )
-    return key, NewTask(**fields)
+    return key, NewTask(**fields, trace_context=trace_context)
 
 
 def task_template(value: Any, field: str) -> dict[str, Any]:
@@ -392,6 +393,10 @@ class NewTask:
     backoff_max_ms: int = DEFAULT_BACKOFF_MAX_MS
     backoff_multiplier: float = DEFAULT_BACKOFF_MULTIPLIER
     resource_key: str | None = None
+    # The producer's W3C trace context, validated, in its stored form
+    # (``trace_context.TraceContext.stored``), or None. Not part of the request: a repeat
+    # under another trace is the same request, so ``canonical`` leaves it out.
+    trace_context: str | None = None
 
     @property
     def held_back(self) -> bool:

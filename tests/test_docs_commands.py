@@ -42,6 +42,10 @@ SKIPPED = {
         "writes into the checkout and needs the npm registry; tests/test_openapi_generated.py runs it "
         "into a temporary directory and checks what it writes"
     ),
+    "pip install 'orbit-node[otel]' opentelemetry-distro opentelemetry-exporter-otlp": (
+        "installs an exporter and runs a node until it is stopped, exporting to a collector; "
+        "tests/test_tracing.py records the node's and the Worker's spans in memory instead"
+    ),
     "for example in retries plan fanout resource_keys; do": (
         "tests/test_examples.py runs each of these examples against a node and checks every line it prints"
     ),

@@ -31,7 +31,7 @@ from orbit_sdk.messages import (
     parse_message,
 )
 
-from .test_worker_protocol import QUEUE, TASK, TOKEN, FakeReservation
+from .test_worker_protocol import QUEUE, TASK, TOKEN, TRACEPARENT, FakeReservation
 
 NODE = "f" * 32
 
@@ -87,6 +87,10 @@ NODE_MESSAGES = [
                 ),
             )
         ),
+    ),
+    (
+        p.dispatch([reservation(trace_context=f"{TRACEPARENT} vendor=opaque")]),
+        Dispatch((Dispatched(TOKEN, attrs.evolve(TASK_VALUE, traceparent=TRACEPARENT, tracestate="vendor=opaque")),)),
     ),
     (
         p.ack(

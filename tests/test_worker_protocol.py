@@ -220,6 +220,10 @@ class FakeReservation:
     deadline: dt.datetime | None = None
     resource_key: str | None = None
     priority: int = 0
+    trace_context: str | None = None
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def test_outbound_messages_match_the_schema():
@@ -230,6 +234,10 @@ def test_outbound_messages_match_the_schema():
     prioritized = p.dispatch([FakeReservation(priority=9, deadline=dt.datetime(2026, 1, 1, 0, 1), resource_key="r")])
     validate_message(prioritized, direction="node")
     assert prioritized["tasks"][0]["priority"] == 9
+    traced = p.dispatch([FakeReservation(trace_context=f"{TRACEPARENT} vendor=opaque")])
+    validate_message(traced, direction="node")
+    assert (traced["tasks"][0]["traceparent"], traced["tasks"][0]["tracestate"]) == (TRACEPARENT, "vendor=opaque")
+    assert "traceparent" not in default["tasks"][0] and "tracestate" not in default["tasks"][0]
     for message in [
         p.welcome(
             connection_id="c1",

@@ -8,11 +8,12 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from opentelemetry.trace import SpanKind
 from quart import Blueprint, request
 
 from orbit_protocol import logs
 
-from .. import rules
+from .. import rules, tracing
 from ..errors import OrbitError, PermissionDenied, ResourceExhausted
 from ..services import Shard
 from ..store.acceptance import Submission
@@ -21,6 +22,7 @@ from ..store.tasks import Accepted
 from ..store.tenancy import Principal
 from ..submit_rate import Admission
 from ..task_query import FILTER_FIELDS, LIST_FIELDS, TaskCursor, filter_from_query
+from ..trace_context import TraceContext
 from ..wire import rfc3339, stored_json
 from . import envelope, validation
 from .auth import node_state, require_any, shard
@@ -83,7 +85,23 @@ def task_json(task: Task) -> dict[str, Any]:
 async def submit_task():
     who = require_any("tasks:submit")
     key = validation.idempotency_key()
-    new = rules.submit_task(await validation.json_object(required=True))
+    trace = validation.trace_context()
+    with tracing.span("orbit.submit", trace, kind=SpanKind.SERVER) as span:
+        new = rules.submit_task(await validation.json_object(required=True), trace_context=stored(trace))
+        accepted = await _accept(who, key, new)
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "orbit.task_id": accepted.task.task_id,
+                    "orbit.queue_id": new.queue_id,
+                    "orbit.handler": new.handler,
+                    "orbit.created": accepted.created,
+                }
+            )
+    return envelope.ok(task_json(accepted.task), 201 if accepted.created else 200)
+
+
+async def _accept(who: Principal, key: str, new: rules.NewTask) -> Accepted:
     who.require("tasks:submit", new.queue_id)
     state = node_state()
     where = state.shard(who)
@@ -102,7 +120,7 @@ async def submit_task():
     logs.bind(queue_id=new.queue_id, task_id=accepted.task.task_id)
     if accepted.created:
         announce(where, [arrival(new, accepted.task)])
-    return envelope.ok(task_json(accepted.task), 201 if accepted.created else 200)
+    return accepted
 
 
 # orbit_requests_refused_total's reason for a submission over its application's rate limit.
@@ -152,6 +170,19 @@ async def submit_batch():
     transaction; one result per item, in request order (docs/api.md)."""
     who = require_any("tasks:submit")
     validation.no_idempotency_header()
+    trace = validation.trace_context()
+    with tracing.span("orbit.submit_batch", trace, kind=SpanKind.SERVER) as span:
+        response = await _accept_batch(who, stored(trace))
+        if span.is_recording():
+            span.set_attribute("http.response.status_code", response.status_code)
+        return response
+
+
+def stored(trace: TraceContext | None) -> str | None:
+    return None if trace is None else trace.stored()
+
+
+async def _accept_batch(who: Principal, trace_context: str | None):
     items = rules.batch_tasks(await validation.json_object(required=True))
     # Item index -> its refusal before the store (invalid, or outside the credential's grant).
     refused: dict[int, OrbitError] = {}
@@ -160,7 +191,7 @@ async def submit_batch():
     indexes: list[int] = []
     for index, item in enumerate(items):
         try:
-            key, new = rules.batch_item(item, index)
+            key, new = rules.batch_item(item, index, trace_context=trace_context)
             field = f"tasks[{index}].queue_id"
             if not who.allows("tasks:submit", new.queue_id):
                 raise PermissionDenied(

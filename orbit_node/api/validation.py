@@ -22,6 +22,8 @@ from ..ids import is_hex32
 from ..rules import IDEMPOTENCY_KEY, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, kind, parse_json
 from ..strict_json import show
 from ..task_query import STATES
+from ..trace_context import TraceContext
+from ..trace_context import parse as trace_context_of
 
 # -- the request -------------------------------------------------------------------
 
@@ -97,6 +99,18 @@ def idempotency_key() -> str:
             "Idempotency-Key: must be 1-255 visible ASCII characters (0x21-0x7E)", field="Idempotency-Key"
         )
     return values[0]
+
+
+def trace_context() -> TraceContext | None:
+    """The request's W3C ``traceparent`` (with its ``tracestate``), or None when it is
+    absent, malformed or given more than once: a broken tracer never refuses a request
+    (``orbit_node.trace_context``)."""
+    parents = request.headers.getlist("traceparent")
+    if len(parents) != 1:
+        return None
+    states = request.headers.getlist("tracestate")
+    # Several tracestate headers are one list, joined as the W3C says.
+    return trace_context_of(parents[0], ",".join(states) if states else None)
 
 
 def no_idempotency_header() -> None:

@@ -220,6 +220,8 @@ def _retry_row(namespace_id: str, source: dict[str, Any]) -> dict[str, Any]:
         backoff_max_ms=source["backoff_max_ms"],
         backoff_multiplier=float(source["backoff_multiplier"]),
         resource_key=source["resource_key"],
+        # The retry continues the original's trace (a span of its own in the same trace).
+        trace_context=source["trace_context"],
     )
     row = task_row(time_ordered_id(), source["application_id"], namespace_id, new, now, retried_from=source["task_id"])
     # The payload's stored text, byte for byte (it is never parsed and written again).

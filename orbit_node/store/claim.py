@@ -332,6 +332,7 @@ class _Claim:
                 resource_key=r["resource_key"],
                 available_at=r["available_at"],
                 deadline_in_s=None if r["deadline"] is None else (r["deadline"] - now).total_seconds(),
+                trace_context=r["trace_context"],
             )
             for r in rows
         ]

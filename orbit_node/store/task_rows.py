@@ -163,6 +163,7 @@ def task_row(
         "plan_id": plan_id,
         "plan_version": plan_version,
         "retried_from": retried_from,
+        "trace_context": new.trace_context,
         "created_at": now,
     }
 
@@ -171,10 +172,13 @@ async def insert_tasks(tx: Tx, namespace_id: str, rows: Sequence[Mapping[str, An
     """Write accepted tasks (``task_row``) and their resource keys' occupancy rows inside ``tx``.
 
     Multi-row INSERTs (the tasks' deferred to the transaction's next packet when short:
-    ``Tx.insert_rows``); the caller has written the idempotency records first, in the same
-    transaction. The API's acceptance, a plan's fire and a retry all go through here.
+    ``Tx.insert_rows``), and the trace contexts of those that carry one (000026); the
+    caller has written the idempotency records first, in the same transaction. The API's acceptance, a plan's fire and a retry all go through here.
     """
     await tx.insert_rows("task_insert", rows)
+    traced = [row for row in rows if row["trace_context"] is not None]
+    if traced:
+        await tx.insert_rows("task_trace_context_insert", traced)
     wanted = sorted({row["resource_key"] for row in rows if row["resource_key"] is not None})
     if wanted:
         present = await tx.fetchall(

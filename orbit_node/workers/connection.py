@@ -49,6 +49,7 @@ from ..dispatch.scheduler import SchedulerRefused
 from ..errors import NotFound, OrbitError
 from ..store.ownership import AttachItem, FinishItem, Reservation, TransitionResult
 from ..store.tenancy import Principal
+from ..tracing import ConnectionTraces
 from . import protocol as p
 from .core import (
     Close,
@@ -185,6 +186,8 @@ class WorkerConnection:
     # Set by ``move_away``: the node is full and needs this connection's slot.
     _moved: trio.Event = attrs.field(factory=trio.Event, init=False)
     _held_changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # The spans of its tasks' dispatch, Start and Finish (nothing without a tracer provider).
+    _traces: ConnectionTraces = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         config = self.config
@@ -198,6 +201,7 @@ class WorkerConnection:
             send_buffer=SendBuffer(config.worker_send_buffer_messages, config.worker_send_buffer_bytes),
         )
         self._out_send, self._out_recv = trio.open_memory_channel[Frame](math.inf)
+        self._traces = ConnectionTraces(self.connection_id)
         self._tr_send, self._tr_recv = trio.open_memory_channel[TransitionMessage | Internal](MAX_QUEUED_TRANSITIONS)
 
     @property
@@ -439,6 +443,7 @@ class WorkerConnection:
         if result:
             self.send(p.dispatch(result))
             self.observer.observe_dispatch(result)
+            self._traces.dispatched(result)
         self.maybe_request_claim()
 
     # -- transitions --------------------------------------------------------------------
@@ -512,6 +517,9 @@ class WorkerConnection:
             }[kind]
             outcomes = await run([(r.task_id, r.token) for r in mine]) if mine else []
         settled = self.core.settle(kind, mine, outcomes, trio.current_time())
+        if kind in (TransitionKind.START, TransitionKind.FINISH, TransitionKind.RELEASE):
+            self._traces.transitioned(kind.value, outcomes, message.tasks)
+            self._traces.keep_only(self.core.held)
         if kind in (TransitionKind.START, TransitionKind.ATTACH):
             # A task that now runs may have a deadline sooner than the watchdog's next look.
             self._wake_watchdog.set()

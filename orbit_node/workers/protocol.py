@@ -442,7 +442,8 @@ def heartbeat() -> dict[str, Any]:
 
 
 def dispatch_task(r: Reservation) -> dict[str, Any]:
-    """One reservation as the Worker sees it; ``priority`` only when non-zero."""
+    """One reservation as the Worker sees it; ``priority`` only when non-zero,
+    ``traceparent`` and ``tracestate`` only when the submission carried them."""
     task = {
         "task_id": r.task_id,
         "token": r.fencing_token,
@@ -461,6 +462,13 @@ def dispatch_task(r: Reservation) -> dict[str, Any]:
         task["resource_key"] = r.resource_key
     if r.priority:
         task["priority"] = r.priority
+    if r.trace_context is not None:
+        # The producer's W3C trace context, validated when it was accepted; absent when the
+        # submission carried none.
+        traceparent, _, tracestate = r.trace_context.partition(" ")
+        task["traceparent"] = traceparent
+        if tracestate:
+            task["tracestate"] = tracestate
     return task
 
 

@@ -25,6 +25,7 @@ import httpx
 
 from orbit_protocol.limits import MAX_BATCH_TASKS
 
+from . import tracing
 from .credentials import Credentials, credentials_from_env
 from .errors import ConfigError, InvalidRequestError, ProtocolError, TransportError, api_error
 from .filters import BulkItem, BulkResult, TaskFilter
@@ -148,9 +149,9 @@ class OrbitClient:
 
         Safe to retry after a TransportError with the same key and request.
         """
-        status, document = await self._call(
-            "POST", "/v1/tasks", body=request.to_json(), headers={"Idempotency-Key": acceptance_key}
-        )
+        # The active span's trace context goes with the task to its handler (``tracing``).
+        headers = {"Idempotency-Key": acceptance_key, **tracing.context_headers()}
+        status, document = await self._call("POST", "/v1/tasks", body=request.to_json(), headers=headers)
         return SubmitResult(Task.from_json(document["data"]), created=status == 201)
 
     async def submit_many(
@@ -183,7 +184,10 @@ class OrbitClient:
             for index, (key, request) in enumerate(requests)
         ]
         results: list[BatchItemResult] = []
-        headers = None if return_tasks else {"Prefer": "return=minimal"}
+        # The active span's trace context goes with every item to its handler (``tracing``).
+        headers = tracing.context_headers()
+        if not return_tasks:
+            headers["Prefer"] = "return=minimal"
         for start in range(0, len(items), batch_size):
             content = '{"tasks":[' + ",".join(items[start : start + batch_size]) + "]}"
             _, document = await self._call("POST", "/v1/tasks/batch", content=content.encode("utf-8"), headers=headers)

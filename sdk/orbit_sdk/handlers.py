@@ -56,6 +56,10 @@ class WorkerTask:
     deadline: str | None = None
     #: The task's resource key (at most one task per key runs at a time), or None.
     resource_key: str | None = None
+    #: The W3C trace context the task was submitted with (``traceparent``, ``tracestate``),
+    #: or None; the Worker's span ``orbit.task`` continues it (``orbit_sdk.tracing``).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 #: A handler: ``async def`` or plain ``def``, taking a ``WorkerTask``, returning the result.

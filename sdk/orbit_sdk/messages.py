@@ -249,6 +249,8 @@ def _dispatched(t: _Fields) -> Dispatched:
             priority=t.optional_integer("priority") or 0,
             deadline=t.optional_text("deadline"),
             resource_key=t.optional_text("resource_key"),
+            traceparent=t.optional_text("traceparent"),
+            tracestate=t.optional_text("tracestate"),
         ),
     )
 

@@ -61,7 +61,7 @@ import attrs
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
-from . import serving
+from . import serving, tracing
 from .connect import (
     DISCONNECT_TIMEOUT_S,
     NodeSilent,
@@ -171,6 +171,9 @@ class Worker(WorkerCounters):
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
                 raise ValueError(f"{name}: expected a positive number of seconds, got {seconds!r}")
         self.urls = node_urls(url)
+        # The application the credential belongs to, when known (``from_credentials``): an
+        # attribute of each attempt's span.
+        self.application: str | None = None
         self._rotation = Rotation(self.urls)
         self._token = token
         self.queues = list(queues)
@@ -228,7 +231,9 @@ class Worker(WorkerCounters):
     ) -> Worker:
         """A Worker with the file's token and url (``url``, one or several, overrides it);
         queue names resolve through the file's ``queues`` map."""
-        return cls(url or credentials.url, credentials.token, queues, queue_names=credentials.queues, **kwargs)
+        worker = cls(url or credentials.url, credentials.token, queues, queue_names=credentials.queues, **kwargs)
+        worker.application = credentials.application
+        return worker
 
     @classmethod
     def from_env(
@@ -606,7 +611,7 @@ class Worker(WorkerCounters):
         key = (task.handler, task.handler_version, task.payload_version)
         report: dict[str, Any] = {"task_id": task.task_id, "token": token}
         try:
-            with running.scope:
+            with running.scope, tracing.attempt_span(task, application=self.application) as span:
                 if task.task_id in self._cancels:
                     running.scope.cancel()  # the cancel came before the handler began
                 try:
@@ -616,6 +621,7 @@ class Worker(WorkerCounters):
                 except Exception as exc:
                     report.update(failed(exc))
                     self._log_failure(task, exc)
+                    tracing.failed(span, exc)
             if running.scope.cancelled_caught:
                 report.update(stopped(self._cancels.get(task.task_id)))
             running.done = True

@@ -96,12 +96,14 @@ SELECT rk.resource_key, rk.holder_task_id, h.state AS holder_state
 -- a reservation carries and those that say a candidate can never run: a queued task has
 -- no token, lease or open attempt, and its namespace and application are the claimer's
 -- (claim_gates); each column of a result costs the node its description and a value per
--- row.
+-- row. The trace context (000026) is a primary-key read of its own table, which the
+-- locking clause leaves unlocked (it applies to the outer query's rows only).
 -- name: claim_lock_tasks
 SELECT task_id, queue_id, handler, handler_version, payload_version, payload, priority,
        attempts, max_attempts, deadline, resource_key, available_at, cancel_requested,
        (deadline IS NOT NULL AND deadline <= NOW(6)) AS past_deadline,
-       NOW(6) AS now
+       NOW(6) AS now,
+       (SELECT c.trace_context FROM task_trace_contexts c WHERE c.task_id = tasks.task_id) AS trace_context
   FROM tasks
  WHERE task_id IN %(task_ids)s
    AND state = 'queued'

@@ -68,6 +68,9 @@ DELETE a FROM task_attempts a FORCE INDEX (uq_attempts_token) WHERE a.task_id IN
 -- name: prune_records
 DELETE r FROM idempotency_records r FORCE INDEX (ix_idempotency_records_task) WHERE r.task_id IN %(task_ids)s
 
+-- name: prune_trace_contexts
+DELETE c FROM task_trace_contexts c FORCE INDEX (PRIMARY) WHERE c.task_id IN %(task_ids)s
+
 -- The tasks themselves; the state condition is a guard: a live task is never deleted.
 -- name: prune_tasks
 DELETE t FROM tasks t FORCE INDEX (PRIMARY)

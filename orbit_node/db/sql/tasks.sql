@@ -46,6 +46,11 @@ INSERT INTO tasks (
   %(retried_from)s, %(created_at)s, %(created_at)s
 )
 
+-- The trace contexts of the tasks just written that carry one (000026), in the same
+-- transaction.
+-- name: task_trace_context_insert
+INSERT INTO task_trace_contexts (task_id, trace_context) VALUES (%(task_id)s, %(trace_context)s)
+
 -- The dispatch core needs an occupancy row for every resource key a task names.
 -- A plain read first, so a hot key's row is not locked by every submission.
 -- name: resource_keys_present
@@ -174,7 +179,8 @@ UPDATE tasks
 -- name: task_retry_sources
 SELECT task_id, application_id, queue_id, handler, handler_version, payload_version, payload, state,
        priority, deadline, max_attempts, backoff_initial_ms, backoff_max_ms, backoff_multiplier,
-       resource_key, created_at, NOW(6) AS db_now
+       resource_key, created_at, NOW(6) AS db_now,
+       (SELECT c.trace_context FROM task_trace_contexts c WHERE c.task_id = tasks.task_id) AS trace_context
   FROM tasks
  WHERE namespace_id = %(namespace_id)s AND task_id IN %(task_ids)s
 

@@ -11,7 +11,7 @@ execution log and the ``tasks``/``task_attempts`` rows: one terminal state per
 acknowledged submit, no two executions of a task (or of a resource key) under live
 leases at once, no terminal state changed, a rerun only after a lost attempt.
 
-The run itself is ``tests/faults/chaos.py``; ``tests/test_chaos.py`` runs 40 s of it in
+The run itself is ``harness/chaos.py``; ``tests/test_chaos.py`` runs 40 s of it in
 ``make test``. Not part of ``all``: it takes ten minutes by default.
 """
 
@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.faults.chaos import FAULTS, ChaosPlan, run_chaos
-from tests.faults.history import PROPERTIES
+from harness.chaos import FAULTS, ChaosPlan, run_chaos
+from harness.history import PROPERTIES
 
 from .report import Target, format_table
 

@@ -24,8 +24,8 @@ import attrs
 import httpx
 import trio
 
+from harness.nodeproc import free_port
 from orbit_node.dsn import Dsn
-from tests.faults.nodeproc import free_port
 
 from . import REPO
 from .processes import stop_process

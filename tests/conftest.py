@@ -20,13 +20,13 @@ import attrs
 import pytest
 import trio
 
+from harness.mariadb import PrivateMariaDB
 from orbit_node.config import NodeConfig
 from orbit_node.db import Database, migrate
 from orbit_node.dsn import Dsn
 from orbit_node.errors import OrbitError
 from orbit_node.services import default_services
 
-from .faults.mariadb import PrivateMariaDB
 from .nodeutil import run_node
 
 # Every async test runs under a time cap (tests/timecap.py); pytester tests that cap.
@@ -210,7 +210,7 @@ async def full_node(node_config):
 
 @pytest.fixture
 async def private_mariadb():
-    """A private ``mariadbd`` of the test's own (tests/faults/mariadb.py), removed afterwards."""
+    """A private ``mariadbd`` of the test's own (harness/mariadb.py), removed afterwards."""
     server = PrivateMariaDB()
     try:
         await server.start()

@@ -1,4 +1,4 @@
-"""The chaos run (tests/faults/chaos.py) for 40 s of faults: three node processes on a private
+"""The chaos run (harness/chaos.py) for 40 s of faults: three node processes on a private
 mariadbd, SDK Workers on each, every kind of fault at least once; the history checker must
 find every property holding. The ten-minute run is ``python -m bench chaos``."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .faults.chaos import FAULTS, ChaosPlan, run_chaos
+from harness.chaos import FAULTS, ChaosPlan, run_chaos
 
 # Faults cover 40 s; starting the server and three nodes, and the settling after the faults,
 # take the rest. The cap leaves room for a loaded 2-core machine.

@@ -1,4 +1,4 @@
-"""The chaos runs' history checker (tests/faults/history.py) on hand-made histories: pure, no database.
+"""The chaos runs' history checker (harness/history.py) on hand-made histories: pure, no database.
 
 A clean history passes; each property has a history that breaks it, and only it where
 the property can be broken alone."""
@@ -9,7 +9,7 @@ from datetime import datetime
 
 import attrs
 
-from .faults.history import Attempt, Execution, History, Observation, Task, check, epoch
+from harness.history import Attempt, Execution, History, Observation, Task, check, epoch
 
 SUCCEEDED_T1 = Attempt("t1", 1, "1-a", reserved_at=0.0, started_at=0.1, finished_at=1.1, outcome="succeeded")
 # t2's first attempt is lost (its Worker went on running past the lease), the second succeeds.

@@ -18,7 +18,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from .faults.nodeproc import free_port
+from harness.nodeproc import free_port
+
 from .helpers import REPO
 
 FAKE_MAKE = """#!/usr/bin/env bash

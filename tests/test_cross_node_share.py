@@ -13,6 +13,7 @@ import sys
 import attrs
 import trio
 
+from harness.proxy import open_fault_proxy
 from orbit_node.config import SchedulerLimits
 from orbit_node.db import Database
 from orbit_node.dispatch.scheduler import FairScheduler
@@ -23,7 +24,6 @@ from orbit_node.store.operations import OperationsStore
 from orbit_node.store.tenancy import TenancyStore
 
 from . import seed
-from .faults.proxy import open_fault_proxy
 from .helpers import wait_until
 from .nodeutil import ALL_SCOPES, run_node
 from .test_scheduler import drain_one_at_a_time, ticket

@@ -13,12 +13,12 @@ import attrs
 import pytest
 import trio
 
+from harness.mariadb import PrivateMariaDB
 from orbit_node.db import Database, migrate
 from orbit_node.db.hosts import HostOrder
 from orbit_node.dsn import Dsn, DsnHost
 from orbit_node.errors import InvalidArgument, Unavailable
 
-from .faults.mariadb import PrivateMariaDB
 from .helpers import cli
 
 

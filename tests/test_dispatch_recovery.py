@@ -7,11 +7,11 @@ import json
 import pytest
 import trio
 
+from harness.clock import LaterDatabase
 from orbit_node.db import Database
 from orbit_node.dispatch.recovery import Sweeper
 from orbit_node.store.ownership import FinishItem, LostReason, Outcome, OwnershipLost, RecoveryStats
 
-from .faults.clock import LaterDatabase
 from .helpers import wait_until
 from .seed import (
     TaskSpec,

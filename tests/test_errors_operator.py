@@ -21,12 +21,12 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
+from harness.nodeproc import free_port
 from orbit_node.config import NodeConfig
 from orbit_node.db import Database, migrate
 from orbit_node.dsn import Dsn
 
 from .conftest import server_dsn
-from .faults.nodeproc import free_port
 from .helpers import BIN
 from .nodeutil import assert_error, make_tenant, run_node
 from .wsclient import ws_url

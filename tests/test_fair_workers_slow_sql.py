@@ -15,11 +15,11 @@ from __future__ import annotations
 import attrs
 import trio
 
+from harness.proxy import open_fault_proxy
 from orbit_node.services import default_services
 from orbit_sdk.worker import Worker, WorkerTask
 
 from . import seed
-from .faults.proxy import open_fault_proxy
 from .nodeutil import make_tenant, run_node
 
 # Added to every chunk in each direction: ~20 ms a statement.

@@ -19,9 +19,10 @@ import httpx
 import pytest
 import trio
 
+from harness.nodeproc import NodeProcess
+
 from . import seed
-from .faults.checks import rows, tenant_with_token, wait_for_state
-from .faults.nodeproc import NodeProcess
+from .checks import rows, tenant_with_token, wait_for_state
 from .wsclient import raw_worker
 
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")

@@ -10,16 +10,16 @@ import httpx
 import pytest
 import trio
 
+from harness.clock import LaterDatabase
+from harness.nodeproc import NodeProcess, free_port
+from harness.proxy import open_fault_proxy
 from orbit_node.db import Database, migrate
 from orbit_node.services import default_services
 from orbit_node.store.leases import LeaseStore
 from orbit_node.store.ownership import RecoveryStats
 
 from . import seed
-from .faults.checks import assert_attempt_history, rows, tenant_with_token
-from .faults.clock import LaterDatabase
-from .faults.nodeproc import NodeProcess, free_port
-from .faults.proxy import open_fault_proxy
+from .checks import assert_attempt_history, rows, tenant_with_token
 from .helpers import wait_until
 from .nodeutil import make_tenant, run_node
 from .wsclient import heartbeat_roundtrip, raw_worker

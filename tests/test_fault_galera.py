@@ -1,6 +1,6 @@
 """Orbit on a private three-server MariaDB Galera cluster that loses a server.
 
-The servers run on loopback with their own datadirs and ports (tests/faults/galera.py);
+The servers run on loopback with their own datadirs and ports (harness/galera.py);
 the shared server and the development server are never touched. Skipped only where
 galera-4 (or rsync, its state transfer) is not installed."""
 
@@ -14,12 +14,12 @@ import httpx
 import pytest
 import trio
 
+from harness.galera import GaleraCluster, galera_missing
+from harness.nodeproc import NodeProcess
 from orbit_node.db import Database, migrate
 from orbit_sdk.worker import Worker, WorkerTask
 
-from .faults.checks import TERMINAL, assert_attempt_history, rows
-from .faults.galera import GaleraCluster, galera_missing
-from .faults.nodeproc import NodeProcess
+from .checks import TERMINAL, assert_attempt_history, rows
 from .nodeutil import make_tenant
 
 MISSING = galera_missing()

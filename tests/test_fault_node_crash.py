@@ -7,12 +7,12 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
+from harness.nodeproc import NodeProcess
+from harness.proxy import Direction, open_fault_proxy
 from orbit_node.store.ownership import OwnershipLost
 
 from . import seed
-from .faults.checks import assert_attempt_history, rows, tenant_with_token, wait_for_state
-from .faults.nodeproc import NodeProcess
-from .faults.proxy import Direction, open_fault_proxy
+from .checks import assert_attempt_history, rows, tenant_with_token, wait_for_state
 from .helpers import wait_until
 from .nodeutil import make_tenant
 from .wsclient import raw_worker

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import trio
 
+from harness.clock import LaterDatabase
+from harness.proxy import Direction, open_fault_proxy
 from orbit_node.db import Database
 from orbit_node.db.driver import is_dropped
 from orbit_node.errors import Unavailable
 
-from .faults.clock import LaterDatabase
-from .faults.proxy import Direction, open_fault_proxy
 from .helpers import running_statements, wait_until
 
 

@@ -11,14 +11,14 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
+from harness.proxy import open_fault_proxy
+from harness.worker_proc import ProcessSocket, open_worker_process
 from orbit_node.services import default_services
 from orbit_node.store.ownership import OwnershipLost
 from orbit_sdk.worker import Worker
 
 from . import seed
-from .faults.checks import assert_attempt_history, tenant_with_token, wait_for_state
-from .faults.proxy import open_fault_proxy
-from .faults.worker_proc import ProcessSocket, open_worker_process
+from .checks import assert_attempt_history, tenant_with_token, wait_for_state
 from .helpers import wait_until
 from .nodeutil import run_node
 from .wsclient import RawWorker, raw_worker

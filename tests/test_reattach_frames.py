@@ -12,7 +12,7 @@ from trio_websocket import ConnectionClosed
 from orbit_node.services import default_services
 
 from . import seed
-from .faults.checks import tenant_with_token
+from .checks import tenant_with_token
 from .nodeutil import run_node
 from .wsclient import raw_worker
 

@@ -10,12 +10,12 @@ import attrs
 import pytest
 import trio
 
+from harness.proxy import open_fault_proxy
 from orbit_node.services import default_services
 from orbit_sdk.worker import Worker
 
 from . import seed
-from .faults.checks import tenant_with_token
-from .faults.proxy import open_fault_proxy
+from .checks import tenant_with_token
 from .helpers import wait_until
 from .nodeutil import run_node
 

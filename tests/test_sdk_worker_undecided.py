@@ -14,12 +14,12 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import attrs
 import trio
 
+from harness.proxy import Direction, FaultProxy, open_fault_proxy
 from orbit_node.services import default_services
 from orbit_sdk.worker import Worker, WorkerTask
 
 from . import seed
-from .faults.checks import assert_attempt_history, tenant_with_token, wait_for_state
-from .faults.proxy import Direction, FaultProxy, open_fault_proxy
+from .checks import assert_attempt_history, tenant_with_token, wait_for_state
 from .helpers import wait_until
 from .nodeutil import run_node
 

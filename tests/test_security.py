@@ -17,13 +17,13 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
+from harness.nodeproc import NodeProcess
+from harness.proxy import Direction, open_fault_proxy
 from orbit_node.services import default_services
 from orbit_node.store.tenancy import TenancyStore
 
 from . import seed
-from .faults.checks import rows
-from .faults.nodeproc import NodeProcess
-from .faults.proxy import Direction, open_fault_proxy
+from .checks import rows
 from .helpers import BIN
 from .nodeutil import make_tenant, make_token, run_node
 from .wsclient import CAP, heartbeat_roundtrip, raw_worker, ws_url

@@ -21,6 +21,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
+from harness.mariadb import PrivateMariaDB
 from orbit_node.config import NodeConfig
 from orbit_node.db import Database
 from orbit_node.db.migrate import HEAD
@@ -29,8 +30,7 @@ from orbit_node.dsn import Dsn, parse_shards
 from orbit_node.services import default_services
 
 from . import seed
-from .faults.checks import rows
-from .faults.mariadb import PrivateMariaDB
+from .checks import rows
 from .helpers import bootstrap, cli, wait_until
 from .nodeutil import Tenant, make_tenant, run_node
 from .test_security import TASK, foreign_ids_look_missing

@@ -8,13 +8,13 @@ import httpx
 import trio
 import trio.testing
 
+from harness.nodeproc import NodeProcess
 from orbit_node.errors import IdempotencyConflict, NotFound
 from orbit_node.rules import NewTask
 from orbit_node.store.submit_group import SubmitGroups
 from orbit_node.store.tasks import TaskStore
 
-from .faults.checks import rows
-from .faults.nodeproc import NodeProcess
+from .checks import rows
 from .helpers import wait_until
 from .nodeutil import make_tenant
 from .seed import tenant

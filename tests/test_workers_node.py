@@ -17,7 +17,7 @@ from orbit_node.store.tenancy import TenancyStore
 from orbit_sdk.worker import Worker
 
 from . import seed
-from .faults.checks import wait_for_state
+from .checks import wait_for_state
 from .helpers import application_rows_locked, wait_until
 from .nodeutil import ALL_SCOPES, run_node
 from .wsclient import heartbeat_roundtrip, raw_worker, ws_url

@@ -8,9 +8,9 @@ from typing import Any
 from orbit_node.db import Database
 from orbit_node.store.tenancy import TenancyStore
 
-from .. import seed
-from ..helpers import wait_until
-from ..nodeutil import ALL_SCOPES
+from . import seed
+from .helpers import wait_until
+from .nodeutil import ALL_SCOPES
 
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 

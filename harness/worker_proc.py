@@ -1,7 +1,7 @@
 """A Worker in its own process, for tests that SIGSTOP or lose it.
 
-    python -m tests.faults.worker_proc script URL   # raw protocol driven through stdin/stdout
-    python -m tests.faults.worker_proc poison URL QUEUE_ID   # SDK Worker whose handler kills its process
+    python -m harness.worker_proc script URL   # raw protocol driven through stdin/stdout
+    python -m harness.worker_proc poison URL QUEUE_ID   # SDK Worker whose handler kills its process
 
 The credential comes from ``ORBIT_TEST_WORKER_TOKEN`` (never the command line).
 ``script``: every line on stdin is a JSON message sent as is; every message received is
@@ -23,7 +23,7 @@ import attrs
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 # Bound on a Worker process connecting (it imports trio and the SDK first).
 SPAWN_TIMEOUT_S = 30
 
@@ -44,7 +44,8 @@ async def script(base_url: str, token: str) -> None:
                     while True:
                         print(await ws.get_message(), flush=True)
                 except ConnectionClosed as exc:
-                    print(json.dumps({"type": "closed", "code": exc.reason.code}), flush=True)
+                    code = None if exc.reason is None else exc.reason.code
+                    print(json.dumps({"type": "closed", "code": code}), flush=True)
                     nursery.cancel_scope.cancel()
 
             nursery.start_soon(receive)
@@ -84,7 +85,7 @@ def spawn_env(token: str) -> dict[str, str]:
 
 async def open_worker_process(mode: str, base_url: str, token: str, *args: str, **kwargs) -> trio.Process:
     return await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tests.faults.worker_proc", mode, base_url, *args],
+        [sys.executable, "-m", "harness.worker_proc", mode, base_url, *args],
         env=spawn_env(token),
         cwd=str(REPO),
         **kwargs,
@@ -107,9 +108,11 @@ class ProcessSocket:
         return sock
 
     async def send_message(self, text: str) -> None:
+        assert self.process.stdin is not None  # spawned with a pipe
         await self.process.stdin.send_all(text.encode() + b"\n")
 
     async def get_message(self) -> str:
+        assert self.process.stdout is not None  # spawned with a pipe
         while b"\n" not in self._buffer:
             chunk = await self.process.stdout.receive_some()
             if not chunk:
@@ -137,7 +140,8 @@ def main() -> None:
     if mode == "script":
         trio.run(script, base_url, token)
     elif mode == "poison":
-        trio.run(poison, base_url, token, *rest)
+        [queue_id] = rest
+        trio.run(poison, base_url, token, queue_id)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,8 +26,8 @@ import trio
 
 from orbit_node.dsn import Dsn
 
-from ..helpers import BIN
-
+# The console scripts of the running interpreter's environment (.venv/bin).
+BIN = Path(sys.executable).parent
 # Bound on a node process starting to answer /healthz.
 START_TIMEOUT_S = 20
 

@@ -49,11 +49,11 @@ from orbit_node.db import Database, Tx, migrate
 from orbit_node.errors import OrbitError
 from orbit_sdk.worker import Worker, WorkerRejected, WorkerTask
 
-from ..nodeutil import make_tenant
 from .history import TERMINAL, Attempt, Execution, History, Observation, Task, Verdict, check, epoch
 from .mariadb import PrivateMariaDB
 from .nodeproc import NodeProcess
 from .proxy import Direction, FaultProxy, open_fault_proxy
+from .tenants import make_tenant
 
 FAULTS = ("node_kill", "node_stop", "db_restart", "db_stall", "db_drop", "worker_cut")
 # Leases short enough that work lost to a fault comes back within seconds; a Worker whose

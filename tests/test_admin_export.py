@@ -21,7 +21,7 @@ from orbit_node.db import Database
 from orbit_node.errors import Unavailable
 from orbit_node.store.export import ExportCursor, ExportStore
 
-from .conftest import create_database, drop_database
+from .database import create_database, drop_database
 from .seed import TaskSpec, bulk_insert_tasks, insert_tasks, tenant
 from .test_admin import DOWN_DSN, TEST_TIMEOUT_S, admin, one_line_error
 from .test_dispatch_index import session_reads

@@ -26,7 +26,7 @@ from orbit_node.config import NodeConfig
 from orbit_node.db import Database, migrate
 from orbit_node.dsn import Dsn
 
-from .conftest import server_dsn
+from .database import server_dsn
 from .helpers import BIN
 from .nodeutil import assert_error, make_tenant, run_node
 from .wsclient import ws_url

@@ -27,7 +27,7 @@ import trio
 
 from orbit_node.db import Database, migrate
 
-from .conftest import create_database, drop_database, server_dsn
+from .database import create_database, drop_database, server_dsn
 from .helpers import BIN, REPO, bootstrap_args, cli, wait_until
 
 # What an existing credentials file holds before a failed start: it must stay exactly so.

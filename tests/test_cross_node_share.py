@@ -26,7 +26,7 @@ from orbit_node.store.tenancy import TenancyStore
 from . import seed
 from .helpers import wait_until
 from .nodeutil import ALL_SCOPES, run_node
-from .test_scheduler import drain_one_at_a_time, ticket
+from .unit.test_scheduler import drain_one_at_a_time, ticket
 from .wsclient import raw_worker
 
 UNPACED = 10**6

@@ -119,7 +119,7 @@ def test_a_bad_orbit_shards_entry_is_named(text, words):
 
 def test_the_readme_settings_table_is_the_one_the_declarations_give():
     """Each setting is declared once (orbit_node/config.py); the README shows what that says."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     begin = readme.index("<!-- settings:")
     block = readme[readme.index("\n", begin) + 1 : readme.index("<!-- /settings -->")].rstrip("\n")
     assert block == settings_table(), "README's settings table differs: paste `python -m orbit_node.config`"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from orbit_node import strict_json
 from orbit_node.workers import protocol as p
 
-from .protocol_schema import validate_message
+from ..protocol_schema import validate_message
 
 TASK = "0" * 31 + "1"
 QUEUE = "a" * 32

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from .helpers import REPO
+from ..helpers import REPO
 
 SQL_FILES = sorted((REPO / "orbit_node" / "db" / "sql").glob("*.sql"))
 MIGRATIONS = sorted((REPO / "schema" / "migrations").glob("*.sql"))

@@ -18,7 +18,7 @@ import pytest
 
 from orbit_node.db.queries import load_queries, parse_blocks
 
-SQL_DIR = Path(__file__).resolve().parents[1] / "orbit_node" / "db" / "sql"
+SQL_DIR = Path(__file__).resolve().parents[2] / "orbit_node" / "db" / "sql"
 SHARDED_TABLES = (
     "tasks",
     "task_attempts",

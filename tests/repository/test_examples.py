@@ -17,8 +17,8 @@ import trio
 
 from orbit_node.services import default_services
 
-from .helpers import REPO, bootstrap
-from .nodeutil import run_node
+from ..helpers import REPO, bootstrap
+from ..nodeutil import run_node
 
 EXAMPLES = ("priority", "retries", "plan", "fanout", "resource_keys")
 # What an example may take on a busy 2-core machine (each bounds itself below this).

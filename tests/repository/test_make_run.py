@@ -27,8 +27,8 @@ import trio
 
 from orbit_node.db import Database, migrate
 
-from .database import create_database, drop_database, server_dsn
-from .helpers import BIN, REPO, bootstrap_args, cli, wait_until
+from ..database import create_database, drop_database, server_dsn
+from ..helpers import BIN, REPO, bootstrap_args, cli, wait_until
 
 # What an existing credentials file holds before a failed start: it must stay exactly so.
 BEFORE = '{"url": "http://127.0.0.1:1", "token": "orb_previous"}\n'

@@ -20,7 +20,7 @@ import pytest
 
 from harness.nodeproc import free_port
 
-from .helpers import REPO
+from ..helpers import REPO
 
 FAKE_MAKE = """#!/usr/bin/env bash
 set -euo pipefail

@@ -20,8 +20,8 @@ import trio
 
 from orbit_node.services import default_services
 
-from .helpers import BIN, REPO, bootstrap
-from .nodeutil import run_node
+from ..helpers import BIN, REPO, bootstrap
+from ..nodeutil import run_node
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 

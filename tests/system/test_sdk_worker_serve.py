@@ -20,8 +20,8 @@ from orbit_node.services import default_services
 from orbit_sdk import Backoff, OrbitClient
 from orbit_sdk.serving import EXIT_CONFIG, EXIT_DRAINED, EXIT_FAILED, EXIT_REJECTED
 
-from .helpers import BIN, wait_until
-from .nodeutil import make_tenant, run_node, task_request
+from ..helpers import BIN, wait_until
+from ..nodeutil import make_tenant, run_node, task_request
 
 # What the test module of each Worker process holds: a Worker of the credentials file's
 # queue q1 whose handler says on stdout that it started, and for the payload "wait"

@@ -19,8 +19,8 @@ from harness.proxy import open_fault_proxy
 from orbit_node.services import default_services
 from orbit_sdk.worker import Worker, WorkerTask
 
-from . import seed
-from .nodeutil import make_tenant, run_node
+from .. import seed
+from ..nodeutil import make_tenant, run_node
 
 # Added to every chunk in each direction: ~20 ms a statement.
 LATENCY_S = 0.01

@@ -22,11 +22,11 @@ from harness.proxy import Direction, open_fault_proxy
 from orbit_node.services import default_services
 from orbit_node.store.tenancy import TenancyStore
 
-from . import seed
-from .checks import rows
-from .helpers import BIN
-from .nodeutil import make_tenant, make_token, run_node
-from .wsclient import CAP, heartbeat_roundtrip, raw_worker, ws_url
+from .. import seed
+from ..checks import rows
+from ..helpers import BIN
+from ..nodeutil import make_tenant, make_token, run_node
+from ..wsclient import CAP, heartbeat_roundtrip, raw_worker, ws_url
 
 TASK = {"handler": "h", "handler_version": "v1", "payload_version": "v1", "payload": {"x": 1}}
 
@@ -318,7 +318,7 @@ async def test_schemathesis_finds_no_server_error(running_node, db, tmp_path):
     HTTP, with a valid credential; no answer may be a 5xx. A fixed seed keeps the run the same
     from one test run to the next."""
     tenant = await make_tenant(db, "fuzz")
-    schema = Path(__file__).resolve().parent.parent / "schema" / "openapi.yaml"
+    schema = Path(__file__).resolve().parents[2] / "schema" / "openapi.yaml"
     with trio.fail_after(180):
         result = await trio.run_process(
             [

@@ -17,11 +17,11 @@ from orbit_node.services import default_services
 from orbit_node.store.ownership import OwnershipLost
 from orbit_sdk.worker import Worker
 
-from . import seed
-from .checks import assert_attempt_history, tenant_with_token, wait_for_state
-from .helpers import wait_until
-from .nodeutil import run_node
-from .wsclient import RawWorker, raw_worker
+from .. import seed
+from ..checks import assert_attempt_history, tenant_with_token, wait_for_state
+from ..helpers import wait_until
+from ..nodeutil import run_node
+from ..wsclient import RawWorker, raw_worker
 
 FAST_RETRY = {"backoff_initial_ms": 1, "backoff_max_ms": 1}
 

@@ -14,8 +14,8 @@ from orbit_node.cli.node import NODE_SETTINGS
 from orbit_node.config import NodeConfig
 from orbit_node.errors import ConfigError
 
-from .helpers import BIN, REPO, cli
-from .nodeutil import run_node
+from ..helpers import BIN, REPO, cli
+from ..nodeutil import run_node
 
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 

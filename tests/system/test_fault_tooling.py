@@ -11,7 +11,7 @@ from orbit_node.db import Database
 from orbit_node.db.driver import is_dropped
 from orbit_node.errors import Unavailable
 
-from .helpers import running_statements, wait_until
+from ..helpers import running_statements, wait_until
 
 
 async def thread_id(tx) -> int:

@@ -17,8 +17,8 @@ import trio
 
 from orbit_node.services import default_services
 
-from .helpers import REPO
-from .nodeutil import make_tenant, run_node
+from ..helpers import REPO
+from ..nodeutil import make_tenant, run_node
 
 # A producer and a Worker in one process of the SDK's own environment: one task submitted,
 # run by the Worker's handler, its result waited for and printed.

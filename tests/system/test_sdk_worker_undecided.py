@@ -2,7 +2,7 @@
 ``UNAVAILABLE``) asks again instead of giving the task up (real node, MariaDB through a
 fault proxy, WebSockets).
 
-Found by the chaos run (tests/test_chaos.py, ``python -m bench chaos``): a Worker that
+Found by the chaos run (tests/system/test_chaos.py, ``python -m bench chaos``): a Worker that
 dropped a task after an undecided Start left the node's connection holding it, so that
 connection never claimed again; an undecided renew stopped a healthy handler and failed
 the task for good."""
@@ -18,10 +18,10 @@ from harness.proxy import Direction, FaultProxy, open_fault_proxy
 from orbit_node.services import default_services
 from orbit_sdk.worker import Worker, WorkerTask
 
-from . import seed
-from .checks import assert_attempt_history, tenant_with_token, wait_for_state
-from .helpers import wait_until
-from .nodeutil import run_node
+from .. import seed
+from ..checks import assert_attempt_history, tenant_with_token, wait_for_state
+from ..helpers import wait_until
+from ..nodeutil import run_node
 
 # Long enough for the Start / Finish sent meanwhile to be answered UNAVAILABLE.
 OUTAGE_S = 2.0

@@ -19,7 +19,7 @@ from orbit_node.db.hosts import HostOrder
 from orbit_node.dsn import Dsn, DsnHost
 from orbit_node.errors import InvalidArgument, Unavailable
 
-from .helpers import cli
+from ..helpers import cli
 
 
 def pair_dsn(first: PrivateMariaDB, second: PrivateMariaDB) -> Dsn:

@@ -18,7 +18,7 @@ from orbit_node.db.driver import DriverConnection
 from orbit_node.db.tx import per_row_statement
 from orbit_node.store.ownership import FinishItem, Outcome
 
-from .seed import TaskSpec, attempt_rows, claim_request, expire_lease, insert_tasks, lease_store, task_row, tenant
+from ..seed import TaskSpec, attempt_rows, claim_request, expire_lease, insert_tasks, lease_store, task_row, tenant
 
 
 async def tmp_tables(db: Database) -> tuple[int, int]:

@@ -11,11 +11,11 @@ from harness.nodeproc import NodeProcess
 from harness.proxy import Direction, open_fault_proxy
 from orbit_node.store.ownership import OwnershipLost
 
-from . import seed
-from .checks import assert_attempt_history, rows, tenant_with_token, wait_for_state
-from .helpers import wait_until
-from .nodeutil import make_tenant
-from .wsclient import raw_worker
+from .. import seed
+from ..checks import assert_attempt_history, rows, tenant_with_token, wait_for_state
+from ..helpers import wait_until
+from ..nodeutil import make_tenant
+from ..wsclient import raw_worker
 
 
 async def node_id_of(node: NodeProcess) -> str:

@@ -17,8 +17,8 @@ from orbit_sdk.client import OrbitClient
 from orbit_sdk.models import SubmitTaskRequest
 from orbit_sdk.worker import Worker
 
-from .database import create_database, drop_database, server_dsn
-from .nodeutil import make_tenant, run_node
+from ..database import create_database, drop_database, server_dsn
+from ..nodeutil import make_tenant, run_node
 
 # mariadb-dump and mariadb come with the server make test installs: no skip.
 pytestmark = pytest.mark.time_cap(120)

@@ -26,10 +26,10 @@ from orbit_node.config import NodeConfig
 from orbit_node.db import Database, migrate
 from orbit_node.dsn import Dsn
 
-from .database import server_dsn
-from .helpers import BIN
-from .nodeutil import assert_error, make_tenant, run_node
-from .wsclient import ws_url
+from ..database import server_dsn
+from ..helpers import BIN
+from ..nodeutil import assert_error, make_tenant, run_node
+from ..wsclient import ws_url
 
 # A well-formed credential (orb_ + 32 hex id + 64 hex secret) that no database holds.
 SOME_TOKEN = "orb_" + "0" * 32 + "1" * 64

@@ -35,11 +35,11 @@ from orbit_node.store.plans import PlanStore
 from orbit_node.store.tenancy import TenancyStore
 from orbit_sdk.worker import Worker, WorkerTask
 
-from . import seed
-from .nodeutil import make_tenant, make_token, run_node
-from .test_console import submit
+from .. import seed
+from ..integration.test_console import submit
+from ..nodeutil import make_tenant, make_token, run_node
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 SCREENSHOTS = REPO / "var" / "console-screenshots"

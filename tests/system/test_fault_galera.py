@@ -19,8 +19,8 @@ from harness.nodeproc import NodeProcess
 from orbit_node.db import Database, migrate
 from orbit_sdk.worker import Worker, WorkerTask
 
-from .checks import TERMINAL, assert_attempt_history, rows
-from .nodeutil import make_tenant
+from ..checks import TERMINAL, assert_attempt_history, rows
+from ..nodeutil import make_tenant
 
 MISSING = galera_missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))

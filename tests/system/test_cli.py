@@ -9,7 +9,7 @@ import stat
 from orbit_node.db import Database, migrate
 from orbit_node.store.tenancy import TenancyStore
 
-from .helpers import bootstrap_args, cli
+from ..helpers import bootstrap_args, cli
 
 
 async def test_migrate_cli_up_status_and_idempotence(empty_dsn):

@@ -13,7 +13,7 @@ import trio
 
 from orbit_node.db import migrate
 
-from .helpers import BIN
+from ..helpers import BIN
 
 
 def free_port() -> int:

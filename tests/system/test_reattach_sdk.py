@@ -14,10 +14,10 @@ from harness.proxy import open_fault_proxy
 from orbit_node.services import default_services
 from orbit_sdk.worker import Worker
 
-from . import seed
-from .checks import tenant_with_token
-from .helpers import wait_until
-from .nodeutil import run_node
+from .. import seed
+from ..checks import tenant_with_token
+from ..helpers import wait_until
+from ..nodeutil import run_node
 
 pytestmark = pytest.mark.time_cap(90)
 

@@ -29,12 +29,12 @@ from orbit_node.dispatch.commit import Lane
 from orbit_node.dsn import Dsn, parse_shards
 from orbit_node.services import default_services
 
-from . import seed
-from .checks import rows
-from .helpers import bootstrap, cli, wait_until
-from .nodeutil import Tenant, make_tenant, run_node
+from .. import seed
+from ..checks import rows
+from ..helpers import bootstrap, cli, wait_until
+from ..nodeutil import Tenant, make_tenant, run_node
+from ..wsclient import CAP, raw_worker
 from .test_security import TASK, foreign_ids_look_missing
-from .wsclient import CAP, raw_worker
 
 
 async def names(db: Database, sql: str) -> list[Any]:

@@ -21,9 +21,9 @@ import trio
 
 from harness.nodeproc import NodeProcess
 
-from . import seed
-from .checks import rows, tenant_with_token, wait_for_state
-from .wsclient import raw_worker
+from .. import seed
+from ..checks import rows, tenant_with_token, wait_for_state
+from ..wsclient import raw_worker
 
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 SKEW_S = 15 * 60

@@ -18,11 +18,11 @@ from orbit_node.services import default_services
 from orbit_node.store.leases import LeaseStore
 from orbit_node.store.ownership import RecoveryStats
 
-from . import seed
-from .checks import assert_attempt_history, rows, tenant_with_token
-from .helpers import wait_until
-from .nodeutil import make_tenant, run_node
-from .wsclient import heartbeat_roundtrip, raw_worker
+from .. import seed
+from ..checks import assert_attempt_history, rows, tenant_with_token
+from ..helpers import wait_until
+from ..nodeutil import make_tenant, run_node
+from ..wsclient import heartbeat_roundtrip, raw_worker
 
 
 async def node_transactions(db: Database) -> dict[int, bool]:

@@ -22,7 +22,7 @@ from orbit_sdk.client import OrbitClient
 from orbit_sdk.models import SubmitTaskRequest
 from orbit_sdk.worker import Worker, WorkerTask
 
-from .helpers import BIN, cli
+from ..helpers import BIN, cli
 
 TOKEN = "orb_" + "0123456789abcdef" * 2 + "fedcba9876543210" * 4
 SECRET = TOKEN[4 + 32 :]

@@ -11,7 +11,7 @@ execution log and the ``tasks``/``task_attempts`` rows: one terminal state per
 acknowledged submit, no two executions of a task (or of a resource key) under live
 leases at once, no terminal state changed, a rerun only after a lost attempt.
 
-The run itself is ``harness/chaos.py``; ``tests/test_chaos.py`` runs 40 s of it in
+The run itself is ``harness/chaos.py``; ``tests/system/test_chaos.py`` runs 40 s of it in
 ``make test``. Not part of ``all``: it takes ten minutes by default.
 """
 

@@ -7,15 +7,3 @@ imports them, so tests/unit runs with no server at all.
 
 # Every async test runs under a time cap (tests/timecap.py); pytester tests that cap.
 pytest_plugins = ("tests.timecap", "pytester")
-
-# Until the tests are laid out by kind, every test sees the database fixtures.
-from .database import (  # noqa: E402, F401
-    db,
-    dsn,
-    empty_dsn,
-    full_node,
-    migrated_template,
-    node_config,
-    private_mariadb,
-    running_node,
-)

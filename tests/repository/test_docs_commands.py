@@ -28,10 +28,10 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 # A block starting with this line is not run, for this reason.
 SKIPPED = {
     "mariadb-dump --single-transaction --quick --no-tablespaces -h DB -u backup orbit > orbit.sql": (
-        "tests/test_backup_restore.py takes this backup of a live database and restores it"
+        "tests/system/test_backup_restore.py takes this backup of a live database and restores it"
     ),
     "mariadb -h DB -u migrator -e 'CREATE DATABASE orbit_restored CHARACTER SET utf8mb4 COLLATE utf8mb4_bin'": (
-        "tests/test_backup_restore.py restores the backup this way into a new database"
+        "tests/system/test_backup_restore.py restores the backup this way into a new database"
     ),
     "make run    # venv in .venv/, private MariaDB under ./var (unless ORBIT_MYSQL_DSN is set),": (
         "make run/test/lint build the checkout's own venv and database and make run never returns; "
@@ -39,7 +39,7 @@ SKIPPED = {
     ),
     ".venv/bin/orbit": "runs a node until it is stopped; the test's node stands in for it",
     "for example in retries plan fanout resource_keys; do": (
-        "tests/test_examples.py runs each of these examples against a node and checks every line it prints"
+        "tests/repository/test_examples.py runs each of these examples against a node and checks every line it prints"
     ),
 }
 

@@ -1,7 +1,7 @@
 """The trigger's pacing on trio's clock (autojump): one round per interval, rounds that find
 more work repeat at once (bounded), failures wait for the next interval.
 
-What is due and what a fire creates is decided by the database (tests/test_plans_trigger.py);
+What is due and what a fire creates is decided by the database (tests/integration/test_plans_trigger.py);
 here a scripted stand-in for the store only answers "these plans are due" so that the loop's
 timing can be observed exactly, without real I/O that would let the mock clock jump.
 """

@@ -24,6 +24,7 @@ from orbit_node.dsn import Dsn
 from orbit_node.errors import OrbitError
 
 from .nodeproc import free_port
+from .processes import stop_process
 
 # Bound on starting (or crash-recovering) the server.
 START_TIMEOUT_S = 60
@@ -140,11 +141,7 @@ class PrivateMariaDB:
     async def stop(self) -> None:
         if self.process is None:
             return
-        self.process.send_signal(signal.SIGTERM)
-        with trio.move_on_after(START_TIMEOUT_S) as scope:
-            await self.process.wait()
-        if scope.cancelled_caught:
-            await self.kill9()
+        await stop_process(self.process, START_TIMEOUT_S)
         self.process = None
 
     def log_tail(self) -> str:

@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import attrs
@@ -36,6 +36,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def orbit_environment(dsn: Dsn, settings: Mapping[str, str]) -> dict[str, str]:
+    """The environment of an Orbit process: this one's without its ``ORBIT_*`` variables
+    (a setting of the caller's shell must not leak into the process under test), plus the
+    DSN and ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
+    env["ORBIT_MYSQL_DSN"] = dsn.url()
+    env.update(settings)
+    return env
+
+
+async def wait_answering(
+    url: str, process: trio.Process, timeout_s: float, log_tail: Callable[[], str], *, poll_s: float = 0.1
+) -> None:
+    """Until ``GET url`` answers 200; a RuntimeError with ``log_tail()`` when ``process``
+    exits first or ``timeout_s`` runs out."""
+    async with httpx.AsyncClient(timeout=2) as http:
+        with trio.move_on_after(timeout_s):
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"orbit exited with status {process.returncode}: {log_tail()}")
+                try:
+                    if (await http.get(url)).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(poll_s)  # bounded poll: the process tells nothing else when it is up
+    raise RuntimeError(f"orbit did not answer {url} within {timeout_s:g} s: {log_tail()}")
 
 
 @attrs.define(eq=False)
@@ -57,16 +86,12 @@ class NodeProcess:
         return self.process is not None and self.process.poll() is None
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
-        env.update(
-            ORBIT_MYSQL_DSN=self.dsn.url(),
-            ORBIT_HTTP_ADDR=f"127.0.0.1:{self.port}",
-            ORBIT_LOG_LEVEL="info",
-            ORBIT_SHUTDOWN_GRACE_S="1",
-        )
-        env.update(self.env)
-        env.update(self.process_env)
-        return env
+        settings = {
+            "ORBIT_HTTP_ADDR": f"127.0.0.1:{self.port}",
+            "ORBIT_LOG_LEVEL": "info",
+            "ORBIT_SHUTDOWN_GRACE_S": "1",
+        }
+        return orbit_environment(self.dsn, {**settings, **self.env, **self.process_env})
 
     async def start(self) -> None:
         assert not self.running, "already running"
@@ -74,17 +99,9 @@ class NodeProcess:
             self.process = await trio.lowlevel.open_process(
                 [str(BIN / "orbit")], env=self.environment(), stdout=log, stderr=log
             )
-        async with httpx.AsyncClient(timeout=2) as http:
-            with trio.fail_after(START_TIMEOUT_S):
-                while True:
-                    if self.process.poll() is not None:
-                        raise RuntimeError(f"orbit exited with {self.process.returncode}: {self.log_text()[-2000:]}")
-                    try:
-                        if (await http.get(self.base_url + "/healthz")).status_code == 200:
-                            return
-                    except httpx.TransportError:
-                        pass
-                    await trio.sleep(0.05)  # bounded poll: the process tells nothing else when it is up
+        await wait_answering(
+            self.base_url + "/healthz", self.process, START_TIMEOUT_S, lambda: self.log_text()[-2000:], poll_s=0.05
+        )
 
     async def kill(self) -> None:
         """SIGKILL: the process gets no chance to drain, release or deregister anything."""

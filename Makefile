@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml sdk/pyproject.toml protocol/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(EDITABLE) -e '.[test]'
+	@# A venv made before the SDK had its own distribution: replacing the old orbit-node
+	@# removes the orbit-worker script it owned, after the SDK wrote its own.
+	test -x $(BIN)/orbit-worker || $(BIN)/pip install --quiet --no-deps --force-reinstall -e ./sdk
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -85,7 +88,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install --quiet $(EDITABLE) -e '.[test,bench]'
 	touch $(BENCH_STAMP)
 
-# `make bench` runs every scenario; `make bench SCENARIO=s1 BENCH_ARGS='--tasks 2000'` one of them.
+# `make bench` runs every scenario; `make bench SCENARIO=burn-down BENCH_ARGS='--tasks 2000'` one of them.
 # Each runs at production durability (and the development setting beside it where it prints a
 # column each) on private mariadbd servers it starts itself (bench/durability.py); only
 # `--durability server` uses ORBIT_BENCH_MYSQL_DSN (default: the development server, `make db`).

@@ -1,13 +1,14 @@
 """``python -m bench <scenario> [options]``: run benchmark scenarios.
 
-Scenarios: s0 s1 s2 s3 s4 s5 locks e2e bulk http soak cancel shards settle chaos (each: a table, a JSON result
-and PNG plots under bench/results/), ``all`` (every one of them, in that order, E2E using S1's drain), and
-``claim`` (the dispatch core's micro-benchmark, its own options). ``soak`` (ten minutes and
-more), ``cancel`` (cancel latency, up to a renew interval per sample), ``shards`` (S1's
-burn-down on one and on two database servers; it starts a private mariadbd), ``settle`` (Start
-and Finish batches with the transition statements before and after issue 23, on a private mariadbd)
-and ``chaos`` (ten minutes of faults under three nodes, then the history checker's verdict) are not
-part of ``all``.
+Scenarios: calibration (S0), burn-down (S1), e2e, latency (S2), priority (S3), fairness (S4), backlog (S5),
+locks, bulk, http, soak, cancel, shards, settle, chaos, retention (each: a table, a JSON result and PNG plots
+under bench/results/, named by the short name: s1.json, s1-burndown.png); the short names s0-s5 are accepted
+as commands too. ``all`` runs calibration through http in that order (E2E using the burn-down's drain);
+``claim`` is the dispatch core's micro-benchmark, its own options. ``soak`` (ten minutes and more),
+``cancel`` (cancel latency, up to a renew interval per sample), ``shards`` (the burn-down on one and on two
+database servers; it starts a private mariadbd), ``settle`` (Start and Finish batches with the transition
+statements before and after issue 23, on a private mariadbd), ``chaos`` (ten minutes of faults under three
+nodes, then the history checker's verdict) and ``retention`` are not part of ``all``.
 
 Each scenario runs on a private mariadbd per durability setting the bench starts
 (``--durability``, bench/durability.py: production by default, the development setting
@@ -35,7 +36,7 @@ from .grids import combine_reports, grid_table
 from .report import RESULTS_DIR, Target, format_profile, machine_info, targets_table, write_result
 from .units import Units
 
-# Scenario name -> module with add_arguments(parser), async run(args) -> report, plot(report, outdir, plots).
+# Short name -> module with add_arguments(parser), async run(args) -> report, plot(report, outdir, plots).
 SCENARIOS = {
     "s0": "bench.s0",
     "s1": "bench.s1",
@@ -54,6 +55,18 @@ SCENARIOS = {
     "chaos": "bench.chaos",
     "retention": "bench.retention",
 }
+# Commands named for what they measure -> the scenario's short name, which names its module,
+# its report, its JSON result and its plots, and stays accepted as a command.
+NAMES = {
+    "calibration": "s0",
+    "burn-down": "s1",
+    "latency": "s2",
+    "priority": "s3",
+    "fairness": "s4",
+    "backlog": "s5",
+}
+# What ``python -m bench --help`` offers, in SCENARIOS' order: each scenario by its command name.
+COMMANDS = [next((command for command, short in NAMES.items() if short == name), name) for name in SCENARIOS]
 # The order of ``all``.
 ALL = ("s0", "s1", "e2e", "s2", "s3", "s4", "s5", "locks", "bulk", "http")
 # Scenarios that start the database servers they need (their own private mariadbd, flush=1)
@@ -65,7 +78,12 @@ UNAVAILABLE: dict[str, str] = {}
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
+    parser.add_argument(
+        "scenario",
+        choices=[*COMMANDS, "all", *NAMES.values()],
+        metavar="scenario",
+        help=f"one of {', '.join(COMMANDS)}, or all (s0-s5: the short names of {', '.join(NAMES)})",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for JSON and PNG (bench/results)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-profile", action="store_true", help="do not attach py-spy to the node process")
@@ -244,11 +262,12 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "claim":
         return importlib.import_module("bench.claim").main(argv[1:])
     if not argv or argv[0] in ("-h", "--help") and len(argv) == 1:
-        print(f"usage: python -m bench <scenario> [options]; scenarios: {', '.join([*SCENARIOS, 'all', 'claim'])}")
-        print("       python -m bench s1 --help   (options of every scenario)")
+        print(f"usage: python -m bench <scenario> [options]; scenarios: {', '.join([*COMMANDS, 'all', 'claim'])}")
+        print("       (s0-s5 name calibration, burn-down, latency, priority, fairness and backlog too)")
+        print("       python -m bench burn-down --help   (options of every scenario)")
         return 0
     args = build_parser().parse_args(argv)
-    names = ALL if args.scenario == "all" else (args.scenario,)
+    names = ALL if args.scenario == "all" else (NAMES.get(args.scenario, args.scenario),)
     missing = [f"{name}: {UNAVAILABLE[name]}" for name in names if name in UNAVAILABLE]
     if missing:
         raise SystemExit("cannot run " + "; ".join(missing) + " (install the bench extra)")

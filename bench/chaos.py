@@ -5,11 +5,14 @@ two SDK Workers per node, a client submitting ``--chaos-rate`` tasks/s (prioriti
 15 % with a resource key) under idempotency keys, retried with the same key when a
 submit fails. Faults one at a time, ``--chaos-gap-s`` apart, for ``--chaos-seconds``:
 SIGKILL and SIGSTOP/SIGCONT of a node, restart of the database (kill -9 or SIGTERM),
-one node's database connection stalled or dropped, a Worker cut off mid-task. Then every
+one node's database connection stalled or dropped, a Worker cut off mid-task, one node's
+Worker connections reset while their handlers run, a rolling restart of a node. Then every
 acknowledged task must settle (bounded), and the checker proves from the Workers'
 execution log and the ``tasks``/``task_attempts`` rows: one terminal state per
 acknowledged submit, no two executions of a task (or of a resource key) under live
-leases at once, no terminal state changed, a rerun only after a lost attempt.
+leases at once, no terminal state changed, a rerun only after a lost attempt. Every
+task run more than once is charged to the fault its earlier run ended in: a connection
+cut or a drain must re-run nothing.
 
 The run itself is ``harness/chaos.py``; ``tests/system/test_chaos.py`` runs 40 s of it in
 ``make test``. Not part of ``all``: it takes ten minutes by default.
@@ -23,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.chaos import FAULTS, ChaosPlan, run_chaos
+from harness.chaos import FAULTS, NO_RERUN_FAULTS, ChaosPlan, run_chaos
 from harness.history import PROPERTIES
 
 from .report import Target, format_table
@@ -60,7 +63,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if not kept:
         shutil.rmtree(workdir, ignore_errors=True)
     verdict = result.verdict
-    faults = format_table(["fault", "count"], [[kind, result.faults[kind]] for kind in FAULTS])
+    faults = format_table(
+        ["fault", "count", "handlers running through it", "tasks run again after it"],
+        [
+            [kind, result.faults[kind], result.handlers_through[kind] if kind in NO_RERUN_FAULTS else "-"]
+            + [result.reruns[kind]]
+            for kind in FAULTS
+        ]
+        + [["(no fault)", "-", "-", result.reruns["none"]]],
+        align="lrrr",
+    )
     figures = format_table(["history", "count"], [[name, value] for name, value in verdict.figures.items()])
     properties = format_table(
         ["property", "violations", "verdict"],
@@ -99,10 +111,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "worker_rejections": result.worker_rejections,
             "handlers_cut": result.handlers_cut,
             "failed_tasks": result.failed_tasks,
+            "handlers_through": dict(result.handlers_through),
+            "reruns": dict(result.reruns),
             "ok": result.ok,
         },
         "tables": [faults, figures, properties],
-        "targets": [Target.at_most("chaos: history property violations", violations, 0)],
+        "targets": [
+            Target.at_most("chaos: history property violations", violations, 0),
+            Target.at_most(
+                "chaos: tasks run again after a connection cut or a drain",
+                sum(result.reruns[kind] for kind in NO_RERUN_FAULTS),
+                0,
+            ),
+        ],
         "notes": notes,
         "profiles": {},
     }

@@ -45,7 +45,7 @@ def finished_ranges(select: str) -> list[str]:
     ix_tasks_lease, one statement each; ``%s`` is the application. One equality per
     statement: MariaDB 10.11.19 answered an ``IN`` list of outcomes with ``ORDER BY
     finished_at`` with no rows at all whenever it chose ``ref`` on application_id and a
-    filesort (bench/README.md)."""
+    filesort (docs/benchmarks/retention.md)."""
     return [
         f"{select} FROM tasks FORCE INDEX (ix_tasks_lease) "
         f"WHERE state = '{state}' AND lease_expires_at IS NULL AND application_id = %s"

@@ -18,13 +18,23 @@ or dropped while the others' work. The faults, one at a time with a pause betwee
 * ``db_drop``: one node's database connections reset at once, or black-holed for a while
   (answers lost) and then reset;
 * ``worker_cut``: a Worker with handlers running is cancelled mid-task (its run ends, its
-  connection closes, its tasks come back after their leases); a new one takes its place.
+  connection closes, its tasks come back after their leases); a new one takes its place;
+* ``conn_cut``: the Worker connections of one node are reset (RST) by the proxy in front
+  of it while their handlers run; the Workers reconnect and re-attach what runs;
+* ``node_drain``: a rolling restart of one node: SIGTERM (it drains and tells its Workers
+  to move), then a new process a moment later.
+
+Workers reach the nodes through a proxy per node (``conn_cut``'s), and each knows every
+node: its own node first, then the others, as a Worker given several URLs moves on.
 
 The client submits tasks with priorities, some with resource keys, each under an
 idempotency key, to the nodes in turn; a submit that fails (transport error, 5xx) is
 retried with the same key and body on the next node until it is answered 2xx. Every
 handler run is logged as an ``Execution`` (task, attempt, start, end; the fencing token is
 its attempt row's); a watcher reads task states during the run for ``terminal_stable``.
+A task run more than once is charged to the fault whose window (start to end, plus
+``RERUN_WINDOW_S``) holds the end of its earlier run (``ChaosResult.reruns``): a cut or a
+drain must re-run nothing.
 """
 
 from __future__ import annotations
@@ -55,7 +65,11 @@ from .nodeproc import NodeProcess
 from .proxy import Direction, FaultProxy, open_fault_proxy
 from .tenants import make_tenant
 
-FAULTS = ("node_kill", "node_stop", "db_restart", "db_stall", "db_drop", "worker_cut")
+FAULTS = ("node_kill", "node_stop", "db_restart", "db_stall", "db_drop", "worker_cut", "conn_cut", "node_drain")
+# Faults after which no task may run again: running work outlives a connection and a drain.
+NO_RERUN_FAULTS = ("conn_cut", "node_drain")
+# A handler stopped by a fault ends within this long after the fault's own end.
+RERUN_WINDOW_S = 1.0
 # Leases short enough that work lost to a fault comes back within seconds; a Worker whose
 # node answers nothing for the heartbeat timeout gives its connection up.
 NODE_ENV = {
@@ -98,6 +112,8 @@ class ChaosPlan:
     seed: int = 0
     # Faults in this order, round and round (each kind as often as the others), or drawn at random.
     rotate: bool = True
+    # The kinds of fault this run draws from.
+    faults: tuple[str, ...] = FAULTS
 
 
 @attrs.define(eq=False)
@@ -123,6 +139,8 @@ class Slot:
 
     name: str
     node: NodeProcess
+    # Every node's Worker URL, this slot's node first.
+    urls: list[str] = attrs.field(factory=list)
     scope: trio.CancelScope | None = None
     worker: Worker | None = None
     busy: int = 0
@@ -227,6 +245,11 @@ class ChaosResult:
     handlers_cut: int
     workdir: Path
     server_version: str
+    # Handlers running in the Workers on a node when its Worker connections were cut or it
+    # drained.
+    handlers_through: Counter[str] = attrs.field(factory=Counter)
+    # Tasks run again, by the fault during which the earlier run ended ("none": no fault).
+    reruns: Counter[str] = attrs.field(factory=Counter)
 
     def text(self) -> str:
         f = self.verdict.figures
@@ -235,6 +258,10 @@ class ChaosResult:
             f"{self.plan.seconds:g} s of faults, {self.seconds:.0f} s in all; logs in {self.workdir}",
             "faults: " + ", ".join(f"{name} {self.faults[name]}" for name in FAULTS),
             f"handlers cut off mid-task: {self.handlers_cut}; Worker sessions: {self.worker_sessions}",
+            "handlers running through: "
+            + ", ".join(f"{name} {self.handlers_through[name]}" for name in NO_RERUN_FAULTS),
+            "tasks run again, by the fault their earlier run ended in: "
+            + (", ".join(f"{name} {n}" for name, n in sorted(self.reruns.items())) or "none"),
             f"submits: {self.submitted} ({self.submit_retries} retried requests, {len(self.refused)} refused); "
             f"settled: {f'in {self.settle_seconds:.1f} s' if self.settled else f'NO, not in {self.plan.settle_s:g} s'}",
             "history: " + ", ".join(f"{k} {v}" for k, v in f.items()),
@@ -280,12 +307,17 @@ class Chaos:
     worker_rejections: list[str] = attrs.field(factory=list)
     handlers_cut: int = 0
     worker_sessions: int = 0
+    # The proxies in front of each node's Worker port (``conn_cut``).
+    worker_proxies: list[FaultProxy] = attrs.field(factory=list)
+    handlers_through: Counter[str] = attrs.field(factory=Counter)
+    # (kind, start, end) of every fault, wall clock.
+    windows: list[tuple[str, float, float]] = attrs.field(factory=list)
 
     # -- Workers
 
     def worker(self, slot: Slot) -> Worker:
         worker = Worker(
-            url=slot.node.base_url,
+            url=slot.urls or slot.node.base_url,
             token=self.token,
             queues=[self.queue_id],
             capacity=self.plan.capacity,
@@ -385,9 +417,49 @@ class Chaos:
             slot.scope.cancel()
         return f"{slot.name} with {slot.busy} handlers running"
 
+    async def conn_cut(self) -> str:
+        """Reset every Worker connection of one node (its handlers run on)."""
+        urls = [f"http://127.0.0.1:{p.port}" for p in self.worker_proxies]
+        busy = [urls.index(s.worker.url) for s in self.slots if s.busy and s.worker is not None]
+        index = self.rng.choice(busy) if busy else self.rng.randrange(len(self.nodes))
+        running = self._running_on(urls[index])
+        self.handlers_through["conn_cut"] += running
+        reset = self.worker_proxies[index].reset()
+        return f"node{index}: {reset} Worker connections reset, {running} handlers running"
+
+    async def node_drain(self) -> str:
+        """A rolling restart of one node: SIGTERM, then a new process."""
+        node = self.rng.choice([n for n in self.nodes if n.running] or self.nodes)
+        index = self.nodes.index(node)
+        running = self._running_on(f"http://127.0.0.1:{self.worker_proxies[index].port}")
+        self.handlers_through["node_drain"] += running
+        code = await node.terminate()
+        down = self.rng.uniform(0.2, 2.0)
+        await trio.sleep(down)
+        await node.start()
+        return f"node{index} drained (exit {code}), down {down:.1f} s, {running} handlers of its Workers running"
+
+    def _running_on(self, url: str) -> int:
+        """Handlers running in the Workers connected to (or about to try) ``url``."""
+        return sum(s.busy for s in self.slots if s.worker is not None and s.worker.url == url)
+
+    def reruns(self) -> Counter[str]:
+        """Tasks run more than once, by the fault whose window holds the end of the earlier
+        run ("none" when no fault's does)."""
+        runs: dict[str, list[Execution]] = {}
+        for execution in ExecutionLog.read(self.log.path):
+            runs.setdefault(execution.task_id, []).append(execution)
+        found: Counter[str] = Counter()
+        for executions in runs.values():
+            executions.sort(key=lambda e: e.start)
+            for earlier in executions[:-1]:
+                kinds = [k for k, start, end in self.windows if start <= earlier.end <= end + RERUN_WINDOW_S]
+                found[kinds[-1] if kinds else "none"] += 1
+        return found
+
     async def schedule(self, until: float) -> None:
         """Faults one at a time until ``until`` (trio time); rotating, at least one of each kind."""
-        order = list(FAULTS)
+        order = list(self.plan.faults)
         self.rng.shuffle(order)
         for n in itertools.count():
             gap = self.rng.uniform(*self.plan.gap_s)
@@ -396,10 +468,11 @@ class Chaos:
                 await trio.sleep_until(until)
                 return
             await trio.sleep(gap)
-            kind = order[n % len(order)] if self.plan.rotate else self.rng.choice(FAULTS)
+            kind = order[n % len(order)] if self.plan.rotate else self.rng.choice(self.plan.faults)
             began = time.time()
             what = await getattr(self, kind)()
             self.faults[kind] += 1
+            self.windows.append((kind, began, time.time()))
             with (self.workdir / "faults.jsonl").open("a") as out:
                 out.write(json.dumps({"fault": kind, "what": what, "start": began, "end": time.time()}) + "\n")
 
@@ -534,11 +607,13 @@ async def run_chaos(plan: ChaosPlan, workdir: Path) -> ChaosResult:
         await migrate.up(db)
         version = (await db.run(lambda tx: tx.fetchall_raw("SELECT VERSION() AS v")))[0]["v"]
         tenant = await make_tenant(db, "chaos")
-        async with _proxies(server, plan.nodes) as proxies:
+        async with AsyncExitStack() as stack:
+            proxies = await stack.enter_async_context(_proxies([server.port] * plan.nodes))
             nodes = [
                 NodeProcess(proxy.dsn_for(server.dsn()), workdir / f"node{i}.log", env=NODE_ENV)
                 for i, proxy in enumerate(proxies)
             ]
+            worker_proxies = await stack.enter_async_context(_proxies([node.port for node in nodes]))
             chaos = Chaos(
                 plan,
                 workdir,
@@ -549,6 +624,7 @@ async def run_chaos(plan: ChaosPlan, workdir: Path) -> ChaosResult:
                 tenant.queue_id,
                 random.Random(plan.seed),
                 ExecutionLog(workdir / "executions.jsonl"),
+                worker_proxies=worker_proxies,
             )
             try:
                 for node in nodes:
@@ -575,6 +651,8 @@ async def run_chaos(plan: ChaosPlan, workdir: Path) -> ChaosResult:
             handlers_cut=chaos.handlers_cut,
             workdir=workdir,
             server_version=version,
+            handlers_through=chaos.handlers_through,
+            reruns=chaos.reruns(),
         )
     finally:
         with trio.CancelScope(shield=True):
@@ -589,8 +667,10 @@ async def _run(chaos: Chaos, load: Load, db: Database) -> tuple[bool, float]:
     async with httpx.AsyncClient(timeout=SUBMIT_TIMEOUT_S) as http, trio.open_nursery() as nursery:
         nursery.start_soon(chaos.watch, db)
         for node in chaos.nodes:
+            index = chaos.nodes.index(node)
+            urls = [f"http://127.0.0.1:{p.port}" for p in chaos.worker_proxies]
             for i in range(plan.workers_per_node):
-                slot = Slot(f"node{chaos.nodes.index(node)}-w{i}", node)
+                slot = Slot(f"node{index}-w{i}", node, urls[index:] + urls[:index])
                 chaos.slots.append(slot)
                 nursery.start_soon(chaos.serve, slot)
         async with trio.open_nursery() as faulted:
@@ -613,6 +693,7 @@ async def _changed_since(since: datetime, tx: Tx) -> list[dict[str, Any]]:
 
 
 @asynccontextmanager
-async def _proxies(server: PrivateMariaDB, count: int) -> AsyncIterator[list[FaultProxy]]:
+async def _proxies(ports: Sequence[int]) -> AsyncIterator[list[FaultProxy]]:
+    """A fault proxy to each of 127.0.0.1's ``ports``."""
     async with AsyncExitStack() as stack:
-        yield [await stack.enter_async_context(open_fault_proxy("127.0.0.1", server.port)) for _ in range(count)]
+        yield [await stack.enter_async_context(open_fault_proxy("127.0.0.1", port)) for port in ports]

@@ -11,6 +11,7 @@ fails when the README differs) all come from there. Units are in the names
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,6 +23,8 @@ from .errors import ConfigError, InvalidArgument
 from .retention import DEFAULT_AUDIT_S, DEFAULT_FAILED_S, DEFAULT_SUCCEEDED_S, format_duration, parse_duration
 
 LOG_FORMATS = ("auto", "json", "text")
+# ORBIT_ACCESS_LOG: every request, the failed and slow ones only, or none.
+ACCESS_LOG_MODES = ("all", "errors", "off")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 METRICS_MODES = ("off", "open", "credential")
 SWITCHES = {"on": True, "off": False}
@@ -134,7 +137,10 @@ def check_environment(env: Mapping[str, str]) -> None:
         and not k.startswith(TOOL_PREFIXES)
     )
     if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown setting (a typo?)", field=unknown[0])
+        known = sorted(SETTING_VARIABLES | TOOL_VARIABLES)
+        near = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.75)
+        hint = f"did you mean {near[0]}?" if near else "a typo?"
+        raise ConfigError(f"{unknown[0]}: unknown setting ({hint})", field=unknown[0])
 
 
 def parse_addr(value: str, *, field: str = "ORBIT_HTTP_ADDR") -> tuple[str, int]:
@@ -190,7 +196,7 @@ class AdmissionLimits:
     # group-commit (one transaction for the submits in progress), so the slots bound the
     # groups' size, and a request that waits for a slot costs a wake-up: 8 slots made a
     # single application's 16 back-to-back clients pay 1.35-1.5x the node CPU per submit
-    # of no admission at all, 16 slots (2 of the 16 waiting) about 1.2x (bench/README.md,
+    # of no admission at all, 16 slots (2 of the 16 waiting) about 1.2x (docs/benchmarks/fairness.md,
     # issue 38).
     slots: int = attrs.field(default=32, validator=_positive)
     # Handlers in progress per application per node while another application waits: one
@@ -280,6 +286,21 @@ class NodeConfig:
         env="ORBIT_LOG_FORMAT",
         parse=_word,
         doc="`json` (one object per line), `text`, or `auto` (text on a terminal, else JSON)",
+    )
+    access_log: str = setting(
+        "errors",
+        env="ORBIT_ACCESS_LOG",
+        parse=_word,
+        doc="the access log (logger `orbit.access`): `all` (a line per request at info; health, readiness and "
+        "metrics probes at debug), `errors` (a line at info for a request answered 4xx/5xx or slower than "
+        "`ORBIT_ACCESS_LOG_SLOW_MS`, the others at debug), or `off`",
+    )
+    access_log_slow_ms: float = setting(
+        1000.0,
+        env="ORBIT_ACCESS_LOG_SLOW_MS",
+        parse=_number(float),
+        validator=_non_negative,
+        doc="with `ORBIT_ACCESS_LOG=errors`, a request that takes longer than this (milliseconds) is logged too",
     )
     metrics: str = setting(
         "off",
@@ -481,6 +502,11 @@ class NodeConfig:
             raise ConfigError(
                 f"ORBIT_LOG_FORMAT: expected one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}",
                 field="ORBIT_LOG_FORMAT",
+            )
+        if self.access_log not in ACCESS_LOG_MODES:
+            raise ConfigError(
+                f"ORBIT_ACCESS_LOG: expected one of {', '.join(ACCESS_LOG_MODES)}, got {self.access_log!r}",
+                field="ORBIT_ACCESS_LOG",
             )
         if self.metrics not in METRICS_MODES:
             raise ConfigError(

@@ -19,8 +19,9 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
 from . import __version__
-from .api.app import NodeState, create_app
+from .api.app import create_app
 from .api.metrics import serve_metrics
+from .api.state import NodeState
 from .config import NodeConfig
 from .db import Database
 from .ids import random_id

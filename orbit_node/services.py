@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from datetime import datetime
 
 import attrs
 import trio
@@ -40,6 +41,7 @@ from .dispatch.weights import WeightFollower
 from .errors import Unauthenticated, Unavailable
 from .metrics import NodeMetrics
 from .retention import Retention
+from .store.actions import CANCEL_REQUESTED, RETRIED, BulkOutcome
 from .store.leases import LeaseStore
 from .store.operations import NODE_STALE_S, OperationsStore
 from .store.ownership import Reservation
@@ -47,8 +49,8 @@ from .store.plans import PlanStore
 from .store.pruning import PruneStore
 from .store.signals import SignalStore
 from .store.submit_group import SubmitGroups
-from .store.tasks import TaskStore
-from .store.tenancy import Principal, TenancyStore
+from .store.tasks import Accepted, TaskStore
+from .store.tenancy import Principal, Queue, TenancyStore
 from .store.worker_registry import WorkerRegistryStore
 from .submit_rate import RateFollower, SubmitRates
 from .workers.connection import TransitionStore
@@ -114,6 +116,44 @@ class Shard:
         if self.commits is not None:
             return self.commits.for_application(application_id)
         return self.leases
+
+    # -- what the API and the console do alike: an action, and the wake-up that follows --
+
+    def announce(self, arrivals: Iterable[tuple[str, datetime | None, float | None]]) -> None:
+        """Waiting Workers of these queues ((queue, due time or None, seconds after it was
+        written)), on this node and the others, may claim at once (or at the due time)
+        instead of after their empty-result cache entry expires (a latency shortcut; it
+        decides nothing)."""
+        if self.signals is not None:
+            for queue_id, due_at, due_in_s in dict.fromkeys(arrivals):
+                self.signals.tasks_arrived(queue_id, due_at, due_in_s)
+
+    async def retry_task(self, namespace_id: str, task_id: str) -> Accepted:
+        """Retry one finished task (a new task linked to it, once) and wake its queue."""
+        retried = await self.tasks.retry(namespace_id, task_id)
+        if retried.created:
+            self.announce([(retried.task.queue_id, None, None)])
+        return retried
+
+    async def set_queue_paused(self, namespace_id: str, queue_id: str, paused: bool) -> Queue:
+        """Pause or resume a queue; a resumed queue's due tasks may be claimed at once."""
+        queue = await self.tenancy.set_queue_paused(namespace_id, queue_id, paused)
+        if not paused:
+            self.announce([(queue_id, None, None)])
+        return queue
+
+    def after_bulk(self, result: BulkOutcome) -> None:
+        """What a bulk action's outcomes tell the nodes: the Worker holding a task whose
+        cancel was requested hears it now (or at its next renew), and the queues of the
+        retried tasks wake."""
+        if self.signals is None:
+            return
+        for outcome in result.outcomes:
+            if outcome.outcome == CANCEL_REQUESTED:
+                self.signals.cancel(outcome.task_id)
+        self.announce(
+            (queue_id, None, None) for queue_id in sorted({o.queue_id for o in result.outcomes if o.outcome == RETRIED})
+        )
 
 
 @attrs.define(eq=False)

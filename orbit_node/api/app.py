@@ -86,6 +86,8 @@ def create_app(state: NodeState) -> QuartTrio:
         # that the node cannot serve yet; /readyz logs only changes after this.
         await probe()
 
+    access_mode, access_slow_s = state.config.access_log, state.config.access_log_slow_ms / 1000
+
     # One hook before and one after every request (each hook is a call per request).
     @app.before_request
     async def _begin():
@@ -101,7 +103,7 @@ def create_app(state: NodeState) -> QuartTrio:
         # close it, so the client neither hangs on it nor reuses it.
         if validation.has_body() and not validation.body_was_read():
             response.headers["Connection"] = "close"
-        observe_response(state.metrics, response)
+        observe_response(state.metrics, response, access_mode, access_slow_s)
         return response
 
     @app.errorhandler(OrbitError)

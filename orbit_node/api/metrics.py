@@ -61,8 +61,10 @@ def begin_request() -> None:
     logs.new_context(request_id=current_request_id(), **ids)
 
 
-def observe_response(metrics: NodeMetrics, response: Response) -> None:
-    """A request's end: its HTTP metric and its access-log line."""
+def observe_response(metrics: NodeMetrics, response: Response, mode: str = "all", slow_s: float = 1.0) -> None:
+    """A request's end: its HTTP metric and its access-log line (``mode``: ORBIT_ACCESS_LOG;
+    with ``errors``, a request answered 4xx/5xx or slower than ``slow_s`` at info, the
+    others at debug)."""
     req = request._get_current_object()  # type: ignore[attr-defined]
     rule = req.url_rule
     route = rule.rule if rule is not None else UNMATCHED_ROUTE
@@ -70,7 +72,12 @@ def observe_response(metrics: NodeMetrics, response: Response) -> None:
     seconds = trio.current_time() - started if started is not None else 0.0
     status = response.status_code
     metrics.observe_http(req.method, route, status, seconds)
-    level = logging.DEBUG if route in QUIET_ROUTES else logging.INFO
+    if mode == "off":
+        return
+    if mode == "errors":
+        level = logging.INFO if status >= 400 or seconds >= slow_s else logging.DEBUG
+    else:
+        level = logging.DEBUG if route in QUIET_ROUTES else logging.INFO
     if not access_log.isEnabledFor(level):
         return
     access_log.log(

@@ -11,7 +11,6 @@ from ..store.tenancy import Queue
 from ..wire import rfc3339
 from . import envelope, validation
 from .auth import principal, readable_queues, require_all_queues, require_queue_read, shard
-from .tasks import announce
 
 bp = Blueprint("queues", __name__)
 
@@ -76,7 +75,7 @@ def _manage(queue_id: str) -> str:
 async def pause_queue(queue_id: str):
     namespace_id = _manage(queue_id)
     rules.no_fields(await validation.json_object(required=False))
-    return envelope.ok(queue_json(await shard().tenancy.set_queue_paused(namespace_id, queue_id, True)))
+    return envelope.ok(queue_json(await shard().set_queue_paused(namespace_id, queue_id, True)))
 
 
 @bp.post("/queues/<queue_id>/resume")
@@ -84,10 +83,9 @@ async def resume_queue(queue_id: str):
     namespace_id = _manage(queue_id)
     rules.no_fields(await validation.json_object(required=False))
     where = shard()
-    queue = await where.tenancy.set_queue_paused(namespace_id, queue_id, False)
     # Claims that found the queue paused try again now, on every node, instead of when
     # their empty-result cache entry expires.
-    announce(where, [(queue_id, None, None)])
+    queue = await where.set_queue_paused(namespace_id, queue_id, False)
     return envelope.ok(queue_json(queue))
 
 

@@ -14,11 +14,11 @@ from quart import Blueprint
 
 from .. import rules
 from ..services import Shard
-from ..store.actions import CANCEL_REQUESTED, RETRIED, BulkOutcome
+from ..store.actions import BulkOutcome
 from ..task_query import bulk_request
 from . import envelope, validation
 from .auth import require_any, shard
-from .tasks import announce, check_queue_filter, cursor_text, task_json
+from .tasks import check_queue_filter, cursor_text, task_json
 
 bp = Blueprint("task_actions", __name__)
 
@@ -31,9 +31,7 @@ async def retry_task(task_id: str):
     where = shard()
     task = await where.tasks.get(who.namespace_id, task_id)
     who.require("tasks:submit", task.queue_id)
-    retried = await where.tasks.retry(who.namespace_id, task_id)
-    if retried.created:
-        announce(where, [(retried.task.queue_id, None, None)])
+    retried = await where.retry_task(who.namespace_id, task_id)
     return envelope.ok(task_json(retried.task), 201 if retried.created else 200)
 
 
@@ -64,17 +62,12 @@ async def run_bulk(action: str, scope: str) -> tuple[Shard, BulkOutcome]:
 @bp.post("/tasks/bulk-cancel")
 async def bulk_cancel():
     where, result = await run_bulk("cancel", "tasks:cancel")
-    if where.signals is not None:
-        for outcome in result.outcomes:
-            if outcome.outcome == CANCEL_REQUESTED:
-                # As for one cancel: the Worker holding it hears it now, or at its next renew.
-                where.signals.cancel(outcome.task_id)
+    where.after_bulk(result)
     return bulk_answer(result)
 
 
 @bp.post("/tasks/bulk-retry")
 async def bulk_retry():
     where, result = await run_bulk("retry", "tasks:submit")
-    retried = sorted({o.queue_id for o in result.outcomes if o.outcome == RETRIED})
-    announce(where, [(queue_id, None, None) for queue_id in retried])
+    where.after_bulk(result)
     return bulk_answer(result)

@@ -127,12 +127,8 @@ def arrival(new: rules.NewTask, task: Task) -> tuple[str, datetime | None, float
 
 
 def announce(where: Shard, arrivals: Iterable[tuple[str, datetime | None, float | None]]) -> None:
-    """Waiting Workers of these queues, on this node and the others, may claim at once (or
-    at the due time) instead of after their empty-result cache entry expires (a latency
-    shortcut; it decides nothing)."""
-    if where.signals is not None:
-        for queue_id, due_at, due_in_s in dict.fromkeys(arrivals):
-            where.signals.tasks_arrived(queue_id, due_at, due_in_s)
+    """The created tasks' queues wake (``Shard.announce``)."""
+    where.announce(arrivals)
 
 
 def item_error(exc: OrbitError) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def console():
     from rich.console import Console
 
     # Piped output keeps whole rows (scripts should prefer --json).
-    return Console() if sys.stdout.isatty() else Console(width=200, color_system=None)
+    return Console() if sys.stdout.isatty() else Console(width=400, color_system=None)
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]):

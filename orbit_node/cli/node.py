@@ -28,7 +28,7 @@ NODE_SETTINGS = sorted(SETTING_VARIABLES - SDK_VARIABLES)
 # defaults (a young pass every 700 net allocations of container objects, a full pass
 # every 100 young ones, over everything the process imported) its passes took about 9 %
 # of the node's CPU in a bulk submit and 3-8 % serving ``/healthz`` and single submits
-# (bench/README.md).
+# (docs/benchmarks/node-cpu.md).
 COLLECTOR_THRESHOLDS = (10_000, 10, 10)
 
 

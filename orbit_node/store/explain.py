@@ -88,6 +88,10 @@ async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
                 "lease_expires_at": rfc3339(task["lease_expires_at"]),
             }
         reasons.append(_because("NOT_QUEUED", f"the task is {state}, not waiting in its queue", **details))
+        if state in LIVE_STATES:
+            lost = await holder_gone(tx, task, now)
+            if lost is not None:
+                reasons.append(lost)
         return explanation
 
     if task["cancel_requested"]:
@@ -232,6 +236,54 @@ class Connection:
     # (handler, handler_version, payload_version) it declared.
     capabilities: frozenset[tuple[str, str, str]]
     resource_key_support: bool
+
+
+async def holder_gone(tx: Tx, task: Mapping[str, Any], now: datetime) -> dict[str, Any] | None:
+    """``WORKER_GONE`` when the connection a reserved or running task belongs to is no
+    longer registered, or its node stopped or stopped heartbeating: when that was known,
+    when the lease runs out, and what happens then. None while the holder is live."""
+    holder = await tx.fetchone(
+        "explain_holder",
+        {"node_id": task["owner_node_id"], "connection_id": task["connection_id"], "stale_s": WORKER_STALE_S},
+    )
+    if holder is None or (holder["node_alive"] and holder["registered"]):
+        return None
+    if holder["node_id"] is None:
+        why = f"its node {task['owner_node_id']} is not registered"
+    elif holder["stopped_at"] is not None:
+        why = f"its node {task['owner_node_id']} stopped at {rfc3339(holder['stopped_at'])}"
+    elif not holder["node_alive"]:
+        why = f"its node {task['owner_node_id']} last answered at {rfc3339(holder['heartbeat_at'])}"
+    else:
+        why = f"its Worker's connection {task['connection_id']} closed"
+    lease = task["lease_expires_at"]
+    left = max(0.0, (lease - now).total_seconds()) if lease is not None else 0.0
+    then = after_lease(task)
+    message = (
+        f"{why}; its lease runs out at {rfc3339(lease)} (in {left:.0f} s), then {then}, unless its Worker "
+        "reconnects first and re-attaches the task"
+        if task["state"] == "running"
+        else f"{why}; the reservation runs out at {rfc3339(lease)} (in {left:.0f} s), then {then}"
+    )
+    return _because(
+        "WORKER_GONE",
+        message,
+        connection_id=task["connection_id"],
+        owner_node_id=task["owner_node_id"],
+        lease_expires_at=rfc3339(lease),
+        lease_left_s=round(left, 3),
+    )
+
+
+def after_lease(task: Mapping[str, Any]) -> str:
+    """What lease recovery does with the task once its lease is out."""
+    if task["state"] == "reserved":
+        return "the task goes back to its queue (a reservation uses no attempt)"
+    if task["cancel_requested"]:
+        return "the task ends cancelled"
+    if task["attempts"] >= task["max_attempts"]:
+        return f"the task ends failed (attempt {task['attempts']} of {task['max_attempts']} was its last)"
+    return f"the task goes back to its queue for attempt {task['attempts'] + 1} of {task['max_attempts']}"
 
 
 async def live_connections(tx: Tx, namespace_id: str) -> list[Connection]:

@@ -47,11 +47,17 @@ def error_json(error: Mapping[str, Any]) -> str:
     if len(text.encode("utf-8")) <= MAX_ERROR_BYTES:
         return text
     message = str(error.get("message", ""))[:MAX_ERROR_MESSAGE_CHARS]
-    return json.dumps(
-        {"code": str(error.get("code", "ERROR"))[:128], "message": message, "truncated": True},
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+    kept: dict[str, Any] = {"code": str(error.get("code", "ERROR"))[:128], "message": message, "truncated": True}
+    text = json.dumps(kept, ensure_ascii=False, separators=(",", ":"))
+    traceback = error.get("traceback")
+    if isinstance(traceback, str):
+        # The traceback's end (where the handler failed) in what room is left; its text
+        # grows by at most 6 bytes a character once escaped in JSON.
+        room = (MAX_ERROR_BYTES - len(text.encode("utf-8")) - 32) // 6
+        if room > 0:
+            kept["traceback"] = traceback[-room:]
+            text = json.dumps(kept, ensure_ascii=False, separators=(",", ":"))
+    return text
 
 
 def _reason(code: str, message: str) -> str:

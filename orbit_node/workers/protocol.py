@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_TASKS_PER_MESSAGE
+from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_TASKS_PER_MESSAGE, MAX_TRACEBACK_CHARS
 
 from .. import strict_json
 from ..claims import Capability
@@ -313,7 +313,7 @@ def _finish(obj: Mapping[str, Any]) -> Finish:
             if "result" in item:
                 raise _invalid("a failed task carries error, not result", f"{where}.result")
             error = _object(item.get("error", {}), f"{where}.error")
-            unknown = sorted(set(error) - {"message", "code", "details"})
+            unknown = sorted(set(error) - {"message", "code", "details", "traceback"})
             if unknown:
                 raise _invalid(f"unknown field {unknown[0]!r}", f"{where}.error.{unknown[0]}")
             if "message" in error and (
@@ -325,6 +325,13 @@ def _finish(obj: Mapping[str, Any]) -> Finish:
                 )
             if "code" in error and (not isinstance(error["code"], str) or len(error["code"]) > 128):
                 raise _invalid("error.code: expected a string of at most 128 characters", f"{where}.error.code")
+            if "traceback" in error and (
+                not isinstance(error["traceback"], str) or len(error["traceback"]) > MAX_TRACEBACK_CHARS
+            ):
+                raise _invalid(
+                    f"error.traceback: expected a string of at most {MAX_TRACEBACK_CHARS} characters",
+                    f"{where}.error.traceback",
+                )
             result_json = None
             retryable = _bool(item.get("retryable", True), f"{where}.retryable")
         else:

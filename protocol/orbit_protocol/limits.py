@@ -12,6 +12,9 @@ MAX_BATCH_TASKS = 1000
 MAX_TASKS_PER_MESSAGE = 1000
 # Characters of a Finish error's message (longer ones are refused by the protocol).
 MAX_ERROR_MESSAGE_CHARS = 4096
+# Characters of a Finish error's traceback: the SDK keeps the end of a longer one (where
+# the exception was raised); the protocol refuses more.
+MAX_TRACEBACK_CHARS = 4096
 # Task ids one listing filter names, and tasks one bulk cancel or retry changes.
 MAX_TASK_IDS = 1000
 MAX_BULK = 1000

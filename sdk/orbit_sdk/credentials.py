@@ -3,6 +3,7 @@ write) and the SDK's environment (``ORBIT_CREDENTIALS_FILE``, ``ORBIT_URL``)."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Mapping
@@ -61,7 +62,11 @@ def credentials_from_env(env: Mapping[str, str] | None = None) -> tuple[Credenti
     env = os.environ if env is None else env
     path = env.get("ORBIT_CREDENTIALS_FILE")
     if not path:
-        raise ConfigError("ORBIT_CREDENTIALS_FILE is not set", field="ORBIT_CREDENTIALS_FILE")
+        near = difflib.get_close_matches(
+            "ORBIT_CREDENTIALS_FILE", [k for k in env if k.startswith("ORBIT") and env[k]], n=1, cutoff=0.8
+        )
+        hint = f" ({near[0]} is set: a typo of ORBIT_CREDENTIALS_FILE?)" if near else ""
+        raise ConfigError(f"ORBIT_CREDENTIALS_FILE is not set{hint}", field="ORBIT_CREDENTIALS_FILE")
     return Credentials.load(path), env.get("ORBIT_URL") or None
 
 

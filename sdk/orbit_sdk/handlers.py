@@ -8,12 +8,13 @@ nothing here does I/O.
 from __future__ import annotations
 
 import inspect
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
 
-from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS
+from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_TRACEBACK_CHARS
 
 from .encoding import NotJson, encode
 
@@ -85,12 +86,51 @@ def check_result(result: Any) -> None:
         raise ValueError(str(exc)) from None
 
 
+# What a traceback cut to the protocol's bound begins with: its end is kept.
+CUT_MARK = "...\n"
+
+
+def traceback_text(exc: BaseException) -> str:
+    """``exc``'s traceback as Python prints it (its causes included), cut to the protocol's
+    bound by dropping the beginning: the end says where it was raised."""
+    text = "".join(traceback.format_exception(exc))
+    if len(text) <= MAX_TRACEBACK_CHARS:
+        return text
+    return CUT_MARK + text[-(MAX_TRACEBACK_CHARS - len(CUT_MARK)) :]
+
+
 def failed(exc: BaseException) -> dict[str, Any]:
-    """The report fields of an attempt a handler ended by raising ``exc``."""
-    if isinstance(exc, PermanentError):
-        error = {"message": describe(exc), **({"code": exc.code} if exc.code else {})}
-        return {"outcome": "failed", "retryable": False, "error": error}
-    return {"outcome": "failed", "retryable": True, "error": {"message": describe(exc)}}
+    """The report fields of an attempt a handler ended by raising ``exc``; the error
+    carries its traceback (bounded), stored with the attempt."""
+    error: dict[str, Any] = {"message": describe(exc)}
+    if isinstance(exc, PermanentError) and exc.code:
+        error["code"] = exc.code
+    error["traceback"] = traceback_text(exc)
+    return {"outcome": "failed", "retryable": not isinstance(exc, PermanentError), "error": error}
+
+
+@attrs.define
+class FailureLog:
+    """Which handler failures the Worker logs whole: the first of each kind (handler, type
+    and message) in a window of ``window_s``, with its traceback; the repeats in the window
+    are counted and summed up in one line when the kind fails again after it. Pure: the
+    caller gives the time and logs what ``failure`` returns."""
+
+    window_s: float = 60.0
+    # kind -> (start of its window, repeats counted in it)
+    _seen: dict[tuple[str, str, str], tuple[float, int]] = attrs.field(factory=dict)
+
+    def failure(self, handler: str, exc: BaseException, now: float) -> tuple[bool, int]:
+        """(log this one whole, repeats of its kind not logged since its last whole line)."""
+        kind = (handler, type(exc).__name__, str(exc)[:200])
+        seen = self._seen.get(kind)
+        if seen is not None and now - seen[0] < self.window_s:
+            self._seen[kind] = (seen[0], seen[1] + 1)
+            return False, 0
+        if len(self._seen) > 1000:
+            self._seen.clear()  # bounded: a handler failing with ever-new messages
+        self._seen[kind] = (now, 0)
+        return True, 0 if seen is None else seen[1]
 
 
 def stopped(reason: str | None) -> dict[str, Any]:

@@ -80,6 +80,7 @@ from .credentials import Credentials, credentials_from_env
 from .errors import ConfigError, OrbitClientError, first_error
 from .handlers import (
     ENDS,
+    FailureLog,
     H,
     Handler,
     PermanentError,
@@ -191,6 +192,8 @@ class Worker(WorkerCounters):
         # The cancel scope of a connection attempt not yet welcomed (a drain ends it).
         self._connecting: trio.CancelScope | None = None
         self._ends = dict.fromkeys(ENDS, 0)
+        # Handler failures logged whole (with their traceback) or counted as repeats.
+        self._failures = FailureLog()
         # Tasks started and not yet reported, across connections; the session they are
         # reported through (None while none is live), and an event set at each change of
         # either (a task lost, a session live or gone).
@@ -441,6 +444,16 @@ class Worker(WorkerCounters):
                 self._connecting = None
                 self._rotation.welcomed()
                 self._connections += 1
+                log.info(
+                    "worker connected to %s (node %s, connection %s): queues %s, handlers %s, capacity %d%s",
+                    url,
+                    welcome.node_id,
+                    welcome.connection_id,
+                    ", ".join(self.queues),
+                    ", ".join(f"{h}@{v}/{p}" for h, v, p in sorted(self._handlers)),
+                    self.capacity,
+                    f", {len(hello['tasks'])} running tasks presented again" if hello.get("tasks") else "",
+                )
                 session = Session(ws, welcome, sent=self._messages_sent)
                 if status:
                     status.pop().started()
@@ -602,6 +615,7 @@ class Worker(WorkerCounters):
                     report.update(outcome="succeeded", result=result)
                 except Exception as exc:
                     report.update(failed(exc))
+                    self._log_failure(task, exc)
             if running.scope.cancelled_caught:
                 report.update(stopped(self._cancels.get(task.task_id)))
             running.done = True
@@ -612,6 +626,24 @@ class Worker(WorkerCounters):
             self._signal()
         if answer is not None and answer.ok:
             self._finished(report, answer.state, task.attempt, task.max_attempts)
+
+    def _log_failure(self, task: WorkerTask, exc: Exception) -> None:
+        """The handler's exception with its traceback, once per kind and minute; the
+        repeats in between are summed up in the next whole line of their kind."""
+        whole, repeats = self._failures.failure(task.handler, exc, trio.current_time())
+        if not whole:
+            return
+        again = f" (the same failure {repeats} more times since it was last logged)" if repeats else ""
+        log.error(
+            "task %s: handler %s %s failed on attempt %d of %d%s",
+            task.task_id,
+            task.handler,
+            task.handler_version,
+            task.attempt,
+            task.max_attempts,
+            again,
+            exc_info=exc,
+        )
 
     async def _report(self, task_id: str, running: Running, report: dict[str, Any]) -> Any:
         """The Finish through the live session, again through the next one if the

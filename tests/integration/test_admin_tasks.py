@@ -134,3 +134,36 @@ async def test_pause_and_resume_a_queue_by_name_or_id(dsn, db):
         assert line.startswith("error: NOT_FOUND: QUEUE: no queue named 'nosuch'")
     # Waiting claims of the resumed queue are woken on every node.
     assert await signals(db) == [("tasks", queue_id, None)]
+
+
+async def test_task_list_of_failed_tasks_says_what_broke_when_and_what_retried_it(dsn, db):
+    tenant = await make_tenant(db)
+    with trio.fail_after(TEST_TIMEOUT_S):
+        broken, retried = [await submit(db, tenant, f"f{i}") for i in range(2)]
+        error = '{"code":"IMAGE_BAD","message":"RuntimeError: cannot decode image img-7.png","traceback":"..."}'
+        for task_id in (broken, retried):
+            await set_columns(db, task_id, f"state = 'failed', finished_at = NOW(6), attempts = 3, error = '{error}'")
+        retry = await admin_json("task", "retry", retried, dsn=dsn)
+        retry_id = retry["outcome"]["task"]["task_id"] if "task" in retry["outcome"] else None
+        # No --application: the database holds one.
+        listed = await admin_json("task", "list", "--state", "failed", dsn=dsn)
+        rows = {t["task_id"]: t for t in listed["tasks"]}
+        assert set(rows) == {broken, retried}
+        assert rows[broken]["error"] == "IMAGE_BAD: RuntimeError: cannot decode image img-7.png"
+        assert rows[broken]["finished_at"] is not None and rows[broken]["retried_by"] is None
+        assert rows[retried]["retried_by"] is not None and rows[retried]["retried_by"] != retried
+        if retry_id is not None:
+            assert rows[retried]["retried_by"] == retry_id
+        text = await admin("task", "list", "--state", "failed", dsn=dsn)
+        assert text.returncode == 0, text.stderr
+        assert "IMAGE_BAD: RuntimeError: cannot decode" in text.stdout
+        assert f"retried as {rows[retried]['retried_by']}" in text.stdout
+        again = await admin_json("task", "list", "--task-id", rows[retried]["retried_by"], dsn=dsn)
+        assert again["tasks"][0]["retried_from"] == retried
+        # Two applications: --application is needed, and the error names them.
+        await make_tenant(db, "second")
+        ambiguous = await admin("task", "list", dsn=dsn)
+        assert ambiguous.returncode == 2
+        assert one_line_error(ambiguous, 2) == (
+            "error: --application: required, the database holds 2 applications (app, second)"
+        )

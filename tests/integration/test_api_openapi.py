@@ -13,7 +13,8 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from orbit_node.api.app import NodeState, create_app
+from orbit_node.api.app import create_app
+from orbit_node.api.state import NodeState
 from orbit_node.config import NodeConfig
 from orbit_node.db import Database
 from orbit_node.dsn import Dsn

@@ -175,6 +175,32 @@ async def test_sign_out_clears_the_cookie(running_node, db):
         assert (await client.get("/console")).status_code == 303
 
 
+async def test_each_sign_in_has_its_own_session_and_a_signed_out_cookie_is_refused_on_every_node(node_config, db):
+    """A copied cookie of a session that signed out opens nothing, on the node it signed
+    out on or another sharing the key; two sign-ins within a second get two cookies and
+    two form tokens; the other session of the same credential goes on."""
+    tenant = await make_tenant(db)
+    shared = attrs.evolve(node_config, console_secret="s" * 40)
+    async with run_node(shared) as one, run_node(shared) as two:
+        async with console(one) as first, console(one) as second:
+            a = (await sign_in(first, tenant.token)).cookies[COOKIE_NAME]
+            b = (await sign_in(second, tenant.token)).cookies[COOKIE_NAME]
+            assert a != b
+            token_a = form_token((await first.get("/console")).text)
+            token_b = form_token((await second.get("/console")).text)
+            assert token_a != token_b
+            out = await first.post("/console/sign-out", data={"csrf_token": token_a})
+            assert out.status_code == 303
+            assert (await second.get("/console")).status_code == 200, "the other session goes on"
+        for node in (one, two):
+            async with console(node) as copied:
+                copied.cookies.set(COOKIE_NAME, a, path="/console")
+                refused = await copied.get("/console")
+                assert (refused.status_code, refused.headers["location"]) == (303, "/console/sign-in?ended=signed-out")
+                panel = await copied.get("/console?fragment=live")
+                assert panel.status_code == 401
+
+
 async def test_overview_shows_the_backlog_per_priority_and_the_panel_answers_304_until_it_changes(running_node, db):
     tenant = await make_tenant(db, queues=("work", "idle"))
     async with console(running_node) as client, running_node.client(tenant.token) as api:

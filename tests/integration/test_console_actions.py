@@ -500,10 +500,14 @@ async def test_tasks_are_found_by_the_beginning_of_their_id_filtered_and_paged_p
 # -- retry, and the actions on every task a filter matches ---------------------------------------
 
 
+FAILED_ERROR = '{"code":"IMAGE_BAD","message":"RuntimeError: cannot decode image img-7.png"}'
+
+
 async def finished(db, task_id: str, state: str = "failed") -> None:
     await db.run(
         lambda tx: tx.execute_raw(
-            "UPDATE tasks SET state = %s, finished_at = NOW(6) WHERE task_id = %s", (state, task_id)
+            "UPDATE tasks SET state = %s, finished_at = NOW(6), error = IF(%s = 'failed', %s, NULL) WHERE task_id = %s",
+            (state, state, FAILED_ERROR, task_id),
         )
     )
 
@@ -616,8 +620,15 @@ async def test_every_task_a_filter_matches_is_cancelled_or_retried_after_a_confi
         assert bulk_count(confirm.text) == 5
         done = await client.post("/console/tasks/bulk/retry", data=as_form(hidden_fields(confirm.text)))
         assert done.headers["location"].endswith("done=bulk-retry&changed=5&unchanged=0&refused=0")
-        # Retried tasks stay failed: asked again, each answers its retry, nothing is created.
+        # The failed list says what broke and what retried each task.
+        failed_page = (await client.get("/console/tasks?state=failed")).text
+        assert failed_page.count("IMAGE_BAD: RuntimeError: cannot decode image img-7.png") == 5
+        assert failed_page.count('class="hint retried-as">retried as') == 5
+        # Retried tasks stay failed: asked again, the confirmation says they were retried
+        # and offers nothing; forced, each answers its retry, nothing is created.
         again = await client.get("/console/tasks/bulk/retry?state=failed")
+        assert 'id="bulk-will">0<' in again.text and 'id="bulk-already">5<' in again.text
+        assert "Retry 0 tasks" in again.text and " disabled>" in again.text
         done = await client.post("/console/tasks/bulk/retry", data=as_form(hidden_fields(again.text)))
         assert done.headers["location"].endswith("done=bulk-retry&changed=0&unchanged=5&refused=0")
         for query, field in (("", "filter"), (f"task_id={failed[0][:6]}", "task_id"), ("state=done", "state")):

@@ -9,11 +9,12 @@ import trio
 from quart import Blueprint
 
 from orbit_node.api import auth, explain
-from orbit_node.api.app import NodeState, create_app
+from orbit_node.api.app import create_app
+from orbit_node.api.state import NodeState
 from orbit_node.errors import NotFound
 from orbit_node.store.tenancy import TenancyStore
 
-from ..seed import TaskSpec, claim_request, insert_task, insert_tasks, lease_store, tenant
+from ..seed import NODE, TaskSpec, claim_request, insert_task, insert_tasks, lease_store, tenant
 
 
 def codes(explanation):
@@ -134,8 +135,27 @@ async def test_settlement_pending_reasons(db):
     assert codes(explanation) == ["CANCEL_REQUESTED", "DEADLINE_PASSED", "OUT_OF_ATTEMPTS"]
 
 
+async def register(db, owner, connection_id: str, *, node_id: str = NODE, heartbeat_ago_s: float = 0.0) -> None:
+    """The node (heartbeat ``heartbeat_ago_s`` ago) and its connection, as the registry has them."""
+    await db.run(
+        lambda tx: tx.execute_raw(
+            "INSERT INTO nodes (node_id, hostname, http_addr, version, heartbeat_at) "
+            "VALUES (%s, 'h', 'a', 'v', NOW(6) - INTERVAL %s SECOND)",
+            (node_id, heartbeat_ago_s),
+        )
+    )
+    await db.run(
+        lambda tx: tx.execute_raw(
+            "INSERT INTO worker_connections (connection_id, node_id, namespace_id, queues, capabilities) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (connection_id, node_id, owner.namespace_id, json.dumps([owner.queue_id]), json.dumps([["h", "v1", "v1"]])),
+        )
+    )
+
+
 async def test_a_reserved_task_names_its_owner_and_lease(db):
     owner = await tenant(db)
+    await register(db, owner, "conn-7")
     task = await insert_task(db, owner, available_in_s=-1)
     (r,) = await lease_store(db).claim(claim_request(owner, connection_id="conn-7"))
     explanation = await lease_store(db).explain(owner.namespace_id, task)
@@ -143,6 +163,33 @@ async def test_a_reserved_task_names_its_owner_and_lease(db):
     assert reason["code"] == "NOT_QUEUED" and explanation["state"] == "reserved"
     assert reason["connection_id"] == "conn-7"
     assert reason["lease_expires_at"] == r.lease_expires_at.isoformat(timespec="microseconds") + "Z"
+
+
+async def test_a_running_task_whose_connection_closed_says_when_its_lease_runs_out(db):
+    owner = await tenant(db)
+    await register(db, owner, "conn-other")  # the node is live; conn-8 is not registered
+    task = await insert_task(db, owner, available_in_s=-1, max_attempts=3)
+    (r,) = await lease_store(db).claim(claim_request(owner, connection_id="conn-8"))
+    await lease_store(db).start_many([(task, r.fencing_token)])
+    explanation = await lease_store(db).explain(owner.namespace_id, task)
+    assert codes(explanation) == ["NOT_QUEUED", "WORKER_GONE"]
+    gone = explanation["reasons"][1]
+    assert gone["connection_id"] == "conn-8" and 55 <= gone["lease_left_s"] <= 60
+    assert "its Worker's connection conn-8 closed" in gone["message"]
+    assert "back to its queue for attempt 2 of 3" in gone["message"]
+    assert "unless its Worker reconnects first and re-attaches the task" in gone["message"]
+
+
+async def test_a_task_whose_node_stopped_answering_names_the_node_and_its_last_heartbeat(db):
+    owner = await tenant(db)
+    await register(db, owner, "conn-9", heartbeat_ago_s=120)
+    task = await insert_task(db, owner, available_in_s=-1, max_attempts=1)
+    (r,) = await lease_store(db).claim(claim_request(owner, connection_id="conn-9"))
+    explanation = await lease_store(db).explain(owner.namespace_id, task)
+    assert codes(explanation) == ["NOT_QUEUED", "WORKER_GONE"]
+    message = explanation["reasons"][1]["message"]
+    assert f"its node {NODE} last answered at" in message
+    assert "the reservation runs out at" in message and "goes back to its queue" in message
 
 
 async def test_unknown_and_foreign_tasks_are_not_found(db):

@@ -203,14 +203,16 @@ async def test_plan_life_cycle_and_every_response_matches_the_document(running_n
     }
     assert len(plan_operations) == 10
     assert {(m, p) for m, p, _ in check.seen if p.startswith("/v1/plans")} == plan_operations
-    # Every documented status of every plan operation was produced by a real response.
+    # Every documented status of every plan operation was produced by a real response, but
+    # those every /v1 operation declares alike: 405 (another method on the path), 429 (fair
+    # admission of a saturated node) and 503 (the database is gone).
     documented = {
         (method.upper(), path, status)
         for path, item in DOCUMENT["paths"].items()
         if path.startswith("/v1/plans")
         for method, operation in item.items()
         for status in operation["responses"]
-        if status != "503"
+        if status not in ("405", "429", "503")
     }
     assert documented <= check.seen, sorted(documented - check.seen)
 
@@ -282,15 +284,14 @@ BAD_DEFINITIONS = [
 ]
 
 
-# Rules a JSON Schema cannot express (cron and time zone semantics, date formats, the
-# order of start and end, and "9.0" which JSON Schema counts as an integer).
+# Rules a JSON Schema cannot express (cron and time zone semantics, the order of start and
+# end, and "9.0" which JSON Schema counts as an integer). Date formats it can: a pattern.
 SCHEMA_BLIND = {
     "invalid cron value",
     "cron that never matches",
     "cron of letters",
     "unknown time zone",
     "time zone as a path",
-    "bad start_at",
     "end before start",
     "priority 9.0",
 }

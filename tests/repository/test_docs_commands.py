@@ -38,6 +38,10 @@ SKIPPED = {
         "the test's node and scratch database stand in for it"
     ),
     ".venv/bin/orbit": "runs a node until it is stopped; the test's node stands in for it",
+    "npx --yes openapi-typescript@7 schema/openapi.yaml --output orbit-api.d.ts": (
+        "writes into the checkout and needs the npm registry; tests/repository/test_openapi_generated.py runs it "
+        "into a temporary directory and checks what it writes"
+    ),
     "for example in retries plan fanout resource_keys; do": (
         "tests/repository/test_examples.py runs each of these examples against a node and checks every line it prints"
     ),

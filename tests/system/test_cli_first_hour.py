@@ -73,7 +73,23 @@ async def test_admin_and_migrate_catch_orbit_typos(dsn):
     for command in (("orbit-admin", "queue", "list"), ("orbit-migrate", "status")):
         result = cli(*command, dsn=dsn, env={"ORBIT_MYSQL_DNS": "x", "ORBIT_DEV_DB_PORT": "3999"})
         assert result.returncode == 2, result.stderr
-        assert result.stderr == "error: ORBIT_MYSQL_DNS: unknown setting (a typo?)\n"
+        assert result.stderr == "error: ORBIT_MYSQL_DNS: unknown setting (did you mean ORBIT_MYSQL_DSN?)\n"
+    # Nothing close: still refused, as a possible typo.
+    result = cli("orbit-migrate", "status", dsn=dsn, env={"ORBIT_ZZZ": "x"})
+    assert result.stderr == "error: ORBIT_ZZZ: unknown setting (a typo?)\n"
+
+
+def test_the_sdk_says_which_variable_it_found_instead_of_the_credentials_file():
+    from orbit_sdk import ConfigError, credentials_from_env
+
+    with pytest.raises(ConfigError) as missing:
+        credentials_from_env({"ORBIT_CREDENTIAL_FILE": "/tmp/dev.json"})
+    assert missing.value.message == (
+        "ORBIT_CREDENTIALS_FILE is not set (ORBIT_CREDENTIAL_FILE is set: a typo of ORBIT_CREDENTIALS_FILE?)"
+    )
+    with pytest.raises(ConfigError) as plain:
+        credentials_from_env({"ORBIT_URL": "http://x"})
+    assert plain.value.message == "ORBIT_CREDENTIALS_FILE is not set"
 
 
 async def test_migrate_status_is_rfc3339_and_survives_a_closed_pipe(dsn):

@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 
+import attrs
 import pytest
 import trio
 
@@ -23,6 +24,7 @@ from orbit_sdk.models import SubmitTaskRequest
 from orbit_sdk.worker import Worker, WorkerTask
 
 from ..helpers import BIN, cli
+from ..nodeutil import make_tenant, run_node
 
 TOKEN = "orb_" + "0123456789abcdef" * 2 + "fedcba9876543210" * 4
 SECRET = TOKEN[4 + 32 :]
@@ -274,3 +276,34 @@ async def drive(url: str, token: str, metrics_token: str, queue_id: str) -> list
         scraped = await http.get("/metrics", headers={"Authorization": f"Bearer {metrics_token}"})
         assert scraped.status_code == 200 and "orbit_tasks_finished_total" in scraped.text
     return ids
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        # (route, status, level) of each line: errors by default, every request with all, none off.
+        ("errors", {("/v1/tasks", 201, "DEBUG"), ("/v1/tasks/<task_id>", 404, "INFO")}),
+        ("all", {("/v1/tasks", 201, "INFO"), ("/v1/tasks/<task_id>", 404, "INFO")}),
+        ("off", set()),
+    ],
+)
+async def test_the_access_log_says_what_its_mode_asks(node_config, db, caplog, mode, expected):
+    caplog.set_level(logging.DEBUG, logger="orbit.access")
+    tenant = await make_tenant(db)
+    config = attrs.evolve(node_config, access_log=mode)
+    async with run_node(config) as running, running.client(tenant.token) as http:
+        body = {"queue_id": tenant.queue_id, "handler": "h", "handler_version": "v1", "payload_version": "v1"}
+        made = await http.post("/v1/tasks", json={**body, "payload": {}}, headers={"Idempotency-Key": "a1"})
+        assert made.status_code == 201
+        assert (await http.get("/v1/tasks/" + "0" * 32)).status_code == 404
+    seen = {(r.route, r.status, r.levelname) for r in caplog.records if r.name == "orbit.access"}  # type: ignore[attr-defined]
+    assert seen == expected
+
+
+def test_an_unknown_access_log_mode_is_refused_naming_the_variable():
+    from orbit_node.config import NodeConfig
+    from orbit_node.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        NodeConfig.from_env({"ORBIT_MYSQL_DSN": "mysql://u@h/d", "ORBIT_ACCESS_LOG": "some"})
+    assert refused.value.field == "ORBIT_ACCESS_LOG"

@@ -117,10 +117,7 @@ async def cancel_task(task_id: str):
 @blueprint.post("/tasks/<task_id>/retry")
 async def retry_task(task_id: str):
     who, where, task = await one_task(task_id, "tasks:submit")
-    retried = await where.tasks.retry(who.namespace_id, task_id)
-    if retried.created and where.signals is not None:
-        # As the API's retry: Workers waiting on the queue claim it now, on every node.
-        where.signals.tasks_arrived(retried.task.queue_id)
+    retried = await where.retry_task(who.namespace_id, task_id)
     done = "retried" if retried.created else "already-retried"
     entry = Entry(
         who=who,
@@ -144,10 +141,7 @@ async def pause_or_resume(queue_id: str, verb: str):
     pause = verb == "pause"
     changed = int(found.paused != pause)
     if changed:
-        await where.tenancy.set_queue_paused(who.namespace_id, found.queue_id, pause)
-        if not pause and where.signals is not None:
-            # As the API's resume: its due tasks may be claimed at once, on every node.
-            where.signals.tasks_arrived(found.queue_id)
+        await where.set_queue_paused(who.namespace_id, found.queue_id, pause)
     done = ("paused" if pause else "resumed") if changed else ("already-paused" if pause else "already-open")
     entry = Entry(
         who=who,

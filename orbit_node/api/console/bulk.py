@@ -21,7 +21,6 @@ from quart import request
 
 from ...errors import InvalidArgument, PermissionDenied
 from ...store import audit as actions
-from ...store.actions import CANCEL_REQUESTED, RETRIED
 from ...store.audit import Entry
 from ...task_query import MAX_BULK, TaskFilter
 from .actions import ACTION_FIELDS, action_form, answer
@@ -71,6 +70,11 @@ async def confirm_bulk(action: str):
         after=query.cursor,
         limit=MAX_BULK,
     )
+    already = 0
+    if action == "retry":
+        # A task retried before is not retried again: counted apart, never offered.
+        notes = await shard().tasks.finish_notes(who.namespace_id, counted.tasks)
+        already = sum(1 for note in notes.values() if note["retried_by"])
     bounded = found
     if counted.tasks:
         newest = counted.tasks[0].created_at + timedelta(microseconds=1)
@@ -82,6 +86,7 @@ async def confirm_bulk(action: str):
         refresh=False,
         action=action,
         count=len(counted.tasks),
+        already=already,
         more=counted.next_cursor is not None,
         shown=counted.tasks[:SHOWN],
         queue_names=await queue_names(),
@@ -111,13 +116,7 @@ async def run_bulk(action: str):
         after=query.cursor,
         limit=int(limit_text),
     )
-    if where.signals is not None:
-        # As the API's bulk routes: Workers hear of each cancel, waiting claims of each retry.
-        for outcome in result.outcomes:
-            if outcome.outcome == CANCEL_REQUESTED:
-                where.signals.cancel(outcome.task_id)
-        for queue_id in sorted({o.queue_id for o in result.outcomes if o.outcome == RETRIED}):
-            where.signals.tasks_arrived(queue_id)
+    where.after_bulk(result)
     counts = {"changed": result.changed, "unchanged": result.unchanged, "refused": result.refused}
     entry = Entry(
         who=who,

@@ -62,7 +62,14 @@ async def failed():
 async def task_list(title: str, *, defaults: dict[str, list[str]] | None = None) -> Response:
     who = principal()
     names = await queue_names()
-    context: dict[str, Any] = {"queue_names": names, "states": STATES, "levels": PRIORITIES, "waiting": {}, "times": {}}
+    context: dict[str, Any] = {
+        "queue_names": names,
+        "states": STATES,
+        "levels": PRIORITIES,
+        "waiting": {},
+        "notes": {},
+        "times": {},
+    }
     try:
         query = query_of(request.args.to_dict(flat=False), defaults=defaults)
         if query.filter.queue_id is not None and query.filter.queue_id not in names:
@@ -81,6 +88,8 @@ async def task_list(title: str, *, defaults: dict[str, list[str]] | None = None)
         )
     here = request.path
     context["waiting"] = await shard().tasks.waiting_reasons(who.namespace_id, found.tasks)
+    # A finished task: what broke (its error's code and message) and what retried it.
+    context["notes"] = await shard().tasks.finish_notes(who.namespace_id, found.tasks)
     context["times"] = model.filter_times(query.filter)
     older = url(here, query_params(query, cursor=found.next_cursor)) if found.next_cursor else None
     newest = url(here, query_params(query)) if query.cursor else None

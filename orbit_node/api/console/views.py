@@ -32,6 +32,7 @@ from ...errors import NotFound, OrbitError, PermissionDenied, Unauthenticated
 from ...retention import CLASS_OF_STATE, Retention, RetentionClass, format_duration
 from ...services import Shard
 from ...store.console import ConsoleStore, Stranded
+from ...store.console_sessions import ConsoleSessionStore
 from ...store.operations import OperationsStore, QueueBacklog
 from ...store.tenancy import Principal
 from ...wire import rfc3339
@@ -100,6 +101,11 @@ def signer() -> SessionSigner:
     return SessionSigner(state.console_key, state.config.console_session_s)
 
 
+def sessions() -> ConsoleSessionStore:
+    """Sessions ended by sign-out, on the main database (every node reads the same)."""
+    return ConsoleSessionStore(node_state().shards.main.db)
+
+
 def principal() -> Principal:
     return g.console_principal
 
@@ -116,11 +122,13 @@ async def authenticate() -> Response | None:
     if request.endpoint in PUBLIC_ENDPOINTS:
         return None
     cookie = request.cookies.get(COOKIE_NAME)
-    credential_id = signer().credential_id(cookie)
-    if credential_id is None:
+    session = signer().session(cookie)
+    if session is None:
         return signed_out("expired" if cookie else None)
+    if await sessions().ended(session.session_id):
+        return signed_out("signed-out")
     try:
-        who = await node_state().shards.principal_of(credential_id)
+        who = await node_state().shards.principal_of(session.credential_id)
     except Unauthenticated:
         return signed_out("revoked")
     if not who.scopes.get(SCOPE):
@@ -240,9 +248,12 @@ async def sign_out():
     if not same_origin():
         raise PermissionDenied("origin: sign-out is accepted from this console's own pages only", field="origin")
     cookie = request.cookies.get(COOKIE_NAME)
-    if signer().credential_id(cookie) is not None:
-        # A live session ends only by its own pages' form (an expired one has nothing to protect).
+    session = signer().session(cookie)
+    if session is not None:
+        # A live session ends only by its own pages' form (an expired one has nothing to
+        # protect), and on every node: a copy of its cookie is refused from now on.
         await check_post(cookie)
+        await sessions().end(session.session_id, session.expires_in_s)
     response = see_other(sign_in_url("signed-out"))
     clear_cookie(response)
     return response

@@ -125,7 +125,9 @@ def _add_task_actions(task: Any) -> None:
         "(2030-01-02T03:04:05Z); after is inclusive, before exclusive. A queued task shows why it waits. When "
         "more match, the last line gives the --cursor of the next page.",
     )
-    tlist.add_argument("--application", required=True)
+    tlist.add_argument(
+        "--application", help="(default: the only application, when the database holds one; else required)"
+    )
     tlist.add_argument("--namespace", default="default", help="(default: default)")
     tlist.add_argument("--queue", metavar="QUEUE", help="queue name or id")
     tlist.add_argument("--state", action="append", metavar="STATE[,STATE...]")
@@ -177,6 +179,12 @@ def show_render(task: dict[str, Any], args: argparse.Namespace) -> None:
             ],
         )
     )
+    # The traceback of the last attempt that sent one, whole (the table shows its start).
+    for a in reversed(history):
+        error = a["error"]
+        if isinstance(error, dict) and isinstance(error.get("traceback"), str):
+            print(f"\ntraceback of attempt {a['attempt']}:\n{error['traceback'].rstrip()}")
+            break
 
 
 async def action_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
@@ -211,9 +219,23 @@ def action_render(data: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"task {args.task_id} ({data['where']}): {said}")
 
 
+async def only_application(db: Database) -> str:
+    """The database's one application, for a command that names none; a usage error that
+    names the choices when there are several (or none)."""
+    names = sorted(a["application"] for a in await OperationsStore(db).applications())
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        fail("--application: the database holds no application yet", 2)
+    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    fail(f"--application: required, the database holds {len(names)} applications ({shown})", 2)
+
+
 async def list_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
     if not 1 <= args.limit <= LIST_LIMIT_MAX:
         fail(f"--limit: must be from 1 to {LIST_LIMIT_MAX}", 2)
+    if args.application is None:
+        args.application = await only_application(db)
     ns = await OperationsStore(db).namespace(args.application, args.namespace)
     tenancy = TenancyStore(db)
     params: dict[str, list[str]] = {}
@@ -232,6 +254,7 @@ async def list_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
     store = TaskStore(db)
     page = await store.search(ns["namespace_id"], found, after=after, limit=args.limit)
     waiting = await store.waiting_reasons(ns["namespace_id"], page.tasks)
+    notes = await store.finish_notes(ns["namespace_id"], page.tasks)
     shown = sorted({t.queue_id for t in page.tasks})
     names = {
         q.queue_id: q.name for q in await tenancy.list_queues(ns["namespace_id"], limit=len(shown), queue_ids=shown)
@@ -239,17 +262,38 @@ async def list_run(db: Database, args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for task in page.tasks:
         row = {k: rfc3339(v) if isinstance(v, datetime) else v for k, v in attrs.asdict(task).items()}
-        rows.append({**row, "queue": names.get(task.queue_id), "waiting_reason": waiting.get(task.task_id)})
+        note = notes.get(task.task_id, {})
+        rows.append(
+            {
+                **row,
+                "queue": names.get(task.queue_id),
+                "waiting_reason": waiting.get(task.task_id),
+                "error": note.get("error"),
+                "retried_by": note.get("retried_by"),
+            }
+        )
     return {"tasks": rows, "next_cursor": None if page.next_cursor is None else page.next_cursor.encode()}
+
+
+def retry_note(row: dict[str, Any]) -> str | None:
+    """ "retried as <id>" and "retry of <id>", as they apply."""
+    notes = []
+    if row.get("retried_by"):
+        notes.append(f"retried as {row['retried_by']}")
+    if row.get("retried_from"):
+        notes.append(f"retry of {row['retried_from']}")
+    return "; ".join(notes) or None
 
 
 def list_render(page: dict[str, Any], args: argparse.Namespace) -> None:
     rows = page["tasks"]
-    # The text view keeps ids whole on a wide terminal; --json has every field.
+    # The text view keeps ids whole on a wide terminal; --json has every field. A queued
+    # task says why it waits, a finished one what broke, when, and what retried it.
     console().print(
         table(
             f"tasks of {args.application}/{args.namespace} ({len(rows)}, newest first)",
-            ["task_id", "queue", "handler", "state", "priority", "attempts", "created_at", "waits for"],
+            ["task_id", "queue", "handler", "state", "priority", "attempts", "created_at", "finished_at"]
+            + ["waits for / error", "retry"],
             [
                 [
                     r["task_id"],
@@ -259,7 +303,9 @@ def list_render(page: dict[str, Any], args: argparse.Namespace) -> None:
                     r["priority"],
                     f"{r['attempts']}/{r['max_attempts']}",
                     r["created_at"],
-                    r["waiting_reason"],
+                    r["finished_at"],
+                    r["waiting_reason"] or r["error"],
+                    retry_note(r),
                 ]
                 for r in rows
             ],

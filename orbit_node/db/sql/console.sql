@@ -85,3 +85,15 @@ SELECT task_id, queue_id, handler, handler_version, payload_version, state, prio
    AND (%(finished_before)s IS NULL OR finished_at < %(finished_before)s)
  ORDER BY created_at DESC, task_id DESC
  LIMIT %(limit)s
+
+-- Console sessions ended by sign-out (orbit_node/store/console_sessions.py).
+-- name: console_session_ended
+SELECT 1 AS ended FROM console_sessions_ended WHERE session_id = %(session_id)s
+
+-- name: console_session_end
+INSERT IGNORE INTO console_sessions_ended (session_id, expires_at)
+VALUES (%(session_id)s, NOW(6) + INTERVAL %(expires_in_s)s SECOND)
+
+-- Rows of sessions whose cookies have expired anyway, a bounded batch at a time.
+-- name: console_sessions_forget
+DELETE FROM console_sessions_ended WHERE expires_at < NOW(6) ORDER BY expires_at LIMIT %(limit)s

@@ -344,6 +344,15 @@ SELECT COUNT(*) AS ahead, COALESCE(SUM(same_capability), 0) AS ahead_same_capabi
 
 -- Worker connections registered in the namespace; alive while their node refreshes the
 -- registry heartbeat and has not stopped.
+-- name: explain_holder
+-- The connection a reserved or running task belongs to, and its node: whether the
+-- registry still has the connection, and the node's last heartbeat and stop.
+SELECT n.node_id, n.heartbeat_at, n.stopped_at,
+       (n.heartbeat_at > NOW(6) - INTERVAL %(stale_s)s SECOND AND n.stopped_at IS NULL) AS node_alive,
+       (SELECT COUNT(*) FROM worker_connections wc WHERE wc.connection_id = %(connection_id)s) AS registered
+  FROM (SELECT 1 AS one) x
+  LEFT JOIN nodes n ON n.node_id = %(node_id)s
+
 -- name: explain_workers
 SELECT wc.connection_id, wc.node_id, wc.queues, wc.capabilities, wc.resource_key_support,
        (wc.heartbeat_at > NOW(6) - INTERVAL %(stale_s)s SECOND AND n.stopped_at IS NULL) AS alive

@@ -183,3 +183,11 @@ SELECT task_id, application_id, queue_id, handler, handler_version, payload_vers
 SELECT retried_from, task_id
   FROM tasks FORCE INDEX (ux_tasks_retried_from)
  WHERE retried_from IN %(task_ids)s AND namespace_id = %(namespace_id)s
+
+-- What a listing shows of its finished tasks (orbit-admin task list): the beginning of
+-- the error and the task that retried each (its retry's id), none of the payload.
+-- name: task_finish_notes
+SELECT t.task_id, LEFT(t.error, 600) AS error_head,
+       (SELECT r.task_id FROM tasks r WHERE r.retried_from = t.task_id LIMIT 1) AS retried_by
+  FROM tasks t
+ WHERE t.namespace_id = %(namespace_id)s AND t.task_id IN %(task_ids)s

@@ -8,7 +8,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 CREDENTIALS ?= $(CURDIR)/var/dev.credentials.json
 export ORBIT_HTTP_ADDR ?= 127.0.0.1:8080
 
-.PHONY: install db browser run lint test bench clean
+.PHONY: install db browser run lint test unit integration system repository bench clean
 
 # The repository's three distributions, editable: the wire contract (protocol/), the SDK
 # (sdk/) and the node (here), which depends on both.
@@ -62,9 +62,26 @@ browser:
 # to idle workers). Most tests wait on a socket, a database or a child process, so three
 # processes keep two cores busy. The 15 slowest tests are printed at the end.
 TEST_WORKERS ?= 3
+PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal --durations=15
+# The test database server: ORBIT_MYSQL_DSN's when it is set, else the private one (`make db`).
+TEST_DSN := ORBIT_TEST_MYSQL_DSN="$${ORBIT_MYSQL_DSN:-$$(scripts/devdb.sh dsn)}"
+
+# Every kind of test (tests/unit, integration, system, repository), after the lint.
 test: install db browser lint
-	@DSN="$${ORBIT_MYSQL_DSN:-$$(scripts/devdb.sh dsn)}"; \
-	ORBIT_TEST_MYSQL_DSN="$$DSN" $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
+	@$(TEST_DSN) $(PYTEST) $(PYTEST_ARGS)
+
+# One kind at a time. tests/unit needs no database, no browser and no lint: its runs
+# have no test server to reach (ORBIT_TEST_MYSQL_DSN is removed), so a unit test that
+# asked for one would fail. Only tests/system holds the browser tests, so only it (and
+# `make test`) installs Chromium.
+unit: install
+	@env -u ORBIT_TEST_MYSQL_DSN $(PYTEST) tests/unit $(PYTEST_ARGS)
+
+integration repository: install db
+	@$(TEST_DSN) $(PYTEST) tests/$@ $(PYTEST_ARGS)
+
+system: install db browser
+	@$(TEST_DSN) $(PYTEST) tests/system $(PYTEST_ARGS)
 
 # Benchmark extras (plots, histograms, profiler, peers) only for `make bench`.
 $(BENCH_STAMP): $(STAMP) pyproject.toml

@@ -14,7 +14,7 @@ leases at once, no terminal state changed, a rerun only after a lost attempt. Ev
 task run more than once is charged to the fault its earlier run ended in: a connection
 cut or a drain must re-run nothing.
 
-The run itself is ``tests/faults/chaos.py``; ``tests/test_chaos.py`` runs 40 s of it in
+The run itself is ``harness/chaos.py``; ``tests/system/test_chaos.py`` runs 40 s of it in
 ``make test``. Not part of ``all``: it takes ten minutes by default.
 """
 
@@ -26,8 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.faults.chaos import FAULTS, NO_RERUN_FAULTS, ChaosPlan, run_chaos
-from tests.faults.history import PROPERTIES
+from harness.chaos import FAULTS, NO_RERUN_FAULTS, ChaosPlan, run_chaos
+from harness.history import PROPERTIES
 
 from .report import Target, format_table
 

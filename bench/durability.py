@@ -9,7 +9,7 @@ setting (scripts/devdb.sh): ``innodb_flush_log_at_trx_commit=2``, no binary log,
 ``ORBIT_BENCH_MYSQL_DSN`` (default ``scripts/devdb.sh dsn``) as it is configured, and
 reads its setting from it.
 
-A private server is ``tests/faults/mariadb.py``'s: ``--no-defaults``, a temporary datadir,
+A private server is ``harness/mariadb.py``'s: ``--no-defaults``, a temporary datadir,
 its own port and socket, so no other server is ever reconfigured. While one runs,
 ``bench.database.bench_dsn()`` names it (``active()``).
 """
@@ -25,9 +25,9 @@ from typing import Any
 import attrs
 import trio
 
+from harness.mariadb import PrivateMariaDB
 from orbit_node.db import Database
 from orbit_node.dsn import Dsn
-from tests.faults.mariadb import PrivateMariaDB
 
 # What ``--durability`` accepts besides the names of DURABILITIES.
 BOTH = "both"

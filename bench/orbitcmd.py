@@ -11,7 +11,6 @@ operator sets, and an older node is given none of them (it refuses an unknown on
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -24,11 +23,11 @@ import attrs
 import httpx
 import trio
 
+from harness.nodeproc import free_port, orbit_environment, wait_answering
+from harness.processes import stop_process
 from orbit_node.dsn import Dsn
-from tests.faults.nodeproc import free_port
 
 from . import REPO
-from .processes import stop_process
 
 # Bound on a node answering 200 on /readyz after its process started.
 READY_TIMEOUT_S = 30.0
@@ -44,14 +43,6 @@ _ENTRY = "import sys; from orbit_node.cli.{module} import main; sys.exit(main())
 def command(module: str, *args: str) -> list[str]:
     """``python -c ...`` running ``orbit_node.cli.<module>``'s ``main`` with ``args``."""
     return [sys.executable, "-c", _ENTRY.format(module=module), *args]
-
-
-def environment(dsn: Dsn, settings: Mapping[str, str]) -> dict[str, str]:
-    """The harness's environment without its ``ORBIT_*`` variables, plus the DSN and ``settings``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
-    env["ORBIT_MYSQL_DSN"] = dsn.url()
-    env.update(settings)
-    return env
 
 
 def known_settings(tree: Path | None = None) -> frozenset[str]:
@@ -80,7 +71,7 @@ async def run_command(module: str, args: Sequence[str], dsn: Dsn, *, tree: Path 
         done = await trio.run_process(
             command(module, *args),
             cwd=tree or REPO,
-            env=environment(dsn, {}),
+            env=orbit_environment(dsn, {}),
             capture_stdout=True,
             capture_stderr=True,
             check=False,
@@ -200,32 +191,16 @@ async def orbit_process(
         proc = await trio.lowlevel.open_process(
             command("node"),
             cwd=tree or REPO,
-            env=environment(dsn, env),
+            env=orbit_environment(dsn, env),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=out,
         )
     node = OrbitProcess(f"http://127.0.0.1:{port}", proc.pid, metrics_url, log)
     try:
-        await wait_ready(node, proc)
+        await wait_answering(node.url + "/readyz", proc, READY_TIMEOUT_S, node.log_tail)
         yield node
     finally:
         with trio.CancelScope(shield=True):
             await stop_process(proc, STOP_TIMEOUT_S)
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-async def wait_ready(node: OrbitProcess, proc: trio.Process) -> None:
-    """Until ``GET /readyz`` answers 200 (at most ``READY_TIMEOUT_S``; the process's exit is an error)."""
-    async with httpx.AsyncClient(timeout=2.0) as client:
-        with trio.move_on_after(READY_TIMEOUT_S):
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"orbit exited with status {proc.returncode}: {node.log_tail()}")
-                try:
-                    if (await client.get(node.url + "/readyz")).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                await trio.sleep(0.1)
-    raise RuntimeError(f"orbit not ready within {READY_TIMEOUT_S:g} s: {node.log_tail()}")

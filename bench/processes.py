@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from typing import Any
 import attrs
 import trio
 
+from harness.processes import stop_process
 from orbit_node.dsn import Dsn
 
 from . import REPO
@@ -76,17 +76,6 @@ async def ready_process(
     finally:
         with trio.CancelScope(shield=True):
             await stop_process(proc, stop_timeout_s)
-
-
-async def stop_process(proc: trio.Process, timeout_s: float) -> None:
-    """SIGTERM ``proc`` and wait for it; SIGKILL it after ``timeout_s``."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        with trio.move_on_after(timeout_s):
-            await proc.wait()
-        if proc.poll() is None:
-            proc.kill()
-    await proc.wait()
 
 
 @asynccontextmanager

@@ -1,7 +1,7 @@
 """Pure helpers of the benchmark harness: statistics, targets, tables, result files, profiles.
 
 Nothing here imports a benchmark-only package (matplotlib, peers): the
-smoke test (``tests/test_bench_smoke.py``) runs these helpers under ``make test``.
+smoke test (``tests/unit/test_bench_smoke.py``) runs these helpers under ``make test``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
   Rows are seeded with INSERT ... SELECT.
 * rows read per claim: MariaDB's ``Handler_read_*`` session counters around each claim
   on a one-connection pool, index condition pushdown off for that session (so every
-  index entry visited counts), as ``tests/test_dispatch_index.py`` does.
+  index entry visited counts), as ``tests/integration/test_dispatch_index.py`` does.
 * submit latency over HTTP (a real node, 4 clients back to back) idle and during a claim
   burst (a seeded due backlog drained by 32 Worker connections).
 """

@@ -2,7 +2,7 @@
 
 The dispatch core's own Start and Finish transactions (``LeaseStore.start_many`` /
 ``finish_many``: lock the rows, decide, write), run on a private ``mariadbd``
-(tests/faults/mariadb.py: ``--no-defaults``, ``innodb_flush_log_at_trx_commit=1``), each
+(harness/mariadb.py: ``--no-defaults``, ``innodb_flush_log_at_trx_commit=1``), each
 phase twice against the same database with batches of the same size: once with the
 node's statements (single-table UPDATEs by primary key, ``Writes.apply``) and once with
 the previous ones (multi-table UPDATEs driven by JSON_TABLE, which need an internal
@@ -23,12 +23,12 @@ from typing import Any
 import attrs
 import trio
 
+from harness.mariadb import PrivateMariaDB
 from orbit_node.claims import ClaimRequest
 from orbit_node.db import Database, Tx, migrate
 from orbit_node.store.leases import LeaseStore
 from orbit_node.store.ownership import FinishItem, TransitionResult
 from orbit_node.store.transitions import Writes
-from tests.faults.mariadb import PrivateMariaDB
 
 from .claim import HANDLER
 from .database import App, make_app, seed_tasks, server_status

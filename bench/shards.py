@@ -4,7 +4,7 @@ Two applications, half the tasks each (written with SQL: the drain is what is me
 as in S1), drained by one node process with SDK Workers (``--capacity`` each, S1's 8
 connections, half per application). With 1 shard both applications live on the bench
 database; with 2 shards the node maps the second application to a private ``mariadbd``
-the scenario starts (``--no-defaults``, its own datadir and port; tests/faults/mariadb.py)
+the scenario starts (``--no-defaults``, its own datadir and port; harness/mariadb.py)
 through ORBIT_SHARDS. Headline: tasks/s of each and their ratio.
 
 On one 2-core machine the node, the Workers and both servers share the same cores, so
@@ -20,9 +20,9 @@ from typing import Any
 
 import trio
 
+from harness.mariadb import PrivateMariaDB
 from orbit_node.db import Database, migrate
 from orbit_node.dsn import Dsn
-from tests.faults.mariadb import PrivateMariaDB
 
 from .accounting import measured_phase
 from .clients import connection_plan, wait_until, worker_fleet

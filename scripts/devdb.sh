@@ -35,7 +35,7 @@ ensure_installed() {
   fi
 }
 
-# The Galera fault test (tests/test_fault_galera.py) needs the provider and rsync (its state
+# The Galera fault test (tests/system/test_fault_galera.py) needs the provider and rsync (its state
 # transfer); installed like mariadb-server, best effort: without them that test is skipped.
 ensure_galera() {
   if [ -e /usr/lib/galera/libgalera_smm.so ] && command -v rsync >/dev/null 2>&1; then return 0; fi

@@ -8,7 +8,7 @@ HTTP with httpx.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -16,14 +16,13 @@ import attrs
 import httpx
 import trio
 
+# Tenants are the harness's (the chaos run makes them too); the tests know them by these names.
+from harness.tenants import ALL_SCOPES, Tenant, make_tenant, make_token  # noqa: F401
 from orbit_node.config import NodeConfig
 from orbit_node.db import Database
 from orbit_node.node import Node
-from orbit_node.store.tenancy import SCOPES, TenancyStore
 from orbit_sdk import SubmitTaskRequest
 
-# Every scope for every queue of the namespace.
-ALL_SCOPES: dict[str, str] = {scope: "*" for scope in SCOPES}
 # A bound on starting and stopping a node in tests (the database is local).
 NODE_START_TIMEOUT_S = 20
 
@@ -51,47 +50,6 @@ async def run_node(config: NodeConfig, **node_kwargs: Any) -> AsyncIterator[Runn
             yield RunningNode(node, bound[0])
         finally:
             node.request_shutdown()
-
-
-@attrs.frozen
-class Tenant:
-    """One application with one namespace, its queues (name -> id) and a full-scope token."""
-
-    application_id: str
-    namespace_id: str
-    queues: Mapping[str, str]
-    token: str
-
-    @property
-    def queue_id(self) -> str:
-        """The first queue's id."""
-        return next(iter(self.queues.values()))
-
-
-async def make_tenant(
-    db: Database,
-    application: str = "app",
-    *,
-    namespace: str = "default",
-    environment: str = "test",
-    queues: Sequence[str] = ("q1",),
-    scopes: Mapping[str, Any] | None = None,
-) -> Tenant:
-    tenancy = TenancyStore(db)
-    app_row = await tenancy.ensure_application(application)
-    ns_row = await tenancy.ensure_namespace(app_row["application_id"], namespace, environment)
-    queue_ids = {}
-    for name in queues:
-        queue, _ = await tenancy.create_queue(ns_row["namespace_id"], app_row["application_id"], name, exist_ok=True)
-        queue_ids[name] = queue.queue_id
-    _, token = await tenancy.create_credential(ns_row["namespace_id"], "test", ALL_SCOPES if scopes is None else scopes)
-    return Tenant(app_row["application_id"], ns_row["namespace_id"], queue_ids, token)
-
-
-async def make_token(db: Database, tenant: Tenant, scopes: Mapping[str, Any]) -> str:
-    """Another credential of the tenant's namespace with exactly ``scopes``."""
-    _, token = await TenancyStore(db).create_credential(tenant.namespace_id, "test", scopes)
-    return token
 
 
 async def count_rows(db: Database, table: str) -> int:

@@ -15,7 +15,7 @@ and reads every value through the packet object's cursor. Here:
 * a row's values are read from its bytes in one loop.
 
 Rows, descriptions, warnings and errors are the driver's, value for value
-(``tests/test_db_results.py`` compares them).
+(``tests/integration/test_db_results.py`` compares them).
 """
 
 from __future__ import annotations

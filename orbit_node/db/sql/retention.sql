@@ -33,7 +33,7 @@ SELECT application_id, name, retain_succeeded_s, retain_failed_s
 -- (the pruner's lag). Not a locking read of the range: InnoDB would also lock, for a
 -- moment, the first entry past it, which can be another application's task, and a
 -- claim's SKIP LOCKED would pass such a task over: a claim took the second task of a
--- queue instead of the first (tests/test_hardening_conn.py).
+-- queue instead of the first (tests/integration/test_worker_connection_abuse.py).
 -- name: prune_candidates_branch
 (SELECT task_id, finished_at,
         TIMESTAMPDIFF(MICROSECOND, finished_at, NOW(6) - INTERVAL %(keep_s)s SECOND) / 1000000 AS overdue_s

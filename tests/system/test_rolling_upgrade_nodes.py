@@ -1,0 +1,158 @@
+"""A rolling upgrade's middle: the previous commit's node and this one, side by side on the
+database this commit migrated, both serve the API and Workers (docs/operations.md,
+"Rolling upgrade").
+
+The previous commit is ``HEAD~1`` of this checkout, exported with ``git archive`` and run
+as a process of its own from that tree (its ``orbit_node``, SDK and protocol before this
+checkout's on the path). When the migrations it does not know are not all marked
+``-- orbit: compatible``, a rolling upgrade is not what the docs promise for that step
+(older nodes stop first), and the test says so and skips.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from harness.nodeproc import free_port
+from orbit_node.db.migrate import COMPATIBLE_MARK
+from orbit_node.services import default_services
+from orbit_sdk import OrbitClient, SubmitTaskRequest, Worker, WorkerTask
+
+from ..helpers import REPO
+from ..nodeutil import make_tenant, run_node
+
+START_TIMEOUT_S = 30
+TASKS_PER_NODE = 10
+# The commit whose node runs beside this one: the previous one, or another to check with.
+PREVIOUS = os.environ.get("ORBIT_TEST_PREVIOUS_COMMIT", "HEAD~1")
+
+
+def previous_tree(tmp_path: Path) -> Path:
+    """``PREVIOUS`` of this checkout, exported into ``tmp_path``; skip when there is none."""
+    try:
+        subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", PREVIOUS], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"not a git checkout with the commit {PREVIOUS}")
+    tree = tmp_path / "previous"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", PREVIOUS], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def unknown_migrations(tree: Path) -> list[Path]:
+    """This checkout's migrations the previous commit does not have."""
+    known = {p.name for p in (tree / "schema" / "migrations").glob("*.sql")}
+    return sorted(p for p in (REPO / "schema" / "migrations").glob("*.sql") if p.name not in known)
+
+
+def environment(tree: Path, dsn_url: str, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
+    path = [str(tree), str(tree / "protocol"), str(tree / "sdk")]
+    env.update(
+        PYTHONPATH=os.pathsep.join(path),
+        ORBIT_MYSQL_DSN=dsn_url,
+        ORBIT_HTTP_ADDR=f"127.0.0.1:{port}",
+        ORBIT_LOG_LEVEL="warning",
+        ORBIT_SHUTDOWN_GRACE_S="1",
+    )
+    return env
+
+
+async def wait_ready(url: str, process: trio.Process, log: Path) -> None:
+    async with httpx.AsyncClient(timeout=2) as http:
+        with trio.move_on_after(START_TIMEOUT_S):
+            while True:
+                if process.poll() is not None:
+                    raise AssertionError(f"the previous node exited: {log.read_text()[-3000:]}")
+                try:
+                    if (await http.get(url + "/readyz")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(0.1)  # bounded poll: the process says nothing else when it is ready
+    raise AssertionError(f"the previous node was not ready in {START_TIMEOUT_S} s: {log.read_text()[-3000:]}")
+
+
+@pytest.mark.time_cap(180)
+async def test_the_previous_commits_node_serves_beside_this_one(node_config, dsn, db, tmp_path):
+    tree = previous_tree(tmp_path)
+    newer = unknown_migrations(tree)
+    contracting = [p.name for p in newer if not p.read_text().startswith(COMPATIBLE_MARK)]
+    if contracting:
+        pytest.skip(
+            f"this commit adds migrations not marked compatible ({', '.join(contracting)}): older nodes stop first"
+        )
+    port = free_port()
+    env = environment(tree, dsn.url(), port)
+    # The previous node's code is the previous tree's, not this checkout's installed one.
+    where = subprocess.run(
+        [sys.executable, "-c", "import orbit_node; print(orbit_node.__file__)"],
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    assert Path(where).is_relative_to(tree), where
+
+    tenant = await make_tenant(db, "upgrade")
+    done: list[str] = []
+
+    async def work(task: WorkerTask) -> dict[str, int]:
+        done.append(task.task_id)
+        return {"n": task.payload["n"]}
+
+    log = tmp_path / "previous-node.log"
+    with log.open("wb") as out:
+        previous = await trio.lowlevel.open_process(
+            [sys.executable, "-c", "from orbit_node.cli.node import main; main()"],
+            cwd=tree,
+            env=env,
+            stdout=out,
+            stderr=out,
+        )
+    old_url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_ready(old_url, previous, log)
+        async with run_node(node_config, services=default_services()) as running, trio.open_nursery() as nursery:
+            workers = []
+            for url in (old_url, running.base_url):
+                worker = Worker(url, tenant.token, [tenant.queue_id], capacity=4)
+                worker.register("h", "v1", "v1", work)
+                workers.append(worker)
+                await nursery.start(worker.run)
+            accepted = []
+            for index, url in enumerate((old_url, running.base_url)):
+                async with OrbitClient(url, tenant.token) as client:
+                    for n in range(TASKS_PER_NODE):
+                        request = SubmitTaskRequest(
+                            queue_id=tenant.queue_id,
+                            handler="h",
+                            handler_version="v1",
+                            payload_version="v1",
+                            payload={"n": n},
+                        )
+                        accepted.append((await client.submit_task(f"up-{index}-{n}", request)).task.task_id)
+            async with OrbitClient(old_url, tenant.token) as client:
+                finished = await client.wait(accepted, timeout_s=60)
+            assert [t.state for t in finished] == ["succeeded"] * len(accepted)
+            assert sorted(done) == sorted(accepted), "each task ran once"
+            for worker in workers:
+                await worker.drain()
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            if previous.poll() is None:
+                previous.terminate()
+                with trio.move_on_after(10):
+                    await previous.wait()
+            if previous.poll() is None:
+                previous.kill()

@@ -44,7 +44,7 @@ SKIPPED = {
     ),
     "pip install 'orbit-node[otel]' opentelemetry-distro opentelemetry-exporter-otlp": (
         "installs an exporter and runs a node until it is stopped, exporting to a collector; "
-        "tests/test_tracing.py records the node's and the Worker's spans in memory instead"
+        "tests/integration/test_tracing.py records the node's and the Worker's spans in memory instead"
     ),
     "for example in retries plan fanout resource_keys; do": (
         "tests/repository/test_examples.py runs each of these examples against a node and checks every line it prints"

@@ -21,7 +21,7 @@ from orbit_node import trace_context
 from orbit_node.services import default_services
 from orbit_sdk import OrbitClient, PermanentError, SubmitTaskRequest, Worker, WorkerTask
 
-from .nodeutil import make_tenant, run_node
+from ..nodeutil import make_tenant, run_node
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 TRACE_ID = int("0af7651916cd43dd8448eb211c80319c", 16)

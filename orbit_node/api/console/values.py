@@ -42,6 +42,10 @@ def preview(head: Head, limit: int) -> Preview:
     return Preview(text, cut or not head.whole, head.size)
 
 
+# What begins a traceback shown by its end.
+CUT = "...\n"
+
+
 def error_preview(head: Head, limit: int) -> Preview:
     """An error as people read it: ``CODE: message``, the message's line breaks kept, then
     its other fields laid out; the first ``limit`` characters. An error of another shape
@@ -50,9 +54,17 @@ def error_preview(head: Head, limit: int) -> Preview:
     if not isinstance(error, dict) or not isinstance(error.get("message"), str):
         return preview(head, limit)
     text = f"{error.get('code', 'ERROR')}: {error['message']}"
-    rest = {key: value for key, value in error.items() if key not in ("code", "message")}
+    rest = {key: value for key, value in error.items() if key not in ("code", "message", "traceback")}
     if rest:
         text += "\n" + json.dumps(rest, indent=2, ensure_ascii=False)
+    traceback = error.get("traceback")
+    if isinstance(traceback, str) and traceback:
+        # The handler's traceback as Python prints it, its end kept when it does not fit:
+        # the end says where it failed (the whole value is a link away).
+        room = limit - len(text) - 2
+        if room > len(CUT):
+            shown = traceback if len(traceback) <= room else CUT + traceback[-(room - len(CUT)) :]
+            return Preview(f"{text}\n\n{shown}", len(traceback) > room, head.size)
     return Preview(text[:limit], len(text) > limit, head.size)
 
 

@@ -11,8 +11,6 @@ refuse) the task the first created, so one key never creates two tasks.
 from __future__ import annotations
 
 import builtins
-import json
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -198,13 +196,16 @@ class TaskStore:
         return await waiting_reasons(self.db, namespace_id, tasks)
 
     async def finish_notes(self, namespace_id: str, tasks: Sequence[TaskSummary]) -> dict[str, dict[str, Any]]:
-        """task id -> its error's code and message (from the stored error's beginning) and
-        the task that retried it, for the finished tasks of a listing."""
+        """task id -> its error as ``CODE: message`` (or the message alone) and the task
+        that retried it, for the finished tasks of a listing."""
         finished = tuple(t.task_id for t in tasks if t.finished_at is not None)
         if not finished:
             return {}
         rows = await self.db.fetchall("task_finish_notes", {"namespace_id": namespace_id, "task_ids": finished})
-        return {r["task_id"]: {"error": error_summary(r["error_head"]), "retried_by": r["retried_by"]} for r in rows}
+        return {
+            r["task_id"]: {"error": error_summary(r["error_code"], r["error_message"]), "retried_by": r["retried_by"]}
+            for r in rows
+        }
 
     async def _application_of(self, namespace_id: str) -> str | None:
         """The application of a namespace (a fixed fact, remembered); None if there is none."""
@@ -271,23 +272,8 @@ class TaskStore:
         return BulkOutcome(await run(self.db, namespace_id, [t.task_id for t in page.tasks]), page.next_cursor)
 
 
-def error_summary(head: str | None) -> str | None:
-    """``CODE: message`` (or the message alone) of a stored error's beginning; a beginning
-    cut short is read for its code and message by pattern, never parsed whole."""
-    if head is None:
-        return None
-    error: Any
-    try:
-        error = json.loads(head)
-    except ValueError:
-        found_code = re.search(r'"code":"([^"\\]{1,128})"', head)
-        found_message = re.search(r'"message":"((?:[^"\\]|\\.){0,300})', head)
-        error = {
-            "code": found_code.group(1) if found_code else None,
-            "message": found_message.group(1) if found_message else None,
-        }
-    if not isinstance(error, dict):
-        return None
-    text = str(error.get("message") or "")[:300]
-    code = error.get("code")
-    return f"{code}: {text}" if code else (text or None)
+def error_summary(code: str | None, message: str | None) -> str | None:
+    """``CODE: message``, or the message alone, or None for a task without an error."""
+    if code:
+        return f"{code}: {message or ''}"
+    return message or None

@@ -190,10 +190,12 @@ SELECT retried_from, task_id
   FROM tasks FORCE INDEX (ux_tasks_retried_from)
  WHERE retried_from IN %(task_ids)s AND namespace_id = %(namespace_id)s
 
--- What a listing shows of its finished tasks (orbit-admin task list): the beginning of
--- the error and the task that retried each (its retry's id), none of the payload.
+-- What a listing shows of its finished tasks (orbit-admin task list, the console): its
+-- error's code and the beginning of its message (the stored error is always a JSON
+-- object), and the task that retried each (its retry's id), none of the payload.
 -- name: task_finish_notes
-SELECT t.task_id, LEFT(t.error, 600) AS error_head,
+SELECT t.task_id, JSON_UNQUOTE(JSON_EXTRACT(t.error, '$.code')) AS error_code,
+       LEFT(JSON_UNQUOTE(JSON_EXTRACT(t.error, '$.message')), 300) AS error_message,
        (SELECT r.task_id FROM tasks r WHERE r.retried_from = t.task_id LIMIT 1) AS retried_by
   FROM tasks t
  WHERE t.namespace_id = %(namespace_id)s AND t.task_id IN %(task_ids)s

@@ -16,11 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import trio
 
-from harness.nodeproc import free_port
+from harness.nodeproc import free_port, orbit_environment, wait_answering
+from harness.processes import stop_process
 from orbit_node.db.migrate import COMPATIBLE_MARK
 from orbit_node.services import default_services
 from orbit_sdk import OrbitClient, SubmitTaskRequest, Worker, WorkerTask
@@ -53,32 +53,14 @@ def unknown_migrations(tree: Path) -> list[Path]:
     return sorted(p for p in (REPO / "schema" / "migrations").glob("*.sql") if p.name not in known)
 
 
-def environment(tree: Path, dsn_url: str, port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
-    path = [str(tree), str(tree / "protocol"), str(tree / "sdk")]
-    env.update(
-        PYTHONPATH=os.pathsep.join(path),
-        ORBIT_MYSQL_DSN=dsn_url,
-        ORBIT_HTTP_ADDR=f"127.0.0.1:{port}",
-        ORBIT_LOG_LEVEL="warning",
-        ORBIT_SHUTDOWN_GRACE_S="1",
-    )
-    return env
-
-
-async def wait_ready(url: str, process: trio.Process, log: Path) -> None:
-    async with httpx.AsyncClient(timeout=2) as http:
-        with trio.move_on_after(START_TIMEOUT_S):
-            while True:
-                if process.poll() is not None:
-                    raise AssertionError(f"the previous node exited: {log.read_text()[-3000:]}")
-                try:
-                    if (await http.get(url + "/readyz")).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                await trio.sleep(0.1)  # bounded poll: the process says nothing else when it is ready
-    raise AssertionError(f"the previous node was not ready in {START_TIMEOUT_S} s: {log.read_text()[-3000:]}")
+def settings(tree: Path, port: int) -> dict[str, str]:
+    """The previous node's settings, its own tree's code first on the path."""
+    return {
+        "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "protocol"), str(tree / "sdk")]),
+        "ORBIT_HTTP_ADDR": f"127.0.0.1:{port}",
+        "ORBIT_LOG_LEVEL": "warning",
+        "ORBIT_SHUTDOWN_GRACE_S": "1",
+    }
 
 
 @pytest.mark.time_cap(180)
@@ -91,7 +73,7 @@ async def test_the_previous_commits_node_serves_beside_this_one(node_config, dsn
             f"this commit adds migrations not marked compatible ({', '.join(contracting)}): older nodes stop first"
         )
     port = free_port()
-    env = environment(tree, dsn.url(), port)
+    env = orbit_environment(dsn, settings(tree, port))
     # The previous node's code is the previous tree's, not this checkout's installed one.
     where = subprocess.run(
         [sys.executable, "-c", "import orbit_node; print(orbit_node.__file__)"],
@@ -121,7 +103,7 @@ async def test_the_previous_commits_node_serves_beside_this_one(node_config, dsn
         )
     old_url = f"http://127.0.0.1:{port}"
     try:
-        await wait_ready(old_url, previous, log)
+        await wait_answering(old_url + "/readyz", previous, START_TIMEOUT_S, lambda: log.read_text()[-3000:])
         async with run_node(node_config, services=default_services()) as running, trio.open_nursery() as nursery:
             workers = []
             for url in (old_url, running.base_url):
@@ -150,9 +132,4 @@ async def test_the_previous_commits_node_serves_beside_this_one(node_config, dsn
             nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            if previous.poll() is None:
-                previous.terminate()
-                with trio.move_on_after(10):
-                    await previous.wait()
-            if previous.poll() is None:
-                previous.kill()
+            await stop_process(previous, 10)

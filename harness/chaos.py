@@ -417,9 +417,14 @@ class Chaos:
             slot.scope.cancel()
         return f"{slot.name} with {slot.busy} handlers running"
 
+    @property
+    def worker_urls(self) -> list[str]:
+        """Each node's URL as its Workers reach it: through its proxy."""
+        return [f"http://127.0.0.1:{p.port}" for p in self.worker_proxies]
+
     async def conn_cut(self) -> str:
         """Reset every Worker connection of one node (its handlers run on)."""
-        urls = [f"http://127.0.0.1:{p.port}" for p in self.worker_proxies]
+        urls = self.worker_urls
         busy = [urls.index(s.worker.url) for s in self.slots if s.busy and s.worker is not None]
         index = self.rng.choice(busy) if busy else self.rng.randrange(len(self.nodes))
         running = self._running_on(urls[index])
@@ -431,7 +436,7 @@ class Chaos:
         """A rolling restart of one node: SIGTERM, then a new process."""
         node = self.rng.choice([n for n in self.nodes if n.running] or self.nodes)
         index = self.nodes.index(node)
-        running = self._running_on(f"http://127.0.0.1:{self.worker_proxies[index].port}")
+        running = self._running_on(self.worker_urls[index])
         self.handlers_through["node_drain"] += running
         code = await node.terminate()
         down = self.rng.uniform(0.2, 2.0)
@@ -666,9 +671,8 @@ async def _run(chaos: Chaos, load: Load, db: Database) -> tuple[bool, float]:
     stop = trio.Event()
     async with httpx.AsyncClient(timeout=SUBMIT_TIMEOUT_S) as http, trio.open_nursery() as nursery:
         nursery.start_soon(chaos.watch, db)
-        for node in chaos.nodes:
-            index = chaos.nodes.index(node)
-            urls = [f"http://127.0.0.1:{p.port}" for p in chaos.worker_proxies]
+        urls = chaos.worker_urls
+        for index, node in enumerate(chaos.nodes):
             for i in range(plan.workers_per_node):
                 slot = Slot(f"node{index}-w{i}", node, urls[index:] + urls[:index])
                 chaos.slots.append(slot)

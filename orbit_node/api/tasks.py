@@ -4,7 +4,6 @@ Retry and the bulk actions are ``api/task_actions.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -15,7 +14,6 @@ from orbit_protocol import logs
 
 from .. import rules, tracing
 from ..errors import OrbitError, PermissionDenied, ResourceExhausted
-from ..services import Shard
 from ..store.acceptance import Submission
 from ..store.task_rows import Task, TaskSummary
 from ..store.tasks import Accepted
@@ -119,7 +117,7 @@ async def _accept(who: Principal, key: str, new: rules.NewTask) -> Accepted:
             where.rates.give_back(who.application_id, 1)
     logs.bind(queue_id=new.queue_id, task_id=accepted.task.task_id)
     if accepted.created:
-        announce(where, [arrival(new, accepted.task)])
+        where.announce([arrival(new, accepted.task)])
     return accepted
 
 
@@ -142,11 +140,6 @@ def arrival(new: rules.NewTask, task: Task) -> tuple[str, datetime | None, float
     if not new.held_back:
         return task.queue_id, None, None
     return task.queue_id, task.available_at, (task.available_at - task.created_at).total_seconds()
-
-
-def announce(where: Shard, arrivals: Iterable[tuple[str, datetime | None, float | None]]) -> None:
-    """The created tasks' queues wake (``Shard.announce``)."""
-    where.announce(arrivals)
 
 
 def item_error(exc: OrbitError) -> dict[str, Any]:
@@ -248,7 +241,7 @@ async def _accept_batch(who: Principal, trace_context: str | None):
         else:
             results.append({"index": index, "status": status, "task": task_json(outcome.task)})
     logs.bind(tasks=len(items), **counts)
-    announce(where, sorted(arrived, key=lambda a: (a[0], a[1] or datetime.min)))
+    where.announce(sorted(arrived, key=lambda a: (a[0], a[1] or datetime.min)))
     response = envelope.ok({**counts, "results": results})
     if minimal:
         response.headers["Preference-Applied"] = "return=minimal"

@@ -57,6 +57,8 @@ _MESSAGE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 # The keys of a task reference, and of a succeeded task's report (``result`` optional).
 _REF_KEYS = frozenset({"task_id", "token"})
 _SUCCEEDED_KEYS = frozenset({"task_id", "token", "outcome", "result"})
+# The text fields of a failed task's error, each with its most characters.
+_ERROR_TEXTS = (("message", MAX_ERROR_MESSAGE_CHARS), ("code", 128), ("traceback", MAX_TRACEBACK_CHARS))
 # A result as stored (compact, UTF-8 as it is), and every outbound message: one encoder
 # each, instead of one built by every json.dumps call with these options.
 _RESULT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
@@ -316,22 +318,11 @@ def _finish(obj: Mapping[str, Any]) -> Finish:
             unknown = sorted(set(error) - {"message", "code", "details", "traceback"})
             if unknown:
                 raise _invalid(f"unknown field {unknown[0]!r}", f"{where}.error.{unknown[0]}")
-            if "message" in error and (
-                not isinstance(error["message"], str) or len(error["message"]) > MAX_ERROR_MESSAGE_CHARS
-            ):
-                raise _invalid(
-                    f"error.message: expected a string of at most {MAX_ERROR_MESSAGE_CHARS} characters",
-                    f"{where}.error.message",
-                )
-            if "code" in error and (not isinstance(error["code"], str) or len(error["code"]) > 128):
-                raise _invalid("error.code: expected a string of at most 128 characters", f"{where}.error.code")
-            if "traceback" in error and (
-                not isinstance(error["traceback"], str) or len(error["traceback"]) > MAX_TRACEBACK_CHARS
-            ):
-                raise _invalid(
-                    f"error.traceback: expected a string of at most {MAX_TRACEBACK_CHARS} characters",
-                    f"{where}.error.traceback",
-                )
+            for name, limit in _ERROR_TEXTS:
+                if name in error and (not isinstance(error[name], str) or len(error[name]) > limit):
+                    raise _invalid(
+                        f"error.{name}: expected a string of at most {limit} characters", f"{where}.error.{name}"
+                    )
             result_json = None
             retryable = _bool(item.get("retryable", True), f"{where}.retryable")
         else:

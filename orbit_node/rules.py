@@ -54,6 +54,8 @@ BACKOFF_INITIAL_MS_MAX = 3_600_000
 BACKOFF_MAX_MS_MAX = 86_400_000
 BACKOFF_MULTIPLIER_MIN = 1.0
 BACKOFF_MULTIPLIER_MAX = 10.0
+# Parents one task may name (depends_on and a batch item's depends_on_keys together).
+MAX_PARENTS = 100
 # Queue controls are INT columns.
 CONTROL_MAX = 2_147_483_647
 # An application's fairness weight (applications.fairness_weight): with every application
@@ -73,6 +75,7 @@ SUBMIT_FIELDS = (
     "max_attempts",
     "backoff",
     "resource_key",
+    "depends_on",
 )
 SUBMIT_REQUIRED = ("queue_id", "handler", "handler_version", "payload_version", "payload")
 # A plan's task template (definition.task) has the submission's fields except these,
@@ -82,12 +85,13 @@ TEMPLATE_EXCLUDED = {
     "available_at": "each task is available at its fire time",
     "delay_s": "each task is available at its fire time",
     "deadline": "a fixed deadline cannot serve repeated fire times",
+    "depends_on": "a parent succeeds once, so every fire after it would run at once; submit a fire's children from its handler",
 }
 TEMPLATE_FIELDS = tuple(f for f in SUBMIT_FIELDS if f not in TEMPLATE_EXCLUDED)
 TEMPLATE_REQUIRED = tuple(f for f in SUBMIT_REQUIRED if f not in TEMPLATE_EXCLUDED)
 # POST /v1/tasks/batch: {"tasks": [...]}, each item a submission plus its own key.
 BATCH_FIELDS = ("tasks",)
-BATCH_ITEM_FIELDS = ("idempotency_key", *SUBMIT_FIELDS)
+BATCH_ITEM_FIELDS = ("idempotency_key", *SUBMIT_FIELDS, "depends_on_keys")
 BACKOFF_FIELDS = ("initial_ms", "max_ms", "multiplier")
 QUEUE_CONTROL_FIELDS = ("max_concurrency", "max_starts_per_second")
 # Items of one page of a listing at most (limit=), and when none is asked for.
@@ -260,6 +264,14 @@ def batch_item(value: Any, index: int, *, trace_context: str | None = None) -> t
         IDEMPOTENCY_KEY,
         "1-255 visible ASCII characters (0x21-0x7E)",
     )
+    if "depends_on_keys" in value:
+        fields["depends_on_keys"] = depends_on_keys(value["depends_on_keys"], prefix + "depends_on_keys")
+        parents = len(fields.get("depends_on", ())) + len(fields["depends_on_keys"])
+        if parents > MAX_PARENTS:
+            raise InvalidArgument(
+                f"{prefix}depends_on_keys: depends_on and depends_on_keys name at most {MAX_PARENTS} parents together, got {parents}",
+                field=prefix + "depends_on_keys",
+            )
     return key, NewTask(**fields, trace_context=trace_context)
 
 
@@ -319,7 +331,42 @@ def task_fields(
         fields.update(_backoff(body["backoff"], prefix + "backoff"))
     if "resource_key" in body:
         fields["resource_key"] = resource_key(body["resource_key"], prefix + "resource_key")
+    if "depends_on" in body:
+        fields["depends_on"] = depends_on(body["depends_on"], prefix + "depends_on")
     return fields
+
+
+def depends_on(value: Any, field: str) -> tuple[str, ...]:
+    """A task's parents by id: an array of up to ``MAX_PARENTS`` distinct task ids."""
+    return _distinct_list(
+        value, field, lambda item, at: path_id(item, at) if isinstance(item, str) else _not_id(item, at)
+    )
+
+
+def _not_id(value: Any, field: str) -> str:
+    raise InvalidArgument(f"{field}: expected 32 lowercase hex characters, got {show(value)}", field=field)
+
+
+def depends_on_keys(value: Any, field: str) -> tuple[str, ...]:
+    """A batch item's parents by the idempotency keys of earlier items of its batch."""
+    return _distinct_list(
+        value, field, lambda item, at: string(item, at, IDEMPOTENCY_KEY, "1-255 visible ASCII characters (0x21-0x7E)")
+    )
+
+
+def _distinct_list(value: Any, field: str, item: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise InvalidArgument(f"{field}: must be an array, got {kind(value)}", field=field)
+    if len(value) > MAX_PARENTS:
+        raise InvalidArgument(f"{field}: must hold at most {MAX_PARENTS} parents, got {len(value)}", field=field)
+    seen: dict[str, None] = {}
+    for index, element in enumerate(value):
+        at = f"{field}[{index}]"
+        checked = item(element, at)
+        if checked in seen:
+            raise InvalidArgument(f"{at}: {show(checked)} is named twice", field=at)
+        seen[checked] = None
+    return tuple(seen)
 
 
 def _backoff(value: Any, field: str) -> dict[str, Any]:
@@ -393,6 +440,10 @@ class NewTask:
     backoff_max_ms: int = DEFAULT_BACKOFF_MAX_MS
     backoff_multiplier: float = DEFAULT_BACKOFF_MULTIPLIER
     resource_key: str | None = None
+    # Parents by task id, and (a batch item) by the idempotency keys of earlier items of
+    # its batch: it waits until all of them succeed (``orbit_node.dependencies``).
+    depends_on: tuple[str, ...] = ()
+    depends_on_keys: tuple[str, ...] = ()
     # The producer's W3C trace context, validated, in its stored form
     # (``trace_context.TraceContext.stored``), or None. Not part of the request: a repeat
     # under another trace is the same request, so ``canonical`` leaves it out.
@@ -416,7 +467,7 @@ class NewTask:
             "payload_version": self.payload_version,
             "payload": self.payload,
         }
-        optional = (
+        optional: tuple[tuple[str, Any, Any], ...] = (
             ("priority", self.priority, DEFAULT_PRIORITY),
             ("available_at", rfc3339(self.available_at), None),
             ("delay_us", self.delay_us, 0),
@@ -426,6 +477,8 @@ class NewTask:
             ("backoff_max_ms", self.backoff_max_ms, DEFAULT_BACKOFF_MAX_MS),
             ("backoff_multiplier", float(self.backoff_multiplier), DEFAULT_BACKOFF_MULTIPLIER),
             ("resource_key", self.resource_key, None),
+            ("depends_on", list(self.depends_on), []),
+            ("depends_on_keys", list(self.depends_on_keys), []),
         )
         for name, value, default in optional:
             if value != default:

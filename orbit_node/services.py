@@ -42,6 +42,7 @@ from .errors import Unauthenticated, Unavailable
 from .metrics import NodeMetrics
 from .retention import Retention
 from .store.actions import CANCEL_REQUESTED, RETRIED, BulkOutcome
+from .store.dependencies import DependencyStore
 from .store.leases import LeaseStore
 from .store.operations import NODE_STALE_S, OperationsStore
 from .store.ownership import Reservation
@@ -379,7 +380,7 @@ def _shard(
     # Every node that serves the API enforces the submit limits, Workers or not.
     rate_follower = RateFollower(lambda: tenancy.submit_limits(NODE_STALE_S), rates)
     if run.recovery:
-        sweeper = Sweeper(leases, config.sweep_interval_s, tasks_arrived=arrived)
+        sweeper = Sweeper(leases, config.sweep_interval_s, tasks_arrived=arrived, dependencies=DependencyStore(db))
     if run.plans:
         trigger = PlanTrigger(plans, config.plan_interval_s, tasks_arrived=arrived)
     if run.retention:

@@ -25,10 +25,11 @@ from .ids import is_hex32
 from .rules import HANDLER, LATEST, MAX_PRIORITY, QUEUE_ID, integer, kind, reject_unknown, string, timestamp
 from .strict_json import show
 
-STATES = ("queued", "reserved", "running", "succeeded", "failed", "cancelled", "expired")
+# ``waiting``: a task whose parents have not all succeeded (orbit_node.dependencies).
+STATES = ("waiting", "queued", "reserved", "running", "succeeded", "failed", "cancelled", "expired")
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
 # What a cancel can still change, and what a retry starts from.
-CANCELLABLE_STATES = ("queued", "reserved", "running")
+CANCELLABLE_STATES = ("waiting", "queued", "reserved", "running")
 RETRYABLE_STATES = ("failed", "cancelled", "expired")
 PRIORITIES = tuple(range(MAX_PRIORITY + 1))
 # A filter names at most this many task ids; a bulk call changes at most this many tasks.
@@ -275,7 +276,7 @@ UNCHANGED = "unchanged"
 
 def cancel_action(task_id: str, state: str, cancel_requested: bool) -> str | FailedPrecondition:
     """What cancelling a task in ``state`` does (``docs/api.md``, "Cancel")."""
-    if state == "queued":
+    if state in ("queued", "waiting"):
         return CANCEL_NOW
     if state in ("reserved", "running"):
         return UNCHANGED if cancel_requested else CANCEL_REQUEST

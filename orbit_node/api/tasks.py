@@ -4,6 +4,7 @@ Retry and the bulk actions are ``api/task_actions.py``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -57,8 +58,11 @@ def summary_json(task: TaskSummary) -> dict[str, Any]:
     return data
 
 
-def task_json(task: Task) -> dict[str, Any]:
+def task_json(task: Task, parents: Sequence[str] = ()) -> dict[str, Any]:
+    """A task's JSON; ``depends_on`` (its parents) only for a task that has some."""
     data = summary_json(task)
+    if parents:
+        data["depends_on"] = list(parents)
     data.update(
         payload=task.payload,
         backoff={
@@ -96,7 +100,7 @@ async def submit_task():
                     "orbit.created": accepted.created,
                 }
             )
-    return envelope.ok(task_json(accepted.task), 201 if accepted.created else 200)
+    return envelope.ok(task_json(accepted.task, accepted.parents), 201 if accepted.created else 200)
 
 
 async def _accept(who: Principal, key: str, new: rules.NewTask) -> Accepted:
@@ -193,7 +197,15 @@ async def _accept_batch(who: Principal, trace_context: str | None):
         except OrbitError as exc:
             refused[index] = exc
             continue
-        submissions.append(Submission(key, new, key_field=f"tasks[{index}].idempotency_key", queue_field=field))
+        submissions.append(
+            Submission(
+                key,
+                new,
+                key_field=f"tasks[{index}].idempotency_key",
+                queue_field=field,
+                field_prefix=f"tasks[{index}].",
+            )
+        )
         indexes.append(index)
     minimal = prefers_minimal()
     state = node_state()
@@ -239,7 +251,7 @@ async def _accept_batch(who: Principal, trace_context: str | None):
             task = outcome.task
             results.append({"index": index, "status": status, "task_id": task.task_id, "state": task.state})
         else:
-            results.append({"index": index, "status": status, "task": task_json(outcome.task)})
+            results.append({"index": index, "status": status, "task": task_json(outcome.task, outcome.parents)})
     logs.bind(tasks=len(items), **counts)
     where.announce(sorted(arrived, key=lambda a: (a[0], a[1] or datetime.min)))
     response = envelope.ok({**counts, "results": results})
@@ -253,9 +265,31 @@ async def _accept_batch(who: Principal, trace_context: str | None):
 @bp.get("/tasks/<task_id>")
 async def get_task(task_id: str):
     who = require_any("tasks:read")
-    task = await shard().tasks.get(who.namespace_id, rules.path_id(task_id, "task_id"))
+    tasks = shard().tasks
+    task = await tasks.get(who.namespace_id, rules.path_id(task_id, "task_id"))
     who.require("tasks:read", task.queue_id)
-    return envelope.ok(task_json(task))
+    parents = await tasks.parents(task.task_id)
+    return envelope.ok(task_json(task, [p["task_id"] for p in parents]))
+
+
+@bp.get("/tasks/<task_id>/children")
+async def list_children(task_id: str):
+    """The tasks that name this one in depends_on, by id, with their states; ``after`` (a
+    child's id) pages on (docs/api.md, "Dependencies")."""
+    who = require_any("tasks:read")
+    params = validation.query_lists(("limit", "after"), ())
+    single = {name: values[0] for name, values in params.items()}
+    limit = validation.limit(single)
+    after = rules.path_id(single["after"], "after") if "after" in single else ""
+    tasks = shard().tasks
+    task = await tasks.get(who.namespace_id, rules.path_id(task_id, "task_id"))
+    who.require("tasks:read", task.queue_id)
+    found = await tasks.children(task.task_id, after=after, limit=limit + 1)
+    children = found[:limit]
+    return envelope.ok(
+        [{"task_id": c["task_id"], "state": c["state"]} for c in children],
+        next_cursor=children[-1]["task_id"] if len(found) > limit else None,
+    )
 
 
 async def check_queue_filter(who: Principal, queue_id: str | None, scope: str = "tasks:read") -> None:

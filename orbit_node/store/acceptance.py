@@ -8,8 +8,12 @@ after another with ``POST /v1/tasks``:
 * a key with a record: the same request digest repeats the recorded task (200), another
   digest is ``IdempotencyConflict`` (409);
 * otherwise a queue that is not in the namespace is ``NotFound`` (404);
+* otherwise a parent (``depends_on``) that is not a task of the application, or a
+  ``depends_on_keys`` key that no earlier item of the batch took, is ``NotFound`` (404)
+  naming it;
 * otherwise a new task (201), and its key counts as taken for the later submissions of
-  the same batch (so a second identical item repeats it, a changed one conflicts).
+  the same batch (so a second identical item repeats it, a changed one conflicts, and a
+  later item may name it as a parent).
 
 A refused submission takes no key: a later item with the same key is decided on its own.
 """
@@ -37,6 +41,8 @@ class Submission:
     new: NewTask
     key_field: str = "Idempotency-Key"
     queue_field: str = "queue_id"
+    # What names its other fields (``depends_on[2]``): ``tasks[3].`` in a batch.
+    field_prefix: str = ""
 
 
 @attrs.frozen
@@ -52,6 +58,8 @@ class Create:
     task_id: str
     application_id: str
     digest: str
+    # Its parents by id (depends_on, then the tasks of its depends_on_keys), each once.
+    parents: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -72,25 +80,60 @@ def decide(
     records: Mapping[str, Record],
     queues: Mapping[str, str],
     new_id: Callable[[], str],
+    parents: Mapping[str, str] | None = None,
 ) -> list[Decision]:
     """One decision per submission, in order.
 
     ``records``: key -> record of the keys already taken; ``queues``: queue id -> its
-    application id, for the queues of the namespace; ``new_id``: a new task id.
+    application id, for the queues of the namespace; ``new_id``: a new task id;
+    ``parents``: task id -> application id of the tasks the submissions name in
+    ``depends_on`` that exist.
     """
     taken = dict(records)
+    # Keys of this call's submissions decided so far (what depends_on_keys may name).
+    earlier: dict[str, str] = {}
     decisions: list[Decision] = []
     for submission, digest in zip(submissions, digests, strict=True):
         record = taken.get(submission.idempotency_key)
         if record is not None:
-            decisions.append(Repeat(record.task_id) if record.digest == digest else conflict(submission.key_field))
+            if record.digest == digest:
+                decisions.append(Repeat(record.task_id))
+                earlier[submission.idempotency_key] = record.task_id
+            else:
+                decisions.append(conflict(submission.key_field))
             continue
         application_id = queues.get(submission.new.queue_id)
         if application_id is None:
             field = submission.queue_field
             decisions.append(NotFound(f"{field}: queue {submission.new.queue_id} not found", field=field))
             continue
-        created = Create(new_id(), application_id, digest)
+        found = _parents(submission, application_id, parents or {}, earlier)
+        if isinstance(found, OrbitError):
+            decisions.append(found)
+            continue
+        created = Create(new_id(), application_id, digest, found)
         taken[submission.idempotency_key] = Record(digest, created.task_id)
+        earlier[submission.idempotency_key] = created.task_id
         decisions.append(created)
     return decisions
+
+
+def _parents(
+    submission: Submission, application_id: str, known: Mapping[str, str], earlier: Mapping[str, str]
+) -> tuple[str, ...] | NotFound:
+    """The parent ids of a submission to create, or the refusal naming the first parent
+    that is not a task of its application (or a key no earlier item of the call took)."""
+    prefix = submission.field_prefix
+    found: dict[str, None] = {}
+    for index, task_id in enumerate(submission.new.depends_on):
+        if known.get(task_id) != application_id:
+            field = f"{prefix}depends_on[{index}]"
+            return NotFound(f"{field}: task {task_id} not found in this application", field=field)
+        found[task_id] = None
+    for index, key in enumerate(submission.new.depends_on_keys):
+        taken = earlier.get(key)
+        if taken is None:
+            field = f"{prefix}depends_on_keys[{index}]"
+            return NotFound(f"{field}: no earlier item of this batch took the key {key!r}", field=field)
+        found[taken] = None
+    return tuple(found)

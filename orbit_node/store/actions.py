@@ -37,6 +37,7 @@ from ..task_query import (
     retry_deadline,
     retry_refusal,
 )
+from .dependencies import defer_failures
 from .task_rows import ER_DUP_ENTRY, KEY_RACE_RUNS, insert_tasks, task_row
 
 # Tasks one transaction of a bulk action changes at most: rows stay locked (cancel) or
@@ -141,6 +142,9 @@ async def cancel_many(db: Database, namespace_id: str, task_ids: Sequence[str]) 
             queued = tuple(o.task_id for o in done if o.outcome == CANCELLED)
             if queued:
                 await tx.execute("task_cancel_queued", {"namespace_id": namespace_id, "task_ids": queued})
+                # A waiting task waits no more, and its own children are cancelled after it.
+                tx.defer("dependency_waits_delete", {"task_ids": queued})
+                defer_failures(tx, queued)
             live = tuple(o.task_id for o in done if o.outcome == CANCEL_REQUESTED)
             if live:
                 await tx.execute("task_request_cancel", {"namespace_id": namespace_id, "task_ids": live})

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from ..db import Database, Tx
+from ..dependencies import SUCCEEDED, WAITING, waiting_summary
 from ..errors import NotFound
 from ..ids import is_hex32
 from ..wire import rfc3339
@@ -54,6 +55,10 @@ def _because(code: str, message: str, **details: Any) -> dict[str, Any]:
     return {"code": code, "message": message, **details}
 
 
+# Pending parents an explanation lists by id at most (it counts them all).
+MAX_PENDING_SHOWN = 100
+
+
 async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
     now: datetime = task["now"]
     state = task["state"]
@@ -79,6 +84,19 @@ async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
         "capable_connections": None,
     }
     reasons: list[dict[str, Any]] = explanation["reasons"]
+    if state == WAITING:
+        rows = await tx.fetchall("dependency_parents_of", {"task_ids": (task["task_id"],)})
+        parents = {r["parent_task_id"]: r["state"] for r in rows}
+        pending = sorted(p for p, s in parents.items() if s != SUCCEEDED)
+        reasons.append(
+            _because(
+                "WAITING_FOR_PARENTS",
+                waiting_summary(parents),
+                parents=len(parents),
+                pending_parents=pending[:MAX_PENDING_SHOWN],
+            )
+        )
+        return explanation
     if state != "queued":
         details: dict[str, Any] = {}
         if state in LIVE_STATES:

@@ -129,7 +129,9 @@ class LeaseStore:
                 all_recorded_finishes,
                 recorded_only,
             )
-        return TransitionPart("finish.locked", list(items), finish_key, self._rules.finish, recorded_finishes)
+        return TransitionPart(
+            "finish.locked", list(items), finish_key, self._rules.finish, recorded_finishes, releases=True
+        )
 
     def attach_part(self, items: Iterable[AttachItem]) -> TransitionPart:
         """Running tasks of a Worker's earlier connection, adopted by its new one: token

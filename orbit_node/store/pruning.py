@@ -128,6 +128,8 @@ class PruneStore:
             records = await tx.execute("prune_records", {"task_ids": ids})
             # Their trace contexts (000026): nothing to count, so it goes with the next statement.
             tx.defer("prune_trace_contexts", {"task_ids": ids})
+            tx.defer("prune_task_parents", {"task_ids": ids})
+            tx.defer("prune_dependency_failures", {"task_ids": ids})
             tasks = await tx.execute("prune_tasks", {"task_ids": ids})
             stats = PruneStats(tasks, attempts, records, saturated=len(found) >= limit)
             return Batch(stats, float(found[-1]["overdue_s"]))

@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from ..db import Tx
+from ..dependencies import Start
 from ..rules import NewTask
 
 # Each priority level moves a task's dispatch ordering time this much earlier: the
@@ -40,6 +41,9 @@ NEW_TASK_COLUMNS: dict[str, Any] = {
     "result": None,
     "error": None,
 }
+
+# A task without parents starts queued.
+QUEUED = Start("queued")
 
 # Sorts above every 32-hex task id: the "before" bound of a listing's first page.
 LIST_START = "g"
@@ -137,11 +141,13 @@ def task_row(
     plan_id: str | None = None,
     plan_version: int | None = None,
     retried_from: str | None = None,
+    start: Start = QUEUED,
 ) -> dict[str, Any]:
     """The ``task_insert`` parameters of one accepted task (or retry).
 
     ``now`` is the database clock read in the accepting transaction: the task's
     created_at, and its available_at (plus the delay) unless the request names one.
+    ``start``: the state its parents give it (``orbit_node.dependencies``).
     """
     return {
         "task_id": task_id,
@@ -153,6 +159,9 @@ def task_row(
         "payload_version": new.payload_version,
         "payload": _PAYLOAD_JSON.encode(new.payload),
         "priority": new.priority,
+        "state": start.state,
+        "error": start.error,
+        "finished_at": now if start.state == "cancelled" else None,
         "available_at": now + timedelta(microseconds=new.delay_us) if new.available_at is None else new.available_at,
         "deadline": new.deadline,
         "max_attempts": new.max_attempts,

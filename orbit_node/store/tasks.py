@@ -25,8 +25,18 @@ from ..rules import NewTask
 from ..task_query import TaskCursor, TaskFilter
 from .acceptance import Create, Record, Repeat, Submission, decide
 from .actions import BULK_ACTIONS, RETRIED, ActionOutcome, BulkOutcome, cancel_many, retry_many
+from .dependencies import insert_dependencies, starts_of
 from .search import TaskSearchPage, search_tasks, waiting_reasons
-from .task_rows import ER_DUP_ENTRY, KEY_RACE_RUNS, NEW_TASK_COLUMNS, Task, TaskSummary, insert_tasks, task_row
+from .task_rows import (
+    ER_DUP_ENTRY,
+    KEY_RACE_RUNS,
+    NEW_TASK_COLUMNS,
+    QUEUED,
+    Task,
+    TaskSummary,
+    insert_tasks,
+    task_row,
+)
 
 # idempotency_records.kind of client acceptance keys (plans use their own kind).
 KIND_REQUEST = "request"
@@ -37,6 +47,8 @@ class Accepted:
     task: Task
     # False when the key had already accepted this same request.
     created: bool
+    # A created task's parents (a repeat's are read with the task when asked for).
+    parents: tuple[str, ...] = ()
 
 
 # The filter that matches every task.
@@ -100,18 +112,31 @@ class TaskStore:
     ) -> list[Accepted | OrbitError]:
         keys = tuple(sorted({s.idempotency_key for s in submissions}))
         queue_ids = tuple(sorted({s.new.queue_id for s in submissions}))
-        found, queues = await tx.fetchall_each(
+        named = tuple(sorted({task_id for s in submissions for task_id in s.new.depends_on}))
+        reads = [
             tx.statement("idempotency_get_many", {"namespace_id": namespace_id, "kind": kind, "keys": keys}),
             tx.statement("task_submit_queues", {"namespace_id": namespace_id, "queue_ids": queue_ids}),
-        )
+        ]
+        if named:
+            reads.append(tx.statement("dependency_parents_lock", {"task_ids": named}))
+        found, queues, *locked = await tx.fetchall_each(*reads)
+        parents = {r["task_id"]: r for r in (locked[0] if locked else ())}
         records = {r["idempotency_key"]: Record(r["request_digest"], r["task_id"]) for r in found}
         decisions = decide(
-            submissions, digests, records, {q["queue_id"]: q["application_id"] for q in queues}, time_ordered_id
+            submissions,
+            digests,
+            records,
+            {q["queue_id"]: q["application_id"] for q in queues},
+            time_ordered_id,
+            {task_id: r["application_id"] for task_id, r in parents.items()},
         )
         created = [(s, d) for s, d in zip(submissions, decisions, strict=True) if isinstance(d, Create)]
         rows: list[dict[str, Any]] = []
         if created:
             now = queues[0]["db_now"]
+            starts = await starts_of(
+                tx, [d for _, d in created], {task_id: r["state"] for task_id, r in parents.items()}
+            )
             await tx.insert_rows(
                 "idempotency_insert",
                 sorted(
@@ -128,15 +153,33 @@ class TaskStore:
                     key=lambda record: record["idempotency_key"],
                 ),
             )
-            rows = [task_row(d.task_id, d.application_id, namespace_id, s.new, now) for s, d in created]
+            rows = [
+                task_row(d.task_id, d.application_id, namespace_id, s.new, now, start=starts.get(d.task_id, QUEUED))
+                for s, d in created
+            ]
             await insert_tasks(tx, namespace_id, rows)
+            await insert_dependencies(tx, [d for _, d in created], starts)
         # A created task is answered from the values just written (every column is exact:
         # DATETIME(6), DOUBLE, the payload's JSON text); only repeats are read back.
-        tasks = {row["task_id"]: Task.from_row({**row, **NEW_TASK_COLUMNS, "updated_at": now}) for row in rows}
+        tasks = {row["task_id"]: Task.from_row({**NEW_TASK_COLUMNS, **row, "updated_at": now}) for row in rows}
         repeated = tuple(sorted({d.task_id for d in decisions if isinstance(d, Repeat)} - tasks.keys()))
         if repeated:
             found = await tx.fetchall("task_get_many", {"namespace_id": namespace_id, "task_ids": repeated})
             tasks.update((row["task_id"], Task.from_row(row)) for row in found)
+        # A repeat of a request that named parents answers with the parents it has.
+        lineage: dict[str, tuple[str, ...]] = {d.task_id: d.parents for d in decisions if isinstance(d, Create)}
+        named_again = tuple(
+            sorted(
+                {
+                    d.task_id
+                    for s, d in zip(submissions, decisions, strict=True)
+                    if isinstance(d, Repeat) and (s.new.depends_on or s.new.depends_on_keys)
+                }
+            )
+        )
+        if named_again:
+            for row in await tx.fetchall("dependency_parents_of", {"task_ids": named_again}):
+                lineage[row["child_task_id"]] = (*lineage.get(row["child_task_id"], ()), row["parent_task_id"])
         outcomes: list[Accepted | OrbitError] = []
         for decision in decisions:
             if isinstance(decision, OrbitError):
@@ -145,8 +188,23 @@ class TaskStore:
                 # A record whose task is gone (never the case while tasks are kept).
                 outcomes.append(NotFound(f"task_id: task {decision.task_id} not found", field="task_id"))
             else:
-                outcomes.append(Accepted(tasks[decision.task_id], created=isinstance(decision, Create)))
+                outcomes.append(
+                    Accepted(
+                        tasks[decision.task_id],
+                        created=isinstance(decision, Create),
+                        parents=lineage.get(decision.task_id, ()),
+                    )
+                )
         return outcomes
+
+    async def parents(self, task_id: str) -> builtins.list[dict[str, Any]]:
+        """A task's parents (``task_id``, ``state``; state None when the parent is gone), by id."""
+        rows = await self.db.fetchall("dependency_parents_of", {"task_ids": (task_id,)})
+        return [{"task_id": r["parent_task_id"], "state": r["state"]} for r in rows]
+
+    async def children(self, task_id: str, *, after: str = "", limit: int = 100) -> builtins.list[dict[str, Any]]:
+        """Up to ``limit`` children of a task (``task_id``, ``state``) with ids above ``after``, by id."""
+        return await self.db.fetchall("dependency_children_of", {"task_id": task_id, "after": after, "limit": limit})
 
     async def get(self, namespace_id: str, task_id: str) -> Task:
         row = None

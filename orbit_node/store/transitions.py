@@ -21,6 +21,7 @@ from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS
 
 from ..db import Database, Tx
 from .backoff import backoff_delay_ms
+from .dependencies import defer_failures, release_children
 from .ownership import (
     LIVE_STATES,
     At,
@@ -138,6 +139,9 @@ class Writes:
     terminal: dict[str, dict[str, str]] = attrs.field(factory=dict)
     requeue: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     keys: dict[str, tuple[str, str]] = attrs.field(factory=dict)
+    # The tasks of the transaction known to have children (000027), when their edges were
+    # read; None: not known, and every task that ends without success is looked up.
+    parents: frozenset[str] | None = None
 
     def start(self, row: TaskRow, token: str, lease: datetime) -> None:
         self.started[row.task_id] = token
@@ -199,6 +203,8 @@ class Writes:
                 {"keys": tuple(sorted(set(self.keys.values()))), "task_ids": tuple(self.keys)},
             )
         tx.defer_per_row("settle_terminal", self.terminal)
+        failed = [t for t, v in self.terminal.items() if v["state"] != "succeeded"]
+        defer_failures(tx, failed if self.parents is None else [t for t in failed if t in self.parents])
         tx.defer_per_row("settle_requeue", self.requeue)
         if self.attempts:
             closed = {
@@ -288,6 +294,9 @@ class TransitionPart:
     # part whose items are not known to be the connection's own (a Finish of a task this
     # connection does not hold, an attach) may name any task id.
     namespace_id: str | None = None
+    # Its tasks may succeed: their children's edges are read with the lock, and the
+    # children whose last parent succeeds are released in the transaction (000027).
+    releases: bool = False
 
     def keys(self) -> list[tuple[str, str]]:
         return [self.key(item) for item in self.items]
@@ -306,9 +315,23 @@ async def run_transitions(db: Database, at: At, parts: Sequence[TransitionPart])
         return [[] for _ in parts]
     keys = [part.keys() for part in parts]
 
+    releasing = tuple(
+        sorted(
+            {task_id for part, part_keys in zip(parts, keys, strict=True) if part.releases for task_id, _ in part_keys}
+        )
+    )
+
     async def body(tx: Tx) -> list[list[TransitionResult]]:
         task_ids = tuple(sorted({task_id for part_keys in keys for task_id, _ in part_keys}))
-        rows = {r["task_id"]: TaskRow.from_row(r) for r in await tx.fetchall("transition_lock", {"task_ids": task_ids})}
+        lock = tx.statement("transition_lock", {"task_ids": task_ids})
+        edges: list[tuple[str, str]] = []
+        if releasing:
+            # The edges in the lock's round trip, read after it (000027).
+            locked, found = await tx.fetchall_each(lock, tx.statement("dependency_children", {"task_ids": releasing}))
+            edges = [(r["parent_task_id"], r["child_task_id"]) for r in found]
+        else:
+            locked = await tx.fetchall("transition_lock", {"task_ids": task_ids})
+        rows = {r["task_id"]: TaskRow.from_row(r) for r in locked}
         for part, part_keys in zip(parts, keys, strict=True):
             if part_keys:
                 await at(part.point, sorted({task_id for task_id, _ in part_keys}))
@@ -318,7 +341,7 @@ async def run_transitions(db: Database, at: At, parts: Sequence[TransitionPart])
                 k for part, part_keys in zip(parts, keys, strict=True) if part.prepare is prepare for k in part_keys
             ]
             contexts[prepare] = await prepare(tx, rows, prepared)
-        writes = Writes()
+        writes = Writes(parents=frozenset(p for p, _ in edges) if releasing else None)
         answers = []
         for part, part_keys in zip(parts, keys, strict=True):
             context = None if part.prepare is None else contexts[part.prepare]
@@ -337,7 +360,19 @@ async def run_transitions(db: Database, at: At, parts: Sequence[TransitionPart])
                 first[item_key] = result
                 results.append(result)
             answers.append(results)
+        arrivals: tuple[tuple[str, datetime | None, float | None], ...] = ()
+        if edges:
+            succeeded = [t for t, v in writes.terminal.items() if v["state"] == "succeeded"]
+            arrivals = tuple(await release_children(tx, edges, succeeded))
         await writes.apply(tx)
+        if arrivals:
+            answers = [
+                [
+                    attrs.evolve(r, released=arrivals) if r.outcome is Outcome.SUCCEEDED and not r.duplicate else r
+                    for r in part
+                ]
+                for part in answers
+            ]
         if writes.keys:
             answers = [
                 [attrs.evolve(r, freed_key=True) if r.task_id in writes.keys and not r.duplicate else r for r in part]

@@ -495,6 +495,9 @@ class ConnectionCore:
                     if result.ok and result.freed_key:
                         # Its resource key is free: a task of its queue waiting for the key may go now.
                         requeued[Requeued(gone.queue_id)] = None
+                    for queue_id, due_at, due_in_s in result.released if result.ok else ():
+                        # Children it released (their last parent succeeded) are due.
+                        requeued[Requeued(queue_id, due_at, due_in_s)] = None
             elif effect is Effect.RUN:
                 held = self._held.get(ref.task_id)
                 if held is not None:

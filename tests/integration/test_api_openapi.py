@@ -198,6 +198,20 @@ async def test_real_responses_match_the_document(running_node, db):
         check(await client.get("/v1/tasks/" + "0" * 32), "/v1/tasks/{task_id}")
         check(await client.get("/v1/tasks/xyz"), "/v1/tasks/{task_id}")
         check(await client.get(f"/v1/tasks/{plain_id}/explain"), "/v1/tasks/{task_id}/explain")
+        # Dependencies: a child of one task, a batch graph, the children of a parent.
+        child = {**plain, "depends_on": [plain_id]}
+        component("SubmitTaskRequest").validate(child)
+        waiting = check(await client.post("/v1/tasks", json=child, headers={"Idempotency-Key": "child"}), "/v1/tasks")
+        assert (waiting["data"]["state"], waiting["data"]["depends_on"]) == ("waiting", [plain_id])
+        graph = [{**plain, "idempotency_key": "g1"}, {**plain, "idempotency_key": "g2", "depends_on_keys": ["g1"]}]
+        for item in graph:
+            component("SubmitTasksItem").validate(item)
+        check(await client.post("/v1/tasks/batch", json={"tasks": graph}), "/v1/tasks/batch")
+        check(await client.get(f"/v1/tasks/{waiting['data']['task_id']}"), "/v1/tasks/{task_id}")
+        check(await client.get(f"/v1/tasks/{waiting['data']['task_id']}/explain"), "/v1/tasks/{task_id}/explain")
+        children = check(await client.get(f"/v1/tasks/{plain_id}/children"), "/v1/tasks/{task_id}/children")
+        assert children["data"] == [{"task_id": waiting["data"]["task_id"], "state": "waiting"}]
+        check(await client.get(f"/v1/tasks/{plain_id}/children", params={"limit": 0}), "/v1/tasks/{task_id}/children")
         check(await client.get(f"/v1/tasks/{task_id}/explain"), "/v1/tasks/{task_id}/explain")
         check(await client.get("/v1/tasks/" + "0" * 32 + "/explain"), "/v1/tasks/{task_id}/explain")
         check(await client.post(f"/v1/tasks/{task_id}/cancel"), "/v1/tasks/{task_id}/cancel")

@@ -51,11 +51,18 @@ LIMIT %(limit)s
 
 -- Then exactly those rows are locked, by primary key, skipping what another pruner (or a
 -- late transition) holds; that the task is finished is checked again on the locked row.
+-- A parent stays while one of its children (000027) has not finished: the child waits
+-- for it, or its handler may still read the parent's result.
 -- name: prune_lock
-SELECT task_id
-  FROM tasks FORCE INDEX (PRIMARY)
- WHERE task_id IN %(task_ids)s
-   AND state IN ('succeeded', 'failed', 'cancelled', 'expired')
+SELECT t.task_id
+  FROM tasks t FORCE INDEX (PRIMARY)
+ WHERE t.task_id IN %(task_ids)s
+   AND t.state IN ('succeeded', 'failed', 'cancelled', 'expired')
+   AND NOT EXISTS (SELECT 1
+                     FROM task_parents p FORCE INDEX (ix_task_parents_parent)
+                     JOIN tasks c FORCE INDEX (PRIMARY) ON c.task_id = p.child_task_id
+                    WHERE p.parent_task_id = t.task_id
+                      AND c.state IN ('waiting', 'queued', 'reserved', 'running'))
    FOR UPDATE SKIP LOCKED
 
 -- What belongs to the locked tasks: their attempts, and their acceptance records (an
@@ -70,6 +77,14 @@ DELETE r FROM idempotency_records r FORCE INDEX (ix_idempotency_records_task) WH
 
 -- name: prune_trace_contexts
 DELETE c FROM task_trace_contexts c FORCE INDEX (PRIMARY) WHERE c.task_id IN %(task_ids)s
+
+-- Their edges as children (000027; an edge to a parent belongs to the child), and a
+-- parent's dependency_failures row the sweep has not consumed yet.
+-- name: prune_task_parents
+DELETE p FROM task_parents p FORCE INDEX (PRIMARY) WHERE p.child_task_id IN %(task_ids)s
+
+-- name: prune_dependency_failures
+DELETE f FROM dependency_failures f FORCE INDEX (PRIMARY) WHERE f.parent_task_id IN %(task_ids)s
 
 -- The tasks themselves; the state condition is a guard: a live task is never deleted.
 -- name: prune_tasks

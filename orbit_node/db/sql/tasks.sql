@@ -30,21 +30,37 @@ SELECT idempotency_key, request_digest, task_id
 -- available_at is the client's UTC timestamp (a plan's fire time), or the database clock
 -- read at the start of the acceptance transaction plus the delay; created_at and
 -- updated_at are that same clock. plan_id/plan_version are NULL except for tasks a plan
--- created.
+-- created. state is queued, or (a task with parents, 000027) waiting, or cancelled with
+-- its error and finished_at when a parent had failed already.
 -- name: task_insert
 INSERT INTO tasks (
   task_id, application_id, namespace_id, queue_id,
-  handler, handler_version, payload_version, payload, priority,
+  handler, handler_version, payload_version, payload, priority, state,
   available_at, deadline, max_attempts,
   backoff_initial_ms, backoff_max_ms, backoff_multiplier, resource_key, plan_id, plan_version, retried_from,
-  created_at, updated_at
+  error, finished_at, created_at, updated_at
 ) VALUES (
   %(task_id)s, %(application_id)s, %(namespace_id)s, %(queue_id)s,
-  %(handler)s, %(handler_version)s, %(payload_version)s, %(payload)s, %(priority)s,
+  %(handler)s, %(handler_version)s, %(payload_version)s, %(payload)s, %(priority)s, %(state)s,
   %(available_at)s, %(deadline)s, %(max_attempts)s,
   %(backoff_initial_ms)s, %(backoff_max_ms)s, %(backoff_multiplier)s, %(resource_key)s, %(plan_id)s, %(plan_version)s,
-  %(retried_from)s, %(created_at)s, %(created_at)s
+  %(retried_from)s, %(error)s, %(finished_at)s, %(created_at)s, %(created_at)s
 )
+
+-- A new task's parents (000027): locked shared, so that a parent's Finish waits for this
+-- acceptance to commit (and then sees its edges) or this acceptance reads the state the
+-- Finish committed; either way the child is counted exactly once.
+-- name: dependency_parents_lock
+SELECT task_id, application_id, state
+  FROM tasks FORCE INDEX (PRIMARY)
+ WHERE task_id IN %(task_ids)s
+  LOCK IN SHARE MODE
+
+-- name: dependency_edges_insert
+INSERT INTO task_parents (child_task_id, parent_task_id) VALUES (%(child_task_id)s, %(parent_task_id)s)
+
+-- name: dependency_waits_insert
+INSERT INTO task_waits (task_id, parents_left) VALUES (%(task_id)s, %(parents_left)s)
 
 -- The trace contexts of the tasks just written that carry one (000026), in the same
 -- transaction.
@@ -165,7 +181,7 @@ SELECT task_id, queue_id, state, cancel_requested
 -- name: task_cancel_queued
 UPDATE tasks
    SET state = 'cancelled', cancel_requested = 1, finished_at = NOW(6)
- WHERE namespace_id = %(namespace_id)s AND task_id IN %(task_ids)s AND state = 'queued'
+ WHERE namespace_id = %(namespace_id)s AND task_id IN %(task_ids)s AND state IN ('queued', 'waiting')
 
 -- A reserved or running task keeps its state; the dispatch side settles it.
 -- name: task_request_cancel

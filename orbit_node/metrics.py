@@ -287,6 +287,11 @@ class NodeCollector:
             for outcome in ("succeeded", "retry", "failed", "cancelled", "expired", "ownership_lost"):
                 finished.add_metric([outcome], hub.finished.get(outcome, 0))
             yield finished
+            yield CounterMetricFamily(
+                "orbit_dependency_releases",
+                "Waiting tasks released (queued) by the Finish of their last parent.",
+                value=hub.released,
+            )
 
         if self.commits:
             groups = [commits.statistics() for commits in self.commits]
@@ -386,6 +391,11 @@ class NodeCollector:
             for outcome in RECOVERY_OUTCOMES:
                 recovered.add_metric([outcome], sum(getattr(s.totals, outcome) for s in self.sweepers))
             yield recovered
+            yield CounterMetricFamily(
+                "orbit_dependency_cancelled",
+                "Waiting tasks cancelled (DEPENDENCY_FAILED) because a parent did not succeed.",
+                value=sum(s.dependency_cancelled for s in self.sweepers),
+            )
             yield CounterMetricFamily(
                 "orbit_recovery_passes", "Recovery sweeper passes run.", value=sum(s.passes for s in self.sweepers)
             )

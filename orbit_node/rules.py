@@ -54,7 +54,8 @@ BACKOFF_INITIAL_MS_MAX = 3_600_000
 BACKOFF_MAX_MS_MAX = 86_400_000
 BACKOFF_MULTIPLIER_MIN = 1.0
 BACKOFF_MULTIPLIER_MAX = 10.0
-# Parents one task may name (depends_on and a batch item's depends_on_keys together).
+# Parents one task may name by id (depends_on); a batch item may name up to a batch's
+# worth more by key (depends_on_keys).
 MAX_PARENTS = 100
 # Queue controls are INT columns.
 CONTROL_MAX = 2_147_483_647
@@ -266,12 +267,6 @@ def batch_item(value: Any, index: int, *, trace_context: str | None = None) -> t
     )
     if "depends_on_keys" in value:
         fields["depends_on_keys"] = depends_on_keys(value["depends_on_keys"], prefix + "depends_on_keys")
-        parents = len(fields.get("depends_on", ())) + len(fields["depends_on_keys"])
-        if parents > MAX_PARENTS:
-            raise InvalidArgument(
-                f"{prefix}depends_on_keys: depends_on and depends_on_keys name at most {MAX_PARENTS} parents together, got {parents}",
-                field=prefix + "depends_on_keys",
-            )
     return key, NewTask(**fields, trace_context=trace_context)
 
 
@@ -348,17 +343,21 @@ def _not_id(value: Any, field: str) -> str:
 
 
 def depends_on_keys(value: Any, field: str) -> tuple[str, ...]:
-    """A batch item's parents by the idempotency keys of earlier items of its batch."""
+    """A batch item's parents by the idempotency keys of earlier items of its batch (as
+    many as a batch holds: a fan-in of a whole batch)."""
     return _distinct_list(
-        value, field, lambda item, at: string(item, at, IDEMPOTENCY_KEY, "1-255 visible ASCII characters (0x21-0x7E)")
+        value,
+        field,
+        lambda item, at: string(item, at, IDEMPOTENCY_KEY, "1-255 visible ASCII characters (0x21-0x7E)"),
+        most=MAX_BATCH_TASKS,
     )
 
 
-def _distinct_list(value: Any, field: str, item: Any) -> tuple[str, ...]:
+def _distinct_list(value: Any, field: str, item: Any, *, most: int = MAX_PARENTS) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise InvalidArgument(f"{field}: must be an array, got {kind(value)}", field=field)
-    if len(value) > MAX_PARENTS:
-        raise InvalidArgument(f"{field}: must hold at most {MAX_PARENTS} parents, got {len(value)}", field=field)
+    if len(value) > most:
+        raise InvalidArgument(f"{field}: must hold at most {most} parents, got {len(value)}", field=field)
     seen: dict[str, None] = {}
     for index, element in enumerate(value):
         at = f"{field}[{index}]"

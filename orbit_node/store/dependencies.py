@@ -72,14 +72,18 @@ async def insert_dependencies(tx: Tx, created: Sequence[Create], starts: Mapping
         await tx.insert_rows("dependency_waits_insert", waits)
 
 
-async def release_children(tx: Tx, edges: Sequence[tuple[str, str]], succeeded: Sequence[str]) -> list[Arrival]:
+async def release_children(
+    tx: Tx, edges: Sequence[tuple[str, str]], succeeded: Sequence[str]
+) -> dict[str, list[Arrival]]:
     """Count the ``succeeded`` parents off their waiting children (``edges``: (parent,
-    child) of the tasks the transaction locked) and release those whose count reaches 0;
-    returns the queues the released children wake. Writes go with the commit."""
+    child) of the tasks the transaction locked) and release those whose count reaches 0.
+    Returns, by parent, the arrival of each child it released (a child whose last parents
+    succeed together is the first of them's): its queue, due now or at its own time.
+    Writes go with the commit."""
     done = set(succeeded)
     children = tuple(sorted({child for parent, child in edges if parent in done}))
     if not children:
-        return []
+        return {}
     locked = await tx.fetchall("dependency_waits_lock", {"task_ids": children})
     waits = {r["task_id"]: int(r["parents_left"]) for r in locked if r["state"] == WAITING}
     counted = count_off(edges, done, waits)
@@ -89,18 +93,21 @@ async def release_children(tx: Tx, edges: Sequence[tuple[str, str]], succeeded: 
             {task_id: {"parents_left": left} for task_id, left in counted.still_waiting.items()},
         )
     if not counted.released:
-        return []
+        return {}
     tx.defer("dependency_release", {"task_ids": counted.released}, rows=len(counted.released))
     tx.defer("dependency_waits_delete", {"task_ids": counted.released})
     rows = {r["task_id"]: r for r in locked}
-    arrivals: dict[Arrival, None] = {}
+    first_parent: dict[str, str] = {}
+    for parent, child in sorted(edges):
+        if parent in done:
+            first_parent.setdefault(child, parent)
+    arrivals: dict[str, list[Arrival]] = {}
     for task_id in counted.released:
         row = rows[task_id]
-        if row["available_at"] > row["now"]:
-            arrivals[(row["queue_id"], row["available_at"], (row["available_at"] - row["now"]).total_seconds())] = None
-        else:
-            arrivals[(row["queue_id"], None, None)] = None
-    return list(arrivals)
+        due_in_s = (row["available_at"] - row["now"]).total_seconds()
+        arrival = (row["queue_id"], row["available_at"], due_in_s) if due_in_s > 0 else (row["queue_id"], None, None)
+        arrivals.setdefault(first_parent[task_id], []).append(arrival)
+    return arrivals
 
 
 def defer_failures(tx: Tx, task_ids: Sequence[str]) -> None:

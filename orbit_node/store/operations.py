@@ -65,6 +65,8 @@ class QueueBacklog:
     due: int = 0
     reserved: int = 0
     running: int = 0
+    # Tasks waiting for their parents (depends_on): not yet in the queue's order.
+    waiting: int = 0
     # Queued tasks per priority level (levels with none are left out).
     queued_by_priority: Mapping[int, int] = attrs.field(factory=dict)
     # Seconds the oldest due task has been due (database clock); None without due tasks.
@@ -86,6 +88,7 @@ class QueueBacklog:
                 "scheduled": self.queued - self.due,
                 "reserved": self.reserved,
                 "running": self.running,
+                "waiting": self.waiting,
             },
             "queued_by_priority": {str(level): n for level, n in sorted(self.queued_by_priority.items(), reverse=True)},
         }
@@ -373,7 +376,7 @@ class OperationsStore:
                     **{
                         k: v
                         for k, v in states.get(q["queue_id"], {}).items()
-                        if k in ("queued", "due", "reserved", "running", "oldest_due_age_s")
+                        if k in ("queued", "due", "reserved", "running", "waiting", "oldest_due_age_s")
                     },
                     queued_by_priority=levels.get(q["queue_id"], {}),
                 )

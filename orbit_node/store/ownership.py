@@ -148,8 +148,8 @@ class TransitionResult:
     # The task held a resource key and this transition gave it up: a task of its queue
     # waiting for that key may be claimed now.
     freed_key: bool = False
-    # SUCCEEDED: the queues of the children this transaction released (queue id, due time
-    # or None for now, seconds until it), each of which may be claimed then.
+    # SUCCEEDED: one entry per child its success released (the child's queue, its due time
+    # or None for now, seconds until it): each may be claimed then.
     released: tuple[tuple[str, datetime | None, float | None], ...] = ()
 
     @property

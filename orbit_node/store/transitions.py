@@ -360,15 +360,17 @@ async def run_transitions(db: Database, at: At, parts: Sequence[TransitionPart])
                 first[item_key] = result
                 results.append(result)
             answers.append(results)
-        arrivals: tuple[tuple[str, datetime | None, float | None], ...] = ()
+        arrivals: dict[str, list[tuple[str, datetime | None, float | None]]] = {}
         if edges:
             succeeded = [t for t, v in writes.terminal.items() if v["state"] == "succeeded"]
-            arrivals = tuple(await release_children(tx, edges, succeeded))
+            arrivals = await release_children(tx, edges, succeeded)
         await writes.apply(tx)
         if arrivals:
             answers = [
                 [
-                    attrs.evolve(r, released=arrivals) if r.outcome is Outcome.SUCCEEDED and not r.duplicate else r
+                    attrs.evolve(r, released=tuple(arrivals[r.task_id]))
+                    if r.task_id in arrivals and r.outcome is Outcome.SUCCEEDED and not r.duplicate
+                    else r
                     for r in part
                 ]
                 for part in answers

@@ -78,6 +78,8 @@ class WorkerHub:
     _slots: list[Slot] = attrs.field(factory=list, init=False)
     dispatched: int = 0
     finished: dict[str, int] = attrs.field(factory=dict)
+    # Waiting tasks released by the Finishes of their last parents.
+    released: int = 0
 
     @property
     def connections(self) -> dict[str, WorkerConnection]:
@@ -250,6 +252,7 @@ class WorkerHub:
             if result.duplicate:
                 continue  # a repeated Finish changed nothing
             self.finished[result.outcome.value] = self.finished.get(result.outcome.value, 0) + 1
+            self.released += len(result.released)
 
     # -- the service ---------------------------------------------------------------------
 

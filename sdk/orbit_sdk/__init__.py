@@ -37,6 +37,7 @@ from .filters import BulkItem, BulkResult, TaskFilter
 from .models import (
     Backoff,
     BatchItemResult,
+    FanIn,
     Page,
     Plan,
     PlanDefinition,
@@ -47,6 +48,7 @@ from .models import (
     SubmitResult,
     SubmitTaskRequest,
     Task,
+    TaskChild,
     TaskSummary,
     TaskTemplate,
 )
@@ -62,6 +64,7 @@ __all__ = [
     "ConfigError",
     "Credentials",
     "FailedPreconditionError",
+    "FanIn",
     "Handler",
     "IdempotencyConflictError",
     "InternalError",
@@ -85,6 +88,7 @@ __all__ = [
     "SubmitResult",
     "SubmitTaskRequest",
     "Task",
+    "TaskChild",
     "TaskFilter",
     "TaskSummary",
     "TaskTemplate",

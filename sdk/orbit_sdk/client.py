@@ -21,6 +21,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import httpx
 
 from orbit_protocol.limits import MAX_BATCH_TASKS
@@ -31,6 +32,7 @@ from .errors import ConfigError, InvalidRequestError, ProtocolError, TransportEr
 from .filters import BulkItem, BulkResult, TaskFilter
 from .models import (
     BatchItemResult,
+    FanIn,
     Page,
     Plan,
     PlanDefinition,
@@ -40,6 +42,7 @@ from .models import (
     SubmitResult,
     SubmitTaskRequest,
     Task,
+    TaskChild,
     TaskSummary,
     definition_json,
     encode_json,
@@ -149,6 +152,11 @@ class OrbitClient:
 
         Safe to retry after a TransportError with the same key and request.
         """
+        if request.depends_on_keys:
+            raise InvalidRequestError(
+                "depends_on_keys: names earlier items of one submit_many batch; give depends_on (task ids) here",
+                field="depends_on_keys",
+            )
         # The active span's trace context goes with the task to its handler (``tracing``).
         headers = {"Idempotency-Key": acceptance_key, **tracing.context_headers()}
         status, document = await self._call("POST", "/v1/tasks", body=request.to_json(), headers=headers)
@@ -202,6 +210,35 @@ class OrbitClient:
                 else:
                     results.append(BatchItemResult(status, task_id=item["task_id"], state=item["state"]))
         return results
+
+    async def submit_fan_in(
+        self, parts: Sequence[tuple[str, SubmitTaskRequest]], join: tuple[str, SubmitTaskRequest]
+    ) -> FanIn:
+        """A fan-out and its fan-in in one batch: ``parts`` (key, request) pairs, then
+        ``join``, which waits until every part has succeeded (its ``depends_on_keys`` are
+        the parts' keys, after any it names itself) and is cancelled if one does not.
+
+        At most 999 parts (one batch). Like ``submit_many``, safe to repeat with the same
+        keys and requests: nothing is created twice."""
+        if len(parts) + 1 > MAX_BATCH_TASKS:
+            raise InvalidRequestError(
+                f"parts: at most {MAX_BATCH_TASKS - 1} in one fan-in, got {len(parts)}", field="parts"
+            )
+        key, request = join
+        keys = tuple(dict.fromkeys((*request.depends_on_keys, *(k for k, _ in parts))))
+        joined = attrs.evolve(request, depends_on_keys=keys)
+        *done, last = await self.submit_many([*parts, (key, joined)])
+        return FanIn(done, last)
+
+    async def list_children(
+        self, task_id: str, *, limit: int | None = None, after: str | None = None
+    ) -> Page[TaskChild]:
+        """One page of the tasks that name ``task_id`` in ``depends_on``, by id, with their
+        states; pass ``page.next_cursor`` as ``after`` for the next."""
+        _, document = await self._call(
+            "GET", f"/v1/tasks/{path_segment(task_id)}/children", params={"limit": limit, "after": after}
+        )
+        return Page.from_document(TaskChild, document)
 
     async def get_task(self, task_id: str) -> Task:
         """One task, with its payload and, once finished, its result or error."""

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
@@ -30,6 +30,10 @@ def rfc3339(value: datetime) -> str:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError("timestamps must be timezone-aware datetimes")
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _strings(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
 
 
 def _aware(instance: Any, attribute: attrs.Attribute[datetime | None], value: datetime | None) -> None:
@@ -104,12 +108,17 @@ class SubmitTaskRequest(TaskTemplate):
 
     ``available_at`` (aware datetime) or ``delay_s`` holds it back; ``deadline`` (aware
     datetime) is when it stops being worth running (it then ends ``expired``).
+    ``depends_on`` (task ids, up to 100) makes it wait until those tasks have succeeded;
+    ``depends_on_keys`` does the same by the keys of earlier items of one ``submit_many``
+    batch (docs/api.md, "Dependencies").
     """
 
     queue_id: str
     available_at: datetime | None = attrs.field(default=None, validator=_aware)
     delay_s: float | None = None
     deadline: datetime | None = attrs.field(default=None, validator=_aware)
+    depends_on: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    depends_on_keys: tuple[str, ...] = attrs.field(default=(), converter=_strings)
 
     def to_json(self) -> dict[str, Any]:
         """The body of ``POST /v1/tasks``."""
@@ -120,6 +129,10 @@ class SubmitTaskRequest(TaskTemplate):
             body["delay_s"] = self.delay_s
         if self.deadline is not None:
             body["deadline"] = rfc3339(self.deadline)
+        if self.depends_on:
+            body["depends_on"] = list(self.depends_on)
+        if self.depends_on_keys:
+            body["depends_on_keys"] = list(self.depends_on_keys)
         return body
 
 
@@ -195,8 +208,9 @@ class _FromJson:
 
 @attrs.frozen(kw_only=True)
 class TaskSummary(_FromJson):
-    """A task as lists show it. ``state`` is one of queued, reserved, running,
-    succeeded, failed, cancelled, expired; ``attempts`` counts started attempts."""
+    """A task as lists show it. ``state`` is one of waiting (for its parents), queued,
+    reserved, running, succeeded, failed, cancelled, expired; ``attempts`` counts started
+    attempts."""
 
     task_id: str
     queue_id: str
@@ -235,6 +249,8 @@ class Task(TaskSummary):
     # Present once the task finished with a result / an error (None otherwise).
     result: Any = None
     error: Any = None
+    # Its parents (``depends_on``), by id; empty for a task without any.
+    depends_on: tuple[str, ...] = attrs.field(default=(), converter=_strings)
 
 
 @attrs.frozen(kw_only=True)
@@ -297,6 +313,22 @@ class Page(Generic[T]):
     def from_document(cls, item_type: Any, document: Mapping[str, Any]) -> Page[Any]:
         """A list envelope: ``data`` items of ``item_type`` and the ``next_cursor``."""
         return cls([item_type.from_json(item) for item in document["data"]], document.get("next_cursor"))
+
+
+@attrs.frozen
+class FanIn:
+    """What ``submit_fan_in`` returns: one result per part, in order, and the join's."""
+
+    parts: list[BatchItemResult]
+    join: BatchItemResult
+
+
+@attrs.frozen(kw_only=True)
+class TaskChild(_FromJson):
+    """A task that names another in ``depends_on``, as ``list_children`` shows it."""
+
+    task_id: str
+    state: str
 
 
 @attrs.frozen

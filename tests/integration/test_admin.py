@@ -336,9 +336,16 @@ async def test_queue_list_counts_backlog_by_state_and_by_priority(dsn, db):
     assert set(queues) == {"work", "idle", "elsewhere"}
     work = queues["work"]
     assert (work["application"], work["namespace"], work["queue_id"]) == ("shop", "default", owner.queue_id)
-    assert work["backlog"] == {"queued": 4, "due": 3, "scheduled": 1, "reserved": 1, "running": 1}
+    assert work["backlog"] == {"queued": 4, "due": 3, "scheduled": 1, "reserved": 1, "running": 1, "waiting": 0}
     assert work["queued_by_priority"] == {"4": 1, "2": 1, "0": 2}
-    assert queues["idle"]["backlog"] == {"queued": 0, "due": 0, "scheduled": 0, "reserved": 0, "running": 0}
+    assert queues["idle"]["backlog"] == {
+        "queued": 0,
+        "due": 0,
+        "scheduled": 0,
+        "reserved": 0,
+        "running": 0,
+        "waiting": 0,
+    }
     assert queues["idle"]["queue_id"] == idle.queue_id
     assert queues["elsewhere"]["queued_by_priority"] == {"1": 1}
 
@@ -459,7 +466,14 @@ async def test_top_shows_backlog_per_priority_running_and_claim_turns_of_every_n
                     queues = {(q["application"], q["queue"]): q for q in frame["queues"]}
                     later = queues[("alpha", "later")]
                     assert later["queued_by_priority"] == {"9": 2, "5": 1, "4": 1, "0": 1}
-                    assert later["backlog"] == {"queued": 5, "due": 4, "scheduled": 1, "reserved": 0, "running": 0}
+                    assert later["backlog"] == {
+                        "queued": 5,
+                        "due": 4,
+                        "scheduled": 1,
+                        "reserved": 0,
+                        "running": 0,
+                        "waiting": 0,
+                    }
                     assert queues[("alpha", "work")]["backlog"]["running"] == 3
                     nodes = {n["node_id"]: n["connections"] for n in frame["nodes"]}
                     assert nodes == {one.node.node_id: 1, two.node.node_id: 2}

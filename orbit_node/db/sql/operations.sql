@@ -192,7 +192,7 @@ SELECT queue_id, state, COUNT(*) AS n, CAST(SUM(available_at <= NOW(6)) AS SIGNE
          AS oldest_due_age_s
   FROM tasks FORCE INDEX (ix_tasks_dispatch)
  WHERE queue_id IN %(queue_ids)s
-   AND state IN ('queued', 'reserved', 'running')
+   AND state IN ('waiting', 'queued', 'reserved', 'running')
  GROUP BY queue_id, state
 
 -- Queued tasks per queue and priority level. The level is read back from the dispatch

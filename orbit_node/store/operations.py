@@ -395,7 +395,12 @@ class OperationsStore:
             raise NotFound(f"task {task_id} not found", field="task_id")
 
         async def body(tx: Tx) -> list[dict[str, Any]]:
-            return await task_documents(tx, (task_id,), namespace_id=namespace_id)
+            found = await task_documents(tx, (task_id,), namespace_id=namespace_id)
+            if found:
+                # Its parents (depends_on) with their states (None: the parent is gone).
+                parents = await tx.fetchall("dependency_parents_of", {"task_ids": (task_id,)})
+                found[0]["depends_on"] = [{"task_id": p["parent_task_id"], "state": p["state"]} for p in parents]
+            return found
 
         found = await self.db.transaction(body, isolation="REPEATABLE READ")
         if not found:

@@ -610,3 +610,28 @@ def test_durations_read_as_words():
         "2 h 10 min",
         "2 d 7 h",
     ]
+
+
+async def test_a_task_page_draws_its_family_with_links(running_node, db):
+    tenant = await make_tenant(db)
+    async with console(running_node) as client, running_node.client(tenant.token) as api:
+        await sign_in(client, tenant.token)
+        ids = {}
+        for key in ("p1", "p2"):
+            ids[key] = (
+                await api.post("/v1/tasks", json=submit(tenant.queue_id), headers={"Idempotency-Key": key})
+            ).json()["data"]["task_id"]
+        middle = {**submit(tenant.queue_id), "depends_on": [ids["p1"], ids["p2"]]}
+        ids["m"] = (await api.post("/v1/tasks", json=middle, headers={"Idempotency-Key": "m"})).json()["data"][
+            "task_id"
+        ]
+        last = {**submit(tenant.queue_id), "depends_on": [ids["m"]]}
+        ids["c"] = (await api.post("/v1/tasks", json=last, headers={"Idempotency-Key": "c"})).json()["data"]["task_id"]
+        page = (await client.get(f"/console/tasks/{ids['m']}")).text
+        family = page[page.index('id="family"') :]
+        for key in ("p1", "p2", "c"):
+            assert f'href="/console/tasks/{ids[key]}"' in family, key
+        assert family.count("<rect") == 4 and family.count("<line") == 3
+        assert 'data-code="WAITING_FOR_PARENTS"' in page
+        alone = (await client.get(f"/console/tasks/{ids['p1']}")).text
+        assert alone.count("<rect") == 2

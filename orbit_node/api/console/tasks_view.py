@@ -20,6 +20,7 @@ from quart import Response, request
 from ...errors import InvalidArgument, NotFound
 from ...task_query import CANCELLABLE_STATES, PRIORITIES, RETRYABLE_STATES, STATES, TaskFilter
 from . import model
+from .family import family_graph
 from .task_filters import Query, filter_params, query_of, query_params
 from .values import ATTEMPT_PREVIEW_CHARS, ERROR_READ_CHARS, PREVIEW_CHARS, error_preview, preview
 from .views import (
@@ -46,6 +47,10 @@ CHANGES = {"cancel": CANCELLABLE_STATES, "retry": RETRYABLE_STATES}
 
 def url(path: str, params: Sequence[tuple[str, str]]) -> str:
     return path + ("?" + urllib.parse.urlencode(params) if params else "")
+
+
+# Children a task page lists at most (the API pages through all of them).
+FAMILY_CHILDREN = 100
 
 
 @blueprint.get("/tasks")
@@ -142,12 +147,21 @@ async def task(task_id: str):
         if attempt["error"] is not None:
             attempt["error"] = error_preview(attempt["error"], ATTEMPT_PREVIEW_CHARS)
     explanation = await shard().leases.explain(who.namespace_id, task_id)
+    tasks = shard().tasks
+    parents = await tasks.parents(task_id)
+    found = await tasks.children(task_id, limit=FAMILY_CHILDREN + 1)
+    children = found[:FAMILY_CHILDREN]
+    more_children = len(found) > FAMILY_CHILDREN
     return await page(
         f"Task {task_id}",
         "console/panels/task.html",
         static_panel="console/panels/task_payload.html",
         task=story,
         explanation=explanation,
+        parents=parents,
+        children=children,
+        more_children=more_children,
+        family=family_graph(story, parents, children),
         endpoint="console.tasks",
         cancellable=story["state"] in CANCELLABLE_STATES and not story["cancel_requested"],
         retryable=story["state"] in RETRYABLE_STATES and story["retried_by"] is None,

@@ -81,6 +81,9 @@ NODE_ENV = {
 HANDLER = ("chaos", "v1", "v1")
 # Every task may be lost many times before it would fail for good; retries come back fast.
 MAX_ATTEMPTS = 50
+# Submits that name parents among the last RECENT_PARENTS acknowledged tasks.
+DEPENDENT_SHARE = 0.25
+RECENT_PARENTS = 30
 BACKOFF = {"initial_ms": 200, "max_ms": 2000}
 RESOURCE_KEYS = tuple(f"rk{i}" for i in range(8))
 # Bound on one submit request (a stopped node answers nothing).
@@ -164,6 +167,8 @@ class Load:
     # Submits answered 4xx: never acknowledged, never retried (none is expected).
     refused: list[str] = attrs.field(factory=list)
     in_flight: int = 0
+    # Task ids acknowledged lately, newest last: the parents later submits may name.
+    recent: list[str] = attrs.field(factory=list)
 
     def body(self, key: str) -> dict[str, Any]:
         roll = self.rng.random()
@@ -182,6 +187,10 @@ class Load:
         }
         if self.rng.random() < 0.15:
             body["resource_key"] = self.rng.choice(RESOURCE_KEYS)
+        if self.recent and self.rng.random() < DEPENDENT_SHARE:
+            # A child of up to 3 recent tasks: released by the Finish of the last of them.
+            pool = self.recent[-RECENT_PARENTS:]
+            body["depends_on"] = self.rng.sample(pool, min(len(pool), self.rng.randint(1, 3)))
         return body
 
     async def submit(self, http: httpx.AsyncClient, key: str, body: dict[str, Any], turn: int) -> None:
@@ -196,6 +205,7 @@ class Load:
                 if response is not None and response.status_code in (200, 201):
                     data = response.json()["data"]
                     self.acknowledged[key] = data["task_id"]
+                    self.recent.append(data["task_id"])
                     if data["state"] in TERMINAL:
                         # A repeated submit answers the task as it was before the answer came.
                         finished = data["finished_at"]
@@ -568,6 +578,10 @@ class Chaos:
         tasks = await db.run(
             lambda tx: tx.fetchall_raw("SELECT task_id, state, finished_at, resource_key, payload FROM tasks")
         )
+        edges = await db.run(lambda tx: tx.fetchall_raw("SELECT child_task_id, parent_task_id FROM task_parents"))
+        parents: dict[str, list[str]] = {}
+        for edge in edges:
+            parents.setdefault(edge["child_task_id"], []).append(edge["parent_task_id"])
         attempts = await db.run(
             lambda tx: tx.fetchall_raw(
                 "SELECT task_id, attempt, fencing_token, reserved_at, started_at, finished_at, outcome"
@@ -580,7 +594,12 @@ class Chaos:
             observations=list(self.observations),
             tasks=[
                 Task(
-                    t["task_id"], json.loads(t["payload"])["k"], t["state"], epoch(t["finished_at"]), t["resource_key"]
+                    t["task_id"],
+                    json.loads(t["payload"])["k"],
+                    t["state"],
+                    epoch(t["finished_at"]),
+                    t["resource_key"],
+                    tuple(sorted(parents.get(t["task_id"], ()))),
                 )
                 for t in tasks
             ],

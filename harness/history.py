@@ -22,6 +22,10 @@ The properties (``PROPERTIES``), each with the violations found for it:
   observation and the final row show the same state and ``finished_at``).
 * ``rerun_after_loss``: a task ran more than once only if an attempt was lost: every
   started attempt but the last ended ``lease_expired``, and no attempt ran twice.
+* ``after_parents``: a task with parents (``depends_on``) was reserved only after every
+  parent had succeeded (its first reservation no earlier than the last parent's finish,
+  both on the database clock), and one whose parent did not succeed never ran and ended
+  cancelled.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import attrs
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 # Attempt outcomes that say the attempt was lost: its lease ran out while it ran.
 LOST = ("lease_expired",)
-PROPERTIES = ("one_terminal", "no_overlap", "terminal_stable", "rerun_after_loss")
+PROPERTIES = ("one_terminal", "no_overlap", "terminal_stable", "rerun_after_loss", "after_parents")
 
 
 def epoch(value: datetime | None) -> float | None:
@@ -66,6 +70,8 @@ class Task:
     state: str
     finished_at: float | None
     resource_key: str | None = None
+    # Its parents (depends_on), by id.
+    parents: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -152,6 +158,7 @@ def check(history: History) -> Verdict:
         "no_overlap": (*_early_losses(history), *_no_overlap(attempts, started, lives, unleased)),
         "terminal_stable": tuple(_terminal_stable(history)),
         "rerun_after_loss": tuple(_rerun_after_loss(history.executions, started)),
+        "after_parents": tuple(_after_parents(history, attempts)),
     }
     states = Counter(t.state for t in history.tasks)
     acknowledged = set(history.acknowledged.values())
@@ -170,6 +177,7 @@ def check(history: History) -> Verdict:
         # Handlers that went on after their lease ended (their Worker was cut off from the node).
         "ran_past_lease": sum(live.end < live.execution.end for live in lives),
         "observations": len(history.observations),
+        "tasks_with_parents": sum(bool(t.parents) for t in history.tasks),
     }
     return Verdict(violations, figures)
 
@@ -337,3 +345,27 @@ def _rerun_after_loss(executions: Iterable[Execution], started: Mapping[str, lis
     for (task_id, number), count in sorted(runs.items()):
         if count > 1:
             yield f"task {task_id}: attempt {number} ran {count} times"
+
+
+def _after_parents(history: History, attempts: Mapping[str, list[Attempt]]) -> Iterable[str]:
+    tasks = {t.task_id: t for t in history.tasks}
+    for task in sorted((t for t in history.tasks if t.parents), key=lambda t: t.task_id):
+        parents = [tasks.get(p) for p in task.parents]
+        reserved = [a.reserved_at for a in attempts.get(task.task_id, [])]
+        if any(p is None for p in parents):
+            yield f"task {task.task_id}: a parent is gone ({', '.join(task.parents)})"
+            continue
+        unmet = [p for p in parents if p is not None and p.state != "succeeded"]
+        if unmet:
+            if reserved:
+                yield f"task {task.task_id}: reserved although parent {unmet[0].task_id} ended {unmet[0].state}"
+            elif task.state != "cancelled":
+                yield f"task {task.task_id}: parent {unmet[0].task_id} ended {unmet[0].state}, yet it ended {task.state}"
+            continue
+        if reserved:
+            last = max(p.finished_at or 0.0 for p in parents if p is not None)
+            if min(reserved) < last:
+                yield (
+                    f"task {task.task_id}: reserved at {min(reserved):.6f}, "
+                    f"before its last parent finished at {last:.6f}"
+                )

@@ -17,16 +17,19 @@ LOST_T2 = Attempt("t2", 1, "1-b", reserved_at=0.5, started_at=0.6, finished_at=7
 RETRIED_T2 = Attempt("t2", 2, "2-b", reserved_at=7.5, started_at=7.6, finished_at=8.6, outcome="succeeded")
 # t3 shares t1's resource key and is reserved once t1 let it go.
 AFTER_T1 = Attempt("t3", 1, "1-c", reserved_at=1.2, started_at=1.25, finished_at=2.1, outcome="succeeded")
+# t4 depends on t1: reserved after t1 finished.
+CHILD_T4 = Attempt("t4", 1, "1-d", reserved_at=1.3, started_at=1.35, finished_at=1.6, outcome="succeeded")
 
 
 def clean() -> History:
     return History(
-        acknowledged={"k1": "t1", "k2": "t2", "k3": "t3"},
+        acknowledged={"k1": "t1", "k2": "t2", "k3": "t3", "k4": "t4"},
         executions=[
             Execution("t1", 1, 0.2, 1.0, "w1", "r"),
             Execution("t2", 1, 0.7, 9.0, "w2"),  # cut off from its node: it ran past its lease
             Execution("t2", 2, 7.7, 8.5, "w1"),
             Execution("t3", 1, 1.3, 2.0, "w2", "r"),
+            Execution("t4", 1, 1.4, 1.5, "w1"),
         ],
         observations=[
             Observation("t1", "running", None, 0.5),
@@ -38,8 +41,10 @@ def clean() -> History:
             Task("t1", "k1", "succeeded", 1.1, "r"),
             Task("t2", "k2", "succeeded", 8.6),
             Task("t3", "k3", "succeeded", 2.1, "r"),
+            # A child of t1 (depends_on): reserved once t1 had succeeded.
+            Task("t4", "k4", "succeeded", 1.6, parents=("t1",)),
         ],
-        attempts=[SUCCEEDED_T1, LOST_T2, RETRIED_T2, AFTER_T1],
+        attempts=[SUCCEEDED_T1, LOST_T2, RETRIED_T2, AFTER_T1, CHILD_T4],
         reservation_lease_s=4.0,
         run_lease_s=6.0,
     )
@@ -72,7 +77,7 @@ def test_the_database_clock_is_utc():
 
 
 def test_an_acknowledged_task_missing_from_the_database():
-    history = attrs.evolve(clean(), acknowledged={**clean().acknowledged, "k4": "t4"})
+    history = attrs.evolve(clean(), acknowledged={**clean().acknowledged, "k5": "t5"})
     assert failed(history) == ["one_terminal"]
 
 
@@ -104,7 +109,7 @@ def test_a_terminal_task_with_an_attempt_left_open():
 
 
 def test_a_key_acknowledged_with_another_keys_task():
-    history = attrs.evolve(clean(), acknowledged={**clean().acknowledged, "k4": "t3"})
+    history = attrs.evolve(clean(), acknowledged={**clean().acknowledged, "k5": "t3"})
     verdict = check(history)
     assert verdict.failed() == ["one_terminal"]
     assert "submitted under key k3" in verdict.violations["one_terminal"][0]
@@ -208,3 +213,24 @@ def test_one_attempt_run_twice_one_after_the_other():
     # After its lease ended: no overlap under a live lease, but a run nothing lost justifies.
     history = attrs.evolve(clean(), executions=[*clean().executions, Execution("t1", 1, 1.2, 1.3, "w2", "r")])
     assert failed(history) == ["rerun_after_loss"]
+
+
+def test_a_child_reserved_before_its_parent_finished_breaks_after_parents():
+    early = replace_attempt(clean(), CHILD_T4, reserved_at=1.05)
+    assert "after_parents" in failed(early)
+
+
+def test_a_child_that_ran_although_its_parent_did_not_succeed_breaks_after_parents():
+    history = clean()
+    parent_failed = attrs.evolve(
+        history, tasks=[attrs.evolve(t, state="failed") if t.task_id == "t1" else t for t in history.tasks]
+    )
+    assert "after_parents" in failed(parent_failed)
+    # Never reserved and cancelled: what a child of a failed parent must end as.
+    cancelled = attrs.evolve(
+        parent_failed,
+        tasks=[attrs.evolve(t, state="cancelled") if t.task_id == "t4" else t for t in parent_failed.tasks],
+        attempts=[a for a in parent_failed.attempts if a.task_id != "t4"],
+        executions=[e for e in parent_failed.executions if e.task_id != "t4"],
+    )
+    assert "after_parents" not in failed(cancelled)

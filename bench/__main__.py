@@ -8,7 +8,8 @@ as commands too. ``all`` runs calibration through http in that order (E2E using 
 ``cancel`` (cancel latency, up to a renew interval per sample), ``shards`` (the burn-down on one and on two
 database servers; it starts a private mariadbd), ``settle`` (Start and Finish batches with the transition
 statements before and after issue 23, on a private mariadbd), ``chaos`` (ten minutes of faults under three
-nodes, then the history checker's verdict) and ``retention`` are not part of ``all``.
+nodes, then the history checker's verdict), ``retention`` and ``dependencies`` (a released child's latency,
+a parent's Finish cost) are not part of ``all``.
 
 Each scenario runs on a private mariadbd per durability setting the bench starts
 (``--durability``, bench/durability.py: production by default, the development setting
@@ -54,6 +55,7 @@ SCENARIOS = {
     "settle": "bench.settle",
     "chaos": "bench.chaos",
     "retention": "bench.retention",
+    "dependencies": "bench.dependencies",
 }
 # Commands named for what they measure -> the scenario's short name, which names its module,
 # its report, its JSON result and its plots, and stays accepted as a command.

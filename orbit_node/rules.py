@@ -77,6 +77,7 @@ SUBMIT_FIELDS = (
     "backoff",
     "resource_key",
     "depends_on",
+    "depends_on_keys",
 )
 SUBMIT_REQUIRED = ("queue_id", "handler", "handler_version", "payload_version", "payload")
 # A plan's task template (definition.task) has the submission's fields except these,
@@ -87,12 +88,13 @@ TEMPLATE_EXCLUDED = {
     "delay_s": "each task is available at its fire time",
     "deadline": "a fixed deadline cannot serve repeated fire times",
     "depends_on": "a parent succeeds once, so every fire after it would run at once; submit a fire's children from its handler",
+    "depends_on_keys": "a parent succeeds once, so every fire after it would run at once; submit a fire's children from its handler",
 }
 TEMPLATE_FIELDS = tuple(f for f in SUBMIT_FIELDS if f not in TEMPLATE_EXCLUDED)
 TEMPLATE_REQUIRED = tuple(f for f in SUBMIT_REQUIRED if f not in TEMPLATE_EXCLUDED)
 # POST /v1/tasks/batch: {"tasks": [...]}, each item a submission plus its own key.
 BATCH_FIELDS = ("tasks",)
-BATCH_ITEM_FIELDS = ("idempotency_key", *SUBMIT_FIELDS, "depends_on_keys")
+BATCH_ITEM_FIELDS = ("idempotency_key", *SUBMIT_FIELDS)
 BACKOFF_FIELDS = ("initial_ms", "max_ms", "multiplier")
 QUEUE_CONTROL_FIELDS = ("max_concurrency", "max_starts_per_second")
 # Items of one page of a listing at most (limit=), and when none is asked for.
@@ -265,8 +267,6 @@ def batch_item(value: Any, index: int, *, trace_context: str | None = None) -> t
         IDEMPOTENCY_KEY,
         "1-255 visible ASCII characters (0x21-0x7E)",
     )
-    if "depends_on_keys" in value:
-        fields["depends_on_keys"] = depends_on_keys(value["depends_on_keys"], prefix + "depends_on_keys")
     return key, NewTask(**fields, trace_context=trace_context)
 
 
@@ -328,6 +328,8 @@ def task_fields(
         fields["resource_key"] = resource_key(body["resource_key"], prefix + "resource_key")
     if "depends_on" in body:
         fields["depends_on"] = depends_on(body["depends_on"], prefix + "depends_on")
+    if "depends_on_keys" in body:
+        fields["depends_on_keys"] = depends_on_keys(body["depends_on_keys"], prefix + "depends_on_keys")
     return fields
 
 
@@ -343,8 +345,8 @@ def _not_id(value: Any, field: str) -> str:
 
 
 def depends_on_keys(value: Any, field: str) -> tuple[str, ...]:
-    """A batch item's parents by the idempotency keys of earlier items of its batch (as
-    many as a batch holds: a fan-in of a whole batch)."""
+    """Parents by the idempotency keys they were accepted under (before, or by an earlier
+    item of the same batch), as many as a batch holds: a fan-in of a whole batch."""
     return _distinct_list(
         value,
         field,

@@ -9,8 +9,8 @@ after another with ``POST /v1/tasks``:
   digest is ``IdempotencyConflict`` (409);
 * otherwise a queue that is not in the namespace is ``NotFound`` (404);
 * otherwise a parent (``depends_on``) that is not a task of the application, or a
-  ``depends_on_keys`` key that no earlier item of the batch took, is ``NotFound`` (404)
-  naming it;
+  ``depends_on_keys`` key that neither an earlier submission of the call nor an earlier
+  request took, is ``NotFound`` (404) naming it;
 * otherwise a new task (201), and its key counts as taken for the later submissions of
   the same batch (so a second identical item repeats it, a changed one conflicts, and a
   later item may name it as a parent).
@@ -84,14 +84,16 @@ def decide(
 ) -> list[Decision]:
     """One decision per submission, in order.
 
-    ``records``: key -> record of the keys already taken; ``queues``: queue id -> its
+    ``records``: key -> record of the keys already taken (those of the submissions and of
+    their ``depends_on_keys``); ``queues``: queue id -> its
     application id, for the queues of the namespace; ``new_id``: a new task id;
     ``parents``: task id -> application id of the tasks the submissions name in
     ``depends_on`` that exist.
     """
     taken = dict(records)
-    # Keys of this call's submissions decided so far (what depends_on_keys may name).
-    earlier: dict[str, str] = {}
+    # What depends_on_keys may name: the tasks of keys accepted before this call, then of
+    # this call's submissions decided so far (a refused one takes no key).
+    earlier: dict[str, str] = {key: record.task_id for key, record in records.items()}
     decisions: list[Decision] = []
     for submission, digest in zip(submissions, digests, strict=True):
         record = taken.get(submission.idempotency_key)
@@ -134,6 +136,6 @@ def _parents(
         taken = earlier.get(key)
         if taken is None:
             field = f"{prefix}depends_on_keys[{index}]"
-            return NotFound(f"{field}: no earlier item of this batch took the key {key!r}", field=field)
+            return NotFound(f"{field}: no task was accepted under the key {key!r}", field=field)
         found[taken] = None
     return tuple(found)

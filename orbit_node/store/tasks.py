@@ -110,7 +110,7 @@ class TaskStore:
         submissions: Sequence[Submission],
         digests: Sequence[str],
     ) -> list[Accepted | OrbitError]:
-        keys = tuple(sorted({s.idempotency_key for s in submissions}))
+        keys = tuple(sorted({k for s in submissions for k in (s.idempotency_key, *s.new.depends_on_keys)}))
         queue_ids = tuple(sorted({s.new.queue_id for s in submissions}))
         named = tuple(sorted({task_id for s in submissions for task_id in s.new.depends_on}))
         reads = [

@@ -152,11 +152,6 @@ class OrbitClient:
 
         Safe to retry after a TransportError with the same key and request.
         """
-        if request.depends_on_keys:
-            raise InvalidRequestError(
-                "depends_on_keys: names earlier items of one submit_many batch; give depends_on (task ids) here",
-                field="depends_on_keys",
-            )
         # The active span's trace context goes with the task to its handler (``tracing``).
         headers = {"Idempotency-Key": acceptance_key, **tracing.context_headers()}
         status, document = await self._call("POST", "/v1/tasks", body=request.to_json(), headers=headers)

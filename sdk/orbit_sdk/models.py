@@ -109,8 +109,9 @@ class SubmitTaskRequest(TaskTemplate):
     ``available_at`` (aware datetime) or ``delay_s`` holds it back; ``deadline`` (aware
     datetime) is when it stops being worth running (it then ends ``expired``).
     ``depends_on`` (task ids, up to 100) makes it wait until those tasks have succeeded;
-    ``depends_on_keys`` does the same by the keys of earlier items of one ``submit_many``
-    batch (docs/api.md, "Dependencies").
+    ``depends_on_keys`` (up to 1,000) does the same by the acceptance keys they were
+    submitted under: before, or by earlier items of the same ``submit_many`` batch
+    (docs/api.md, "Dependencies").
     """
 
     queue_id: str

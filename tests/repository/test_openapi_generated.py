@@ -110,7 +110,11 @@ def client_package(generated) -> Iterator[ModuleType]:
     assert result.returncode == 0, result.stdout + result.stderr
     sys.path.insert(0, str(package.parent))
     try:
-        yield importlib.import_module(PACKAGE)
+        package_module = importlib.import_module(PACKAGE)
+        # Its models subpackage is an attribute only once imported (the generated API
+        # modules import it; a test that reads models first must not depend on their order).
+        importlib.import_module(PACKAGE + ".models")
+        yield package_module
     finally:
         sys.path.remove(str(package.parent))
         for name in [n for n in sys.modules if n == PACKAGE or n.startswith(PACKAGE + ".")]:

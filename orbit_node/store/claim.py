@@ -37,9 +37,13 @@ MAX_CLAIM_ROUNDS = 4
 # Every priority level a task can have (rules.MAX_PRIORITY).
 PRIORITY_LEVELS = tuple(range(MAX_PRIORITY + 1))
 # The flags of a locked row's ``marks`` (claim_lock_tasks): its deadline has passed; it has
-# a trace context, read with the claim's COMMIT (claim_trace_contexts).
+# a trace context; it has parents (000027). What the last two mark is read with the claim's
+# COMMIT (claim_extras).
 PAST_DEADLINE = 1
 TRACED = 2
+HAS_PARENTS = 4
+# What claim_extras names in place of an empty list (no task id is this).
+NO_TASK = ("-",)
 
 
 async def run_claim(
@@ -143,17 +147,31 @@ class _Claim:
                 tx.defer("claim_queue_window", {"queue_id": queue_id, "window_s": window_s, "window_count": total})
         await self.at("claim.reserved", [r.task_id for r in reservations])
         traced = tuple(r["task_id"] for r in taken if r["marks"] & TRACED)
-        if traced:
-            return await self._with_trace_contexts(reservations, traced)
+        children = tuple(r["task_id"] for r in taken if r["marks"] & HAS_PARENTS)
+        if traced or children:
+            return await self._with_extras(reservations, traced, children)
         return reservations
 
-    async def _with_trace_contexts(self, reservations: list[Reservation], traced: tuple[str, ...]) -> list[Reservation]:
-        """The reservations with the trace contexts of the tasks that have one, read in the
-        packet that commits the claim (a claim of tasks without one never reads them)."""
-        rows = await self.tx.commit_reading(self.tx.statement("claim_trace_contexts", {"task_ids": traced}))
-        contexts = {r["task_id"]: r["trace_context"] for r in rows}
+    async def _with_extras(
+        self, reservations: list[Reservation], traced: tuple[str, ...], children: tuple[str, ...]
+    ) -> list[Reservation]:
+        """The reservations with the trace contexts and the parents of the tasks that have
+        them, read in the packet that commits the claim (a claim of tasks with neither never
+        reads them)."""
+        params = {"traced": traced or NO_TASK, "children": children or NO_TASK}
+        rows = await self.tx.commit_reading(self.tx.statement("claim_extras", params))
+        contexts: dict[str, str] = {}
+        parents: dict[str, list[str]] = {}
+        for row in rows:
+            if row["kind"] == "trace":
+                contexts[row["task_id"]] = row["value"]
+            else:
+                parents.setdefault(row["task_id"], []).append(row["value"])
         return [
-            attrs.evolve(r, trace_context=contexts[r.task_id]) if r.task_id in contexts else r for r in reservations
+            attrs.evolve(r, trace_context=contexts.get(r.task_id), parents=tuple(sorted(parents.get(r.task_id, ()))))
+            if r.task_id in contexts or r.task_id in parents
+            else r
+            for r in reservations
         ]
 
     async def _application_budget(self, gate: Mapping[str, Any]) -> Budget | None:

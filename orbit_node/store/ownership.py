@@ -87,6 +87,9 @@ class Reservation:
     # The submission's W3C trace context in its stored form (``orbit_node.trace_context``),
     # or None: sent with the dispatch so the Worker's span continues the producer's trace.
     trace_context: str | None = None
+    # Its parents (depends_on, 000027), by id: sent with the dispatch so that the handler
+    # can read their results.
+    parents: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -434,7 +434,8 @@ def heartbeat() -> dict[str, Any]:
 
 def dispatch_task(r: Reservation) -> dict[str, Any]:
     """One reservation as the Worker sees it; ``priority`` only when non-zero,
-    ``traceparent`` and ``tracestate`` only when the submission carried them."""
+    ``traceparent`` and ``tracestate`` only when the submission carried them, ``parents``
+    only for a task that has some."""
     task = {
         "task_id": r.task_id,
         "token": r.fencing_token,
@@ -460,6 +461,9 @@ def dispatch_task(r: Reservation) -> dict[str, Any]:
         task["traceparent"] = traceparent
         if tracestate:
             task["tracestate"] = tracestate
+    if r.parents:
+        # The task's parents (depends_on), each succeeded: their results are the handler's to read.
+        task["parents"] = list(r.parents)
     return task
 
 

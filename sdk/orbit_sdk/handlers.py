@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import inspect
 import traceback
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
 from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_TRACEBACK_CHARS
 
 from .encoding import NotJson, encode
+
+if TYPE_CHECKING:
+    from .models import Task
 
 
 class PermanentError(Exception):
@@ -60,6 +63,24 @@ class WorkerTask:
     #: or None; the Worker's span ``orbit.task`` continues it (``orbit_sdk.tracing``).
     traceparent: str | None = None
     tracestate: str | None = None
+    #: The ids of its parents (``depends_on``), each of which succeeded before it was
+    #: released; empty for a task without any. ``await task.parents()`` reads them.
+    parent_ids: tuple[str, ...] = ()
+    # Reads tasks by id (the Worker's, set when the attempt starts).
+    _read_tasks: Callable[[Sequence[str]], Awaitable[list[Task]]] | None = attrs.field(
+        default=None, eq=False, repr=False, alias="read_tasks"
+    )
+
+    async def parents(self) -> list[Task]:
+        """The parents, read from the node on demand with their results (``Task.result``),
+        in the order of ``parent_ids``: one ``GET /v1/tasks/{id}`` each, a few at once
+        (docs/sdk.md, "Dependencies"). Each one succeeded; a parent that retention deleted
+        since raises ``NotFoundError`` (retention keeps a parent while its child runs)."""
+        if not self.parent_ids:
+            return []
+        if self._read_tasks is None:
+            raise RuntimeError("parents(): this WorkerTask was not handed to a handler by a Worker")
+        return await self._read_tasks(self.parent_ids)
 
 
 #: A handler: ``async def`` or plain ``def``, taking a ``WorkerTask``, returning the result.

@@ -207,6 +207,16 @@ class _Fields:
             raise self.malformed(name, "missing")
         return self.obj[name]
 
+    def strings(self, name: str) -> tuple[str, ...]:
+        """An optional list of strings (absent: empty)."""
+        items = self._optional(name, list, "a list")
+        if items is None:
+            return ()
+        for index, item in enumerate(items):
+            if not isinstance(item, str):
+                raise self.malformed(f"{name}[{index}]", f"expected a string, got {_kind(item)}")
+        return tuple(items)
+
     def objects(self, name: str, *, at_least: int = 0) -> list[_Fields]:
         items = self._required(name, list, "a list")
         if len(items) < at_least:
@@ -251,6 +261,7 @@ def _dispatched(t: _Fields) -> Dispatched:
             resource_key=t.optional_text("resource_key"),
             traceparent=t.optional_text("traceparent"),
             tracestate=t.optional_text("tracestate"),
+            parent_ids=t.strings("parents"),
         ),
     )
 

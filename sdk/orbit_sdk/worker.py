@@ -58,10 +58,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import httpx
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from . import serving, tracing
+from .client import OrbitClient
 from .connect import (
     DISCONNECT_TIMEOUT_S,
     NodeSilent,
@@ -91,11 +93,14 @@ from .handlers import (
     stopped,
 )
 from .messages import Ack, Cancel, Dispatch, Dispatched, Drain, Error, Heartbeat, Unknown, Welcome, parse_message
+from .models import Task
 from .session import Session, SessionLost, until_decided
 
 __all__ = ["Handler", "PermanentError", "Worker", "WorkerRejected", "WorkerTask"]
 
 log = logging.getLogger("orbit.sdk.worker")
+# Parents one attempt reads from the node at once (``WorkerTask.parents``).
+PARENT_READS_AT_ONCE = 8
 
 
 class Moved(Exception):
@@ -208,6 +213,8 @@ class Worker(WorkerCounters):
         self._connections = 0
         self._messages_sent = {"start": 0, "finish": 0}
         self._progress = trio.Event()
+        # The HTTP client that reads tasks' parents (made on first use, closed by ``run``).
+        self._reader: OrbitClient | None = None
 
     def __repr__(self) -> str:
         url = self.url if len(self.urls) == 1 else self.urls
@@ -341,6 +348,10 @@ class Worker(WorkerCounters):
             self._drained = self._draining
         finally:
             self._work = None
+            if self._reader is not None:
+                with trio.CancelScope(shield=True):
+                    await self._reader.aclose()
+                self._reader = None
             self._stopped.set()
 
     async def _connect_loop(self, status: list[trio.TaskStatus[None]]) -> None:
@@ -606,8 +617,30 @@ class Worker(WorkerCounters):
             result = await result
         return result
 
+    async def _read_tasks(self, task_ids: Sequence[str]) -> list[Task]:
+        """Tasks by id from the node this Worker uses (``WorkerTask.parents``), a few at once."""
+        if self._reader is None:
+            verify: ssl.SSLContext | bool = self.ssl_context if self.ssl_context is not None else True
+            self._reader = OrbitClient(
+                self._rotation.current, self._token, transport=httpx.AsyncHTTPTransport(verify=verify)
+            )
+        reader = self._reader
+        found: dict[str, Task] = {}
+        limiter = trio.CapacityLimiter(PARENT_READS_AT_ONCE)
+
+        async def read(task_id: str) -> None:
+            async with limiter:
+                found[task_id] = await reader.get_task(task_id)
+
+        async with trio.open_nursery() as nursery:
+            for task_id in dict.fromkeys(task_ids):
+                nursery.start_soon(read, task_id)
+        return [found[task_id] for task_id in task_ids]
+
     async def _run_one(self, dispatched: Dispatched, running: Running) -> None:
         task, token = dispatched.task, dispatched.token
+        if task.parent_ids:
+            task = attrs.evolve(task, read_tasks=self._read_tasks)
         key = (task.handler, task.handler_version, task.payload_version)
         report: dict[str, Any] = {"task_id": task.task_id, "token": token}
         try:

@@ -107,3 +107,45 @@ async def test_a_fan_in_whose_part_fails_is_cancelled_with_the_part_named(full_n
         assert join.state == "cancelled"
         assert join.error["code"] == "DEPENDENCY_FAILED"
         assert join.error["parent_task_id"] == fan.parts[1].task_id
+
+
+async def test_a_child_reads_its_parents_results_through_the_worker(full_node, db):
+    tenant = await make_tenant(db)
+    seen: dict[str, tuple] = {}
+
+    async def part(task: WorkerTask) -> dict:
+        return {"n": task.payload["n"], "big": 2**80 + task.payload["n"]}
+
+    async def join(task: WorkerTask) -> int:
+        parents = await task.parents()
+        seen["ids"] = task.parent_ids
+        seen["parents"] = tuple(p.task_id for p in parents)
+        return sum(p.result["big"] for p in parents)
+
+    async with OrbitClient(full_node.base_url, tenant.token) as client:
+        parts = [
+            (
+                f"p{n}",
+                SubmitTaskRequest(
+                    queue_id=tenant.queue_id,
+                    handler="part",
+                    handler_version="v1",
+                    payload_version="v1",
+                    payload={"n": n},
+                ),
+            )
+            for n in range(3)
+        ]
+        fan = await client.submit_fan_in(parts, ("join", request(tenant.queue_id, "join")))
+        worker = Worker(full_node.base_url, tenant.token, [tenant.queue_id], capacity=4)
+        worker.register("part", "v1", "v1", part)
+        worker.register("join", "v1", "v1", join)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            with trio.fail_after(60):
+                await worker.wait_finished(4)
+            await worker.drain()
+            nursery.cancel_scope.cancel()
+        done = await client.get_task(fan.join.task_id)
+        assert done.result == 3 * 2**80 + 3
+        assert seen["ids"] == seen["parents"] == tuple(sorted(p.task_id for p in fan.parts))

@@ -93,6 +93,10 @@ NODE_MESSAGES = [
         Dispatch((Dispatched(TOKEN, attrs.evolve(TASK_VALUE, traceparent=TRACEPARENT, tracestate="vendor=opaque")),)),
     ),
     (
+        p.dispatch([reservation(parents=("a" * 32, "b" * 32))]),
+        Dispatch((Dispatched(TOKEN, attrs.evolve(TASK_VALUE, parent_ids=("a" * 32, "b" * 32))),)),
+    ),
+    (
         p.ack(
             "finish",
             [

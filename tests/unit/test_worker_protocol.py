@@ -221,6 +221,7 @@ class FakeReservation:
     resource_key: str | None = None
     priority: int = 0
     trace_context: str | None = None
+    parents: tuple[str, ...] = ()
 
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -238,6 +239,9 @@ def test_outbound_messages_match_the_schema():
     validate_message(traced, direction="node")
     assert (traced["tasks"][0]["traceparent"], traced["tasks"][0]["tracestate"]) == (TRACEPARENT, "vendor=opaque")
     assert "traceparent" not in default["tasks"][0] and "tracestate" not in default["tasks"][0]
+    child = p.dispatch([FakeReservation(parents=("a" * 32, "b" * 32))])
+    validate_message(child, direction="node")
+    assert child["tasks"][0]["parents"] == ["a" * 32, "b" * 32] and "parents" not in default["tasks"][0]
     for message in [
         p.welcome(
             connection_id="c1",

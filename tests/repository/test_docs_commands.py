@@ -46,7 +46,7 @@ SKIPPED = {
         "installs an exporter and runs a node until it is stopped, exporting to a collector; "
         "tests/integration/test_tracing.py records the node's and the Worker's spans in memory instead"
     ),
-    "for example in retries plan fanout resource_keys; do": (
+    "for example in retries plan fanout resource_keys album; do": (
         "tests/repository/test_examples.py runs each of these examples against a node and checks every line it prints"
     ),
 }

@@ -20,7 +20,7 @@ from orbit_node.services import default_services
 from ..helpers import REPO, bootstrap
 from ..nodeutil import run_node
 
-EXAMPLES = ("priority", "retries", "plan", "fanout", "resource_keys")
+EXAMPLES = ("priority", "retries", "plan", "fanout", "resource_keys", "album")
 # What an example may take on a busy 2-core machine (each bounds itself below this).
 EXAMPLE_TIMEOUT_S = 150
 
@@ -99,6 +99,17 @@ async def test_resource_keys_example_never_runs_two_tasks_of_one_key_at_once(ful
     status, out, err = await run_example("resource_keys", credentials, full_node.base_url)
     assert status == 0, err
     assert out == "tasks=12 keys=3 completed=12\nmax_running_per_key=account-a:1,account-b:1,account-c:1\n"
+
+
+@pytest.mark.time_cap(EXAMPLE_TIMEOUT_S + 30)
+async def test_album_example_builds_the_album_from_every_resize_after_all_of_them(full_node, credentials):
+    status, out, err = await run_example("album", credentials, full_node.base_url)
+    assert status == 0, err
+    assert out == (
+        "submitted=101 created=101 resubmitted_created=0 album_state_at_submit=waiting\n"
+        "album: images=100 width_sum=25000 height_sum=16395 pixels=4098750 parents_read=100\n"
+        "album_ran_after_every_resize=true\n"
+    )
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

@@ -14,7 +14,7 @@
   the same MariaDB server as Orbit, one consumer process with ``concurrency`` threads.
 * ``celery``: Celery on the private Redis of ``--redis-url`` (``bench/redisserver.py``:
   append-only file, ``appendfsync always`` at production durability), one worker with a
-  threads pool of ``concurrency``, ``task_acks_late``, one reserved message per thread.
+  threads pool of ``concurrency``, ``task_acks_late``, its default prefetch multiplier (4).
 * ``dramatiq``: Dramatiq's Redis broker on such a Redis, one worker with ``concurrency``
   threads (its acks come after the task).
 

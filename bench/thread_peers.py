@@ -32,11 +32,11 @@ from .report import summarize
 SAMPLE_S = 0.25
 # The queue every peer's tasks go to.
 QUEUE = "bench"
-# Celery's reservations per worker thread: a worker holds no more messages than it runs,
-# as an Orbit Worker claims no more than its free capacity. With late acks a message a
-# worker reserved but has not started waits out the visibility timeout (an hour) when the
-# worker dies; prefetching more did not drain faster here (bench/README.md).
-CELERY_PREFETCH_MULTIPLIER = 1
+# Celery's reservations per worker thread: its default. With late acks no multiplier loses
+# a task (a message leaves the broker's unacked set only once its task ran); a larger one
+# only holds more messages behind a worker that dies, until the visibility timeout. 4
+# drained up to 1.5x faster than 1 in paired runs (docs/benchmarks/throughput.md).
+CELERY_PREFETCH_MULTIPLIER = 4
 # Redis connections a Dramatiq process may open beyond one per worker and submitter
 # thread (its consumer, its heartbeat): redis-py's default pool stops at 100, which 128
 # threads acking at once exceed.

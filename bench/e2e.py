@@ -222,18 +222,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ]
     ]
     for name, peer in peers.items():
-        measured = "tasks_per_s" in peer
+        # A peer that did not run has none of these: its row shows n/a.
         latency = peer.get("start_latency_s", {})
         peer_rows.append(
             [
                 f"{name} (best)",
                 peer.get("concurrency", ""),
                 peer.get("tasks_per_s", math.nan),
-                ratio(orbit["tasks_per_s"], peer["tasks_per_s"]) if measured else math.nan,
+                ratio(orbit["tasks_per_s"], peer.get("tasks_per_s", math.nan)),
                 ms(latency.get("p50", math.nan)),
                 ms(latency.get("p99", math.nan)),
                 peer.get("cpu_s", math.nan),
-                *(machine_us_per_task(peer) if measured else (math.nan, math.nan)),
+                *machine_us_per_task(peer),
             ]
         )
     against_peers = grid(

@@ -41,6 +41,9 @@ CELERY_PREFETCH_MULTIPLIER = 4
 # thread (its consumer, its heartbeat): redis-py's default pool stops at 100, which 128
 # threads acking at once exceed.
 DRAMATIQ_SPARE_CONNECTIONS = 8
+# Bound on a burn-down's pre-submit, within the set-up time the harness allows a peer
+# process beyond its drain (bench/s1.py, PEER_SETUP_S).
+PRESUBMIT_TIMEOUT_S = 150.0
 
 
 class ThreadedPeer(Protocol):
@@ -48,7 +51,7 @@ class ThreadedPeer(Protocol):
         """Enqueue one no-op task; ``submitted`` (e2e) is handed to its handler."""
 
     def start(self) -> None:
-        """Start the workers (returns once they run)."""
+        """Start the workers (threads of this process)."""
 
     def stop(self) -> None:
         """Stop the workers."""
@@ -130,13 +133,16 @@ class Submitters:
         for thread in self._threads:
             thread.start()
 
-    def join(self, timeout_s: float) -> None:
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every thread; whether all of them finished
+        (``seconds``: from ``start`` to then)."""
         deadline = time.perf_counter() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.perf_counter()))
         self.seconds = time.perf_counter() - self._began
         if self._errors:
             raise self._errors[0]
+        return not any(thread.is_alive() for thread in self._threads)
 
 
 def drive(
@@ -155,15 +161,20 @@ def drive(
     if mode == "burn-down":
         presubmit = Submitters(peer.enqueue, completions.tasks, submitters, timed=False)
         presubmit.start()
-        presubmit.join(timeout_s)
+        if not presubmit.join(PRESUBMIT_TIMEOUT_S):
+            raise TimeoutError(
+                f"the pre-submit of {completions.tasks:,} tasks took more than {PRESUBMIT_TIMEOUT_S:g} s"
+            )
         result = completions.measure(peer.start, timeout_s)
         result["enqueue_s"] = presubmit.seconds
     else:
         peer.start()
         submit = Submitters(peer.enqueue, completions.tasks, submitters, timed=True)
         result = completions.measure(submit.start, timeout_s)
-        submit.join(timeout_s)
-        result["submit_tasks_per_s"] = completions.tasks / submit.seconds if submit.seconds else float("nan")
+        # Every submit is in once every task was acknowledged; after a timeout, the rate of
+        # submits is unknown.
+        submitted = submit.join(0 if result["timed_out"] else timeout_s)
+        result["submit_tasks_per_s"] = completions.tasks / submit.seconds if submitted else float("nan")
         result["start_latency_s"] = summarize(completions.start_latencies)
     peer.stop()
     return {**result, "version": dist_version(dist), "setup": setup}

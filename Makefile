@@ -8,7 +8,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 CREDENTIALS ?= $(CURDIR)/var/dev.credentials.json
 export ORBIT_HTTP_ADDR ?= 127.0.0.1:8080
 
-.PHONY: install db browser run lint test unit integration system repository bench clean
+.PHONY: install db browser redis run lint test unit integration system repository bench clean
 
 # The repository's three distributions, editable: the wire contract (protocol/), the SDK
 # (sdk/) and the node (here), which depends on both.
@@ -83,6 +83,19 @@ integration repository: install db
 system: install db browser
 	@$(TEST_DSN) $(PYTEST) tests/system $(PYTEST_ARGS)
 
+# The benchmarks' Redis peers (Celery, Dramatiq) run on private redis-server processes the
+# bench starts itself (bench/redisserver.py): Debian's redis-server package, installed with apt
+# when missing (like MariaDB and Chromium).
+redis:
+	@if [ ! -x /usr/bin/redis-server ]; then \
+	  if ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "error: the benchmarks' Redis peers need /usr/bin/redis-server" >&2; exit 1; fi; \
+	  echo "redis-server not found: installing the Debian redis-server package" >&2; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; \
+	fi
+
 # Benchmark extras (plots, histograms, profiler, peers) only for `make bench`.
 $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install --quiet $(EDITABLE) -e '.[test,bench]'
@@ -93,7 +106,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 # column each) on private mariadbd servers it starts itself (bench/durability.py); only
 # `--durability server` uses ORBIT_BENCH_MYSQL_DSN (default: the development server, `make db`).
 # Results (JSON, PNG) go to bench/results/.
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) redis
 	$(BIN)/python -m bench $(or $(SCENARIO),all) $(BENCH_ARGS)
 
 clean:

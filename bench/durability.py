@@ -2,10 +2,11 @@
 
 ``prod`` is what docs/operations.md requires in production: ``innodb_flush_log_at_trx_commit=1``,
 binary logging on with ``sync_binlog=1`` and ``binlog_format=ROW`` (a deployment with
-replicas or point-in-time recovery; ``--prod-binlog off`` leaves binary logging out), and
-``synchronous_commit=on`` for the PostgreSQL peers. ``dev`` is the development database's
-setting (scripts/devdb.sh): ``innodb_flush_log_at_trx_commit=2``, no binary log, and
-``synchronous_commit=off`` for the peers. ``server`` runs on the server of
+replicas or point-in-time recovery; ``--prod-binlog off`` leaves binary logging out),
+``synchronous_commit=on`` for the PostgreSQL peers and ``appendfsync always`` for the Redis
+ones. ``dev`` is the development database's setting (scripts/devdb.sh):
+``innodb_flush_log_at_trx_commit=2``, no binary log, ``synchronous_commit=off`` and
+``appendfsync everysec`` (each written at every commit, flushed to disk once a second). ``server`` runs on the server of
 ``ORBIT_BENCH_MYSQL_DSN`` (default ``scripts/devdb.sh dsn``) as it is configured, and
 reads its setting from it.
 
@@ -48,12 +49,15 @@ SETTINGS_SQL = (
 
 @attrs.frozen(kw_only=True)
 class Durability:
-    """One durability setting: the MariaDB options of its server and the peers' PostgreSQL setting."""
+    """One durability setting: the MariaDB options of its server and the peers' PostgreSQL
+    and Redis settings."""
 
     name: str
     flush_log_at_trx_commit: int
     binlog: bool
     pg_synchronous_commit: str
+    # The Redis peers' ``appendfsync`` (their append-only file is always on).
+    redis_appendfsync: str
     # False: the server of ORBIT_BENCH_MYSQL_DSN, as it is (``--durability server``).
     private: bool = True
 
@@ -63,7 +67,7 @@ class Durability:
         binlog = ", binary log with sync_binlog=1, ROW" if self.binlog else ""
         return (
             f"{self.name} (innodb_flush_log_at_trx_commit={self.flush_log_at_trx_commit}{binlog}; "
-            f"PostgreSQL synchronous_commit={self.pg_synchronous_commit})"
+            f"PostgreSQL synchronous_commit={self.pg_synchronous_commit}; Redis appendfsync {self.redis_appendfsync})"
         )
 
     def server_args(self) -> list[str]:
@@ -79,8 +83,12 @@ class Durability:
         return args
 
 
-PROD = Durability(name="prod", flush_log_at_trx_commit=1, binlog=True, pg_synchronous_commit="on")
-DEV = Durability(name="dev", flush_log_at_trx_commit=2, binlog=False, pg_synchronous_commit="off")
+PROD = Durability(
+    name="prod", flush_log_at_trx_commit=1, binlog=True, pg_synchronous_commit="on", redis_appendfsync="always"
+)
+DEV = Durability(
+    name="dev", flush_log_at_trx_commit=2, binlog=False, pg_synchronous_commit="off", redis_appendfsync="everysec"
+)
 DURABILITIES = {"prod": PROD, "dev": DEV}
 
 
@@ -107,7 +115,14 @@ def plan(choice: str | None, *, default: str, columns: bool, prod_binlog: bool =
     chosen = parse_choice(choice or default)
     if chosen == SERVER:
         return (
-            Durability(name=SERVER, flush_log_at_trx_commit=0, binlog=False, pg_synchronous_commit="", private=False),
+            Durability(
+                name=SERVER,
+                flush_log_at_trx_commit=0,
+                binlog=False,
+                pg_synchronous_commit="",
+                redis_appendfsync="",
+                private=False,
+            ),
         )
     names = ("prod", "dev") if chosen == BOTH and columns else ("prod",) if chosen == BOTH else (chosen,)
     return tuple(attrs.evolve(DURABILITIES[n], binlog=prod_binlog) if n == "prod" else DURABILITIES[n] for n in names)
@@ -115,7 +130,8 @@ def plan(choice: str | None, *, default: str, columns: bool, prod_binlog: bool =
 
 def of_server(settings: Mapping[str, Any]) -> Durability:
     """``--durability server``: the setting the server of ORBIT_BENCH_MYSQL_DSN runs with;
-    the peers' PostgreSQL follows it (``on`` with flush=1, ``off`` otherwise)."""
+    the peers' PostgreSQL and Redis follow it (``on`` and ``always`` with flush=1, ``off`` and
+    ``everysec`` otherwise)."""
     flush = int(settings.get("innodb_flush_log_at_trx_commit", 1))
     binlog = bool(int(settings.get("log_bin", 0))) and int(settings.get("sync_binlog", 0)) == 1
     return Durability(
@@ -123,6 +139,7 @@ def of_server(settings: Mapping[str, Any]) -> Durability:
         flush_log_at_trx_commit=flush,
         binlog=binlog,
         pg_synchronous_commit="on" if flush == 1 else "off",
+        redis_appendfsync="always" if flush == 1 else "everysec",
         private=False,
     )
 

@@ -8,12 +8,17 @@ come from the database clock (``reserved_at``, ``started_at`` minus ``available_
 Node CPU per task (submit and execution) in microseconds and in R. The S1 drain (8
 connections x capacity 64, no-op) is S1's of the same invocation at the same durability
 when S1 ran before (``python -m bench all``), else measured here, like the SQL floor.
-At each durability setting by default (a column each).
+Then the peers with an end-to-end mode (Huey, Celery, Dramatiq: ``bench/thread_peers.py``),
+each in its own process at each of ``--peer-concurrency``: workers first, then the same
+number of tasks enqueued one by one from as many threads as Orbit has HTTP submitters;
+each compared at its best with Orbit's best no-op row (tasks/s, submit -> start, the
+machine's CPU per task). At each durability setting by default (a column each).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from typing import Any
 
@@ -22,10 +27,24 @@ from .accounting import measured_phase
 from .clients import connection_plan, submit_closed_loop, wait_until, worker_fleet
 from .database import bench_database, make_app, task_times
 from .grids import figures_at, grid
+from .peers import E2E_PEERS
 from .processes import node_process
 from .report import Target, ms, ratio, summarize
 from .s0 import measure_floor
-from .s1 import S1_CONNECTIONS, Shape, orbit_burndown, pacing_bound, parse_shapes
+from .s1 import (
+    S1_CONNECTIONS,
+    Shape,
+    best_run,
+    concurrency_grid,
+    machine_us_per_task,
+    orbit_burndown,
+    pacing_bound,
+    parse_shapes,
+    peer_setup,
+    python_cpu_s,
+    run_peers,
+    wanted_peers,
+)
 from .units import Units, cost
 
 # bench/__main__.py: one column per durability setting, both by default.
@@ -117,8 +136,10 @@ async def s1_drain(args: argparse.Namespace, bdb, here: str) -> tuple[float, str
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     counts = [int(c) for c in args.e2e_connections.split(",") if c.strip()]
     shapes = [s for n in counts for s in parse_shapes(args.capacities, args.handler_ms, connections=n)]
+    peers_wanted, peer_concurrency = wanted_peers(args, among=E2E_PEERS)
     units: Units = args.units
-    here = durability.current().name
+    ran_at = durability.current()
+    here = ran_at.name
     runs = []
     async with bench_database() as bdb:
         floor = await measure_floor(bdb, args.floor_tasks)
@@ -135,6 +156,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         profile=not args.no_profile and shape == REFERENCE,
                     )
                 )
+        peer_runs = await run_peers(
+            peers_wanted,
+            peer_concurrency,
+            args.e2e_tasks,
+            bdb.dsn,
+            args.peer_timeout_s,
+            ran_at=ran_at,
+            mode="e2e",
+            submitters=args.submit_concurrency,
+        )
+    peers = {name: best_run(by_concurrency) for name, by_concurrency in peer_runs.items()}
+    orbit = max((r for r in runs if not r["handler_ms"]), key=lambda r: r["tasks_per_s"], default=runs[0])
     rows = [
         [
             r["connections"],
@@ -176,6 +209,49 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         rows,
         here,
     )
+    peer_rows = [
+        [
+            "Orbit (best no-op row)",
+            f"{orbit['connections']} x {orbit['capacity']}",
+            orbit["tasks_per_s"],
+            1.0,
+            ms(orbit["to_start_s"]["p50"]),
+            ms(orbit["to_start_s"]["p99"]),
+            python_cpu_s(orbit),
+            *machine_us_per_task(orbit),
+        ]
+    ]
+    for name, peer in peers.items():
+        # A peer that did not run has none of these: its row shows n/a.
+        latency = peer.get("start_latency_s", {})
+        peer_rows.append(
+            [
+                f"{name} (best)",
+                peer.get("concurrency", ""),
+                peer.get("tasks_per_s", math.nan),
+                ratio(orbit["tasks_per_s"], peer.get("tasks_per_s", math.nan)),
+                ms(latency.get("p50", math.nan)),
+                ms(latency.get("p99", math.nan)),
+                peer.get("cpu_s", math.nan),
+                *machine_us_per_task(peer),
+            ]
+        )
+    against_peers = grid(
+        ["system"],
+        [
+            "concurrency",
+            "tasks/s",
+            "Orbit / this",
+            "start p50 ms",
+            "start p99 ms",
+            "python cpu s",
+            "machine us/task",
+            "outside python us/task",
+        ],
+        peer_rows,
+        here,
+        title="against the peers: submitted one by one while they run",
+    )
     reference = (REFERENCE.connections, REFERENCE.capacity, REFERENCE.handler_ms)
     judged = next((r for r in runs if (r["connections"], r["capacity"], r["handler_ms"]) == reference), runs[-1])
     targets = []
@@ -205,11 +281,27 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for r in runs
         if not r["complete"]
     ]
+    if peers:
+        notes += [
+            f"peers: {args.e2e_tasks:,} no-op tasks each, at {', '.join(str(c) for c in peer_concurrency)} (its best "
+            f"counts); the workers start first, then {args.submit_concurrency} threads of the peer's process enqueue "
+            "the tasks one by one. tasks/s = tasks / (first submit -> last acknowledgement). start: Orbit's "
+            "available_at -> started_at (database clock), a peer's from just before its enqueue call to its handler's "
+            "first line (the process's clock). python cpu s: Orbit's node and harness, a peer's process; machine "
+            "us/task: both cores' busy time / tasks.",
+            *(peer_setup(name, peer, args.e2e_tasks) for name, peer in peers.items()),
+        ]
     return {
         "scenario": "e2e",
         "server": bdb.server_version,
-        "figures": {"runs": runs, "floor": floor, "s1_drain_tasks_per_s": drain_per_s},
-        "grids": [table],
+        "figures": {
+            "runs": runs,
+            "floor": floor,
+            "s1_drain_tasks_per_s": drain_per_s,
+            "peers": peers,
+            "peer_runs": peer_runs,
+        },
+        "grids": [table, against_peers, concurrency_grid(peer_runs, peers, orbit["tasks_per_s"], here)],
         "targets": targets,
         "notes": notes,
         "profiles": {"the node, 8 x capacity 64, no-op": judged["profile"]} if judged.get("profile") else {},
@@ -219,12 +311,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def plot(report: dict[str, Any], outdir, plots) -> list:
     runs = report["figures"]["runs"]
     label = [f"{r['connections']}x{r['capacity']} {r['handler_ms']}ms" for r in runs]
+    peers = {name: p for name, p in report["figures"].get("peers", {}).items() if "tasks_per_s" in p}
     return [
         plots.bar(
             outdir / "e2e-throughput.png",
-            [*label, "S1 drain", "SQL floor"],
+            [*label, "S1 drain", "SQL floor", *peers],
             [r["tasks_per_s"] for r in runs]
-            + [report["figures"]["s1_drain_tasks_per_s"], report["figures"]["floor"]["tasks_per_s"]],
+            + [report["figures"]["s1_drain_tasks_per_s"], report["figures"]["floor"]["tasks_per_s"]]
+            + [p["tasks_per_s"] for p in peers.values()],
             title="E2E: submit -> finish tasks/s",
             ylabel="tasks/s",
         ),

@@ -1,4 +1,4 @@
-"""Peer task queues for S1, each run in its own process: ``python -m bench.peers NAME ...``.
+"""Peer task queues, each run in its own process: ``python -m bench.peers NAME ...``.
 
 * ``procrastinate``: Procrastinate on the local PostgreSQL (127.0.0.1:5432, user
   ``postgres``; ``ORBIT_BENCH_PG_DSN`` overrides), one asyncio worker process with
@@ -12,11 +12,19 @@
   (half of it: PgQueuer requires ``max_concurrent_tasks >= 2 x batch_size``).
 * ``huey``: Huey's SQL storage (``huey.contrib.sql_huey.SqlHuey``, peewee + PyMySQL) on
   the same MariaDB server as Orbit, one consumer process with ``concurrency`` threads.
+* ``celery``: Celery on the private Redis of ``--redis-url`` (``bench/redisserver.py``:
+  append-only file, ``appendfsync always`` at production durability), one worker with a
+  threads pool of ``concurrency``, ``task_acks_late``, its default prefetch multiplier (4).
+* ``dramatiq``: Dramatiq's Redis broker on such a Redis, one worker with ``concurrency``
+  threads (its acks come after the task).
 
-Each creates its own database, pre-submits ``--tasks`` no-op tasks, drains them with
-the workers, drops the database, and prints one JSON object (tasks/s, progress samples,
-its own CPU seconds and the whole machine's during the drain, database server included; for PostgreSQL, ``synchronous_commit`` and ``fsync`` as its session
-saw them) on stdout.
+Each creates its own database (a Redis peer: the harness starts a new server for each
+run), pre-submits ``--tasks`` no-op tasks, drains them with the workers, drops the
+database, and prints one JSON object (tasks/s, progress samples, its own CPU seconds and
+the whole machine's during the drain, database server included; for PostgreSQL,
+``synchronous_commit`` and ``fsync`` as its session saw them) on stdout. The threaded
+peers (Huey, Celery, Dramatiq: ``bench/thread_peers.py``) also run ``--mode e2e``: workers
+first, then the tasks submitted one by one from ``--submitters`` threads while they run.
 """
 
 from __future__ import annotations
@@ -26,16 +34,14 @@ import json
 import os
 import secrets
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from .accounting import machine_busy_seconds, self_cpu_seconds
+from .thread_peers import SAMPLE_S, dist_version, run_celery, run_dramatiq, run_huey
 
-# Progress sampling period of the burn-down curves.
-SAMPLE_S = 0.25
 # Bulk size of procrastinate's batch_defer (one INSERT per batch).
 DEFER_BATCH = 1000
 # Database connections of the Procrastinate pool: the Orbit node's default pool size.
@@ -145,7 +151,7 @@ def run_procrastinate(tasks: int, concurrency: int, timeout_s: float, synchronou
             "machine_cpu_s": machine,
             "timed_out": timed_out,
             "progress": progress + [(seconds, done)],
-            "version": _dist_version("procrastinate"),
+            "version": dist_version("procrastinate"),
             "setup": f"PostgreSQL, 1 asyncio worker process, concurrency {concurrency}, pool {PG_POOL}, "
             + _pg_setup(settings),
         }
@@ -233,7 +239,7 @@ def run_pgqueuer(tasks: int, concurrency: int, timeout_s: float, synchronous_com
             "machine_cpu_s": machine,
             "timed_out": timed_out or finished < tasks,
             "progress": progress + [(seconds, finished)],
-            "version": _dist_version("pgqueuer"),
+            "version": dist_version("pgqueuer"),
             "setup": f"PostgreSQL, 1 QueueManager (drain mode), max_concurrent_tasks {concurrency}, batch {batch}, "
             f"asyncpg pool {PG_POOL}, " + _pg_setup(settings),
         }
@@ -242,103 +248,50 @@ def run_pgqueuer(tasks: int, concurrency: int, timeout_s: float, synchronous_com
         return asyncio.run(main(name))
 
 
-def run_huey(tasks: int, concurrency: int, timeout_s: float, mysql_url: str) -> dict[str, Any]:
-    import logging
-    import urllib.parse
-
-    import peewee
-    import pymysql
-    from huey.contrib.sql_huey import SqlHuey
-    from huey.signals import SIGNAL_COMPLETE
-
-    logging.getLogger("huey").setLevel(logging.WARNING)
-    url = urllib.parse.urlsplit(mysql_url)
-    conn_args = {
-        "host": url.hostname or "127.0.0.1",
-        "port": url.port or 3306,
-        "user": urllib.parse.unquote(url.username or "root"),
-        "password": urllib.parse.unquote(url.password or ""),
-    }
-    name = "orbit_bench_huey_" + secrets.token_hex(4)
-    admin = pymysql.connect(**conn_args, autocommit=True)
-    admin.cursor().execute(f"CREATE DATABASE `{name}`")
-    admin.close()
-    database = peewee.MySQLDatabase(name, **conn_args)
-    huey = SqlHuey(name="bench", database=database, results=False, utc=True)
-    done = 0
-    lock = threading.Lock()
-    all_done = threading.Event()
-
-    @huey.task()
-    def noop() -> None:
-        return None
-
-    @huey.signal(SIGNAL_COMPLETE)
-    def completed(signal, task, *args, **kwargs) -> None:
-        nonlocal done
-        with lock:
-            done += 1
-            if done >= tasks:
-                all_done.set()
-
-    begin = time.perf_counter()
-    for _ in range(tasks):
-        noop()
-    enqueue_s = time.perf_counter() - begin
-    consumer = huey.create_consumer(
-        workers=concurrency, worker_type="thread", periodic=False, check_worker_health=False, shutdown_timeout=5
-    )
-    progress: list[tuple[float, int]] = []
-    cpu0, machine0 = self_cpu_seconds(), machine_busy_seconds()
-    start = time.perf_counter()
-    consumer.start()
-    deadline = start + timeout_s
-    while not all_done.wait(SAMPLE_S) and time.perf_counter() < deadline:
-        progress.append((time.perf_counter() - start, done))
-    seconds = time.perf_counter() - start
-    cpu, machine = self_cpu_seconds() - cpu0, machine_busy_seconds() - machine0
-    finished = done
-    consumer.stop(graceful=True)
-    # The database is dropped by the caller once this process (and its connections) is gone.
-    return {
-        "tasks": finished,
-        "seconds": seconds,
-        "enqueue_s": enqueue_s,
-        "cpu_s": cpu,
-        "machine_cpu_s": machine,
-        "timed_out": finished < tasks,
-        "database": name,
-        "progress": progress + [(seconds, finished)],
-        "version": _dist_version("huey"),
-        "setup": f"Huey SqlStorage (peewee {peewee.__version__} + PyMySQL) on the same MariaDB, "
-        f"1 consumer process, {concurrency} threads",
-    }
-
-
-def _dist_version(name: str) -> str:
-    from importlib.metadata import version
-
-    return version(name)
+# Peers with an end-to-end mode (``--mode e2e``): those whose workers are threads of one
+# process, on bench/thread_peers.py's driver.
+E2E_PEERS = ("huey", "celery", "dramatiq")
+# Peers on a Redis the harness starts for each run (``--redis-url``).
+REDIS_PEERS = ("celery", "dramatiq")
+PEERS = ("procrastinate", "pgqueuer", *E2E_PEERS)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.peers")
-    parser.add_argument("peer", choices=["procrastinate", "pgqueuer", "huey"])
+    parser.add_argument("peer", choices=PEERS)
     parser.add_argument("--tasks", type=int, required=True)
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--timeout-s", type=float, default=600)
+    parser.add_argument(
+        "--mode",
+        choices=("burn-down", "e2e"),
+        default="burn-down",
+        help="burn-down: pre-submit, then drain; e2e: workers first, then single submits while they run "
+        f"({', '.join(E2E_PEERS)})",
+    )
+    parser.add_argument(
+        "--submitters", type=int, default=16, help="threads enqueueing one by one (threaded peers; default 16)"
+    )
     parser.add_argument("--mysql-url", default="")
+    parser.add_argument("--redis-url", default="", help="the private Redis of celery and dramatiq")
     parser.add_argument(
         "--synchronous-commit", choices=("on", "off"), default="on", help="PostgreSQL peers' durability (default on)"
     )
     args = parser.parse_args(argv)
+    threaded = {"mode": args.mode, "submitters": args.submitters}
     try:
+        if args.mode != "burn-down" and args.peer not in E2E_PEERS:
+            raise ValueError(f"{args.peer} has no {args.mode} mode")
         if args.peer == "procrastinate":
             result = run_procrastinate(args.tasks, args.concurrency, args.timeout_s, args.synchronous_commit)
         elif args.peer == "pgqueuer":
             result = run_pgqueuer(args.tasks, args.concurrency, args.timeout_s, args.synchronous_commit)
+        elif args.peer == "huey":
+            result = run_huey(args.tasks, args.concurrency, args.timeout_s, args.mysql_url, **threaded)
+        elif args.peer == "celery":
+            result = run_celery(args.tasks, args.concurrency, args.timeout_s, args.redis_url, **threaded)
         else:
-            result = run_huey(args.tasks, args.concurrency, args.timeout_s, args.mysql_url)
+            result = run_dramatiq(args.tasks, args.concurrency, args.timeout_s, args.redis_url, **threaded)
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}"}
     print(json.dumps(result), flush=True)

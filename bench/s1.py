@@ -5,7 +5,8 @@ connections of each capacity of ``--capacities`` (1, 16, 64), each with a no-op 
 and with a 10 ms one (``--handler-ms``): node CPU per executed task in microseconds and
 in R. Peers, each in its own process and at each of ``--peer-concurrency`` (8, 32, 128):
 Procrastinate and PgQueuer on the local PostgreSQL, Huey's SQL storage on the same
-MariaDB (``bench/peers.py``), at the run's durability setting. The SQL floor (S0) is
+MariaDB, Celery and Dramatiq each on a private Redis started for the run
+(``bench/peers.py``, ``bench/redisserver.py``), at the run's durability setting. The SQL floor (S0) is
 measured in the same run. Headline: Orbit's best no-op shape / each peer at the peer's
 best concurrency, and Orbit / floor; MariaDB's statement counters per task, claim and
 submit. At production durability by default (``--durability both`` adds a development
@@ -32,7 +33,9 @@ from .calibrate import lowest_r
 from .clients import connection_plan, wait_until, worker_fleet
 from .database import admin_sql, bench_database, count_statements, count_tasks, make_app, seed_tasks
 from .grids import grid
+from .peers import E2E_PEERS, PEERS, REDIS_PEERS
 from .processes import node_process
+from .redisserver import private_redis
 from .report import STATEMENTS_NOTE, Target, fmt_number, ratio, statement_costs, statements_table, summarize
 from .s0 import floor_statement_rows, measure_floor
 from .steps import OTHER, OUTSIDE, PARTS, by_part
@@ -46,7 +49,7 @@ DURABILITY_COLUMNS = True
 DURABILITY_DEFAULT = "prod"
 # Issue 13 targets: Orbit's tasks/s over each peer's at the peer's best concurrency
 # (PgQueuer: Orbit at least as fast; issue 27: judged at production durability) and over
-# the SQL floor.
+# the SQL floor. A peer not named here (Celery, Dramatiq) is measured and printed, not judged.
 TARGET_VS_PEER = {"procrastinate": 3.0, "huey": 3.0, "pgqueuer": 1.0}
 TARGET_VS_FLOOR = 0.60
 # Issue 27: node CPU per executed task, in R, by Worker capacity (no-op handler).
@@ -103,18 +106,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "largest capacity also runs with each of these numbers of Worker connections (default 8,32)",
     )
     parser.add_argument(
-        "--peers", default="procrastinate,pgqueuer,huey", help="S1: peers to run (comma-separated, or none)"
+        "--peers",
+        default=",".join(PEERS),
+        help=f"S1/e2e: peers to run (comma-separated, or none; e2e runs those of {', '.join(E2E_PEERS)}; "
+        f"default {','.join(PEERS)})",
     )
     parser.add_argument(
         "--peer-concurrency",
         default="8,32,128",
-        help="S1: each peer runs at each of these concurrencies; its best counts (default 8,32,128)",
+        help="S1/e2e: each peer runs at each of these concurrencies; its best counts (default 8,32,128)",
     )
     parser.add_argument(
         "--peer-timeout-s",
         type=float,
         default=60.0,
-        help="S1: a peer drains at most this long; its rate is then done / elapsed (default 60)",
+        help="S1/e2e: a peer drains at most this long; its rate is then done / elapsed (default 60)",
     )
     parser.add_argument("--submit-concurrency", type=int, default=16, help="HTTP submitters at once (default 16)")
     parser.add_argument(
@@ -276,10 +282,20 @@ async def orbit_burndown(
 
 
 async def run_peer(
-    name: str, tasks: int, concurrency: int, server, timeout_s: float, synchronous_commit: str
+    name: str,
+    tasks: int,
+    concurrency: int,
+    server,
+    timeout_s: float,
+    ran_at: durability.Durability,
+    *,
+    mode: str = "burn-down",
+    submitters: int = 16,
 ) -> dict[str, Any]:
-    """Run one peer in its own process, bounded by ``timeout_s`` of draining (plus set-up);
-    the PostgreSQL peers with ``synchronous_commit`` (the run's durability setting)."""
+    """Run one peer in its own process in ``mode`` (``burn-down``, ``e2e``), bounded by
+    ``timeout_s`` of draining (plus set-up), at the durability ``ran_at``: the PostgreSQL
+    peers with its ``synchronous_commit``, the Redis peers on a new private Redis with its
+    ``appendfsync``."""
     cmd = [
         sys.executable,
         "-m",
@@ -294,8 +310,37 @@ async def run_peer(
         "--mysql-url",
         server.with_database("mysql").url(),
         "--synchronous-commit",
-        synchronous_commit,
+        ran_at.pg_synchronous_commit,
+        "--mode",
+        mode,
+        "--submitters",
+        str(submitters),
     ]
+    if name not in REDIS_PEERS:
+        return await _peer_process(cmd, server, timeout_s)
+    try:
+        async with private_redis(ran_at.redis_appendfsync) as url:
+            return await _peer_process([*cmd, "--redis-url", url], server, timeout_s)
+    except (OSError, RuntimeError, trio.TooSlowError) as exc:
+        return {"error": f"Redis did not start: {exc}"}
+
+
+async def run_peers(
+    names: Sequence[str], concurrencies: Sequence[int], tasks: int, server, timeout_s: float, **how: Any
+) -> dict[str, dict[int, dict[str, Any]]]:
+    """Each peer of ``names`` at each of ``concurrencies``, one run after the other
+    (``how``: ``run_peer``'s durability, mode and submitters)."""
+    runs: dict[str, dict[int, dict[str, Any]]] = {}
+    for name in names:
+        runs[name] = {}
+        for concurrency in concurrencies:
+            result = await run_peer(name, tasks, concurrency, server, timeout_s, **how)
+            runs[name][concurrency] = {**result, "concurrency": concurrency}
+    return runs
+
+
+async def _peer_process(cmd: list[str], server, timeout_s: float) -> dict[str, Any]:
+    """Run the peer process ``cmd``; its JSON result (its Huey database dropped afterwards)."""
     done = None
     with trio.move_on_after(timeout_s + PEER_SETUP_S):
         try:
@@ -346,8 +391,10 @@ def orbit_targets(
     targets = []
     if against_peers:
         for name, peer in peers.items():
+            if name not in TARGET_VS_PEER:
+                continue
             value = ratio(orbit["tasks_per_s"], peer.get("tasks_per_s", math.nan))
-            bound = TARGET_VS_PEER.get(name, TARGET_VS_PEER["procrastinate"])
+            bound = TARGET_VS_PEER[name]
             note = peer.get("error", "")[:80] or f"{name} at its best concurrency, {peer.get('concurrency')}"
             label = f"S1 Orbit >= {name}" if bound == 1.0 else f"S1 Orbit / {name} at its best"
             targets.append(Target.at_least(label, value, bound, unit="x", note=note))
@@ -388,9 +435,18 @@ def orbit_targets(
     return targets
 
 
+def wanted_peers(args: argparse.Namespace, among: Sequence[str] = PEERS) -> tuple[list[str], list[int]]:
+    """The peers of ``--peers`` that are in ``among`` (a name no peer has is an error), and
+    ``--peer-concurrency``."""
+    names = [p.strip() for p in args.peers.split(",") if p.strip() and p.strip() != "none"]
+    unknown = sorted(set(names) - set(PEERS))
+    if unknown:
+        raise SystemExit(f"--peers: no peer named {', '.join(unknown)} (one of {', '.join(PEERS)}, or none)")
+    return [p for p in names if p in among], [int(c) for c in args.peer_concurrency.split(",") if c]
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    peers_wanted = [p for p in args.peers.split(",") if p and p != "none"]
-    peer_concurrency = [int(c) for c in args.peer_concurrency.split(",") if c]
+    peers_wanted, peer_concurrency = wanted_peers(args)
     shapes = concurrency_shapes(
         parse_shapes(args.capacities, args.handler_ms, connections=S1_CONNECTIONS), args.orbit_connections
     )
@@ -433,23 +489,31 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 pace=LIFTED_PACE,
                 seed_sql=True,
             )
-        peer_runs: dict[str, dict[int, dict[str, Any]]] = {}
-        for name in peers_wanted:
-            peer_runs[name] = {}
-            for concurrency in peer_concurrency:
-                result = await run_peer(
-                    name, args.tasks, concurrency, bdb.dsn, args.peer_timeout_s, ran_at.pg_synchronous_commit
-                )
-                peer_runs[name][concurrency] = {**result, "concurrency": concurrency}
+        peer_runs = await run_peers(
+            peers_wanted,
+            peer_concurrency,
+            args.tasks,
+            bdb.dsn,
+            args.peer_timeout_s,
+            ran_at=ran_at,
+            submitters=args.submit_concurrency,
+        )
     peers = {name: best_run(runs) for name, runs in peer_runs.items()}
     headline = [
-        ["Orbit (best no-op shape)", orbit["tasks_per_s"], 1.0, orbit["seconds"], _python_cpu(orbit), *_machine(orbit)]
+        [
+            "Orbit (best no-op shape)",
+            orbit["tasks_per_s"],
+            1.0,
+            orbit["seconds"],
+            python_cpu_s(orbit),
+            *machine_us_per_task(orbit),
+        ]
     ]
     setups = [f"Orbit: {orbit['setup']}"]
     for name, peer in peers.items():
+        setups.append(peer_setup(name, peer, args.tasks))
         if "error" in peer:
             headline.append([name, *[math.nan] * 6])
-            setups.append(f"{name}: DID NOT RUN: {peer['error'][:120]}")
         else:
             headline.append(
                 [
@@ -458,10 +522,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     ratio(orbit["tasks_per_s"], peer["tasks_per_s"]),
                     peer["seconds"],
                     peer["cpu_s"],
-                    *_machine(peer),
+                    *machine_us_per_task(peer),
                 ]
             )
-            setups.append(f"{name} {peer['version']}: {peer['setup']}{_partial(peer, args.tasks)}")
     if lifted is not None:
         headline.append(
             [
@@ -469,8 +532,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 lifted["tasks_per_s"],
                 ratio(orbit["tasks_per_s"], lifted["tasks_per_s"]),
                 lifted["seconds"],
-                _python_cpu(lifted),
-                *_machine(lifted),
+                python_cpu_s(lifted),
+                *machine_us_per_task(lifted),
             ]
         )
         setups.append(f"Orbit, pacing lifted: diagnostic only, {LIFTED_PACE} claims per connection per cycle, not 4")
@@ -533,25 +596,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         here,
         title="the node's CPU per executed task (us) by its part: time inside the steps of its trio tasks",
     )
-    concurrency_rows: list[list[Any]] = []
-    for name, by_concurrency in peer_runs.items():
-        best = peers[name]
-        for concurrency, result in by_concurrency.items():
-            concurrency_rows.append(
-                [
-                    name,
-                    concurrency,
-                    result.get("tasks_per_s", math.nan),
-                    "best" if result is best and "tasks_per_s" in result else "",
-                ]
-            )
-    for name, best in peers.items():
-        concurrency_rows.append(
-            [f"Orbit best / {name} best", "", ratio(orbit["tasks_per_s"], best.get("tasks_per_s", math.nan)), ""]
-        )
-    concurrency_grid = grid(
-        ["system", "concurrency"], ["tasks/s", "best"], concurrency_rows, here, title="peers at each concurrency"
-    )
+    by_concurrency = concurrency_grid(peer_runs, peers, orbit["tasks_per_s"], here)
     statement_rows = [
         ("Orbit burn-down (node)", "task", orbit["per_task"]),
         ("Orbit burn-down (node)", "claim", orbit["per_claim"]),
@@ -604,7 +649,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "peer_runs": peer_runs,
             "floor": floor,
         },
-        "grids": [headline_grid, shape_grid, parts_grid, concurrency_grid],
+        "grids": [headline_grid, shape_grid, parts_grid, by_concurrency],
         "tables": [statements_table(statement_rows)],
         "targets": orbit_targets(orbit, floor, peers, runs, units, against_peers=ran_at.name == "prod"),
         "notes": notes,
@@ -612,17 +657,45 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _python_cpu(run: dict[str, Any]) -> float:
-    """CPU seconds of Orbit's own Python processes in a burn-down: node and harness."""
+def concurrency_grid(
+    peer_runs: dict[str, dict[int, dict[str, Any]]], peers: dict[str, dict[str, Any]], orbit_per_s: float, here: str
+) -> dict[str, Any]:
+    """Every peer run's tasks/s, its best marked, and Orbit's best (``orbit_per_s``) over each peer's best."""
+    rows: list[list[Any]] = []
+    for name, by_concurrency in peer_runs.items():
+        best = peers[name]
+        for concurrency, result in by_concurrency.items():
+            rows.append(
+                [
+                    name,
+                    concurrency,
+                    result.get("tasks_per_s", math.nan),
+                    "best" if result is best and "tasks_per_s" in result else "",
+                ]
+            )
+    for name, best in peers.items():
+        rows.append([f"Orbit best / {name} best", "", ratio(orbit_per_s, best.get("tasks_per_s", math.nan)), ""])
+    return grid(["system", "concurrency"], ["tasks/s", "best"], rows, here, title="peers at each concurrency")
+
+
+def peer_setup(name: str, peer: dict[str, Any], tasks: int) -> str:
+    """A note on how a peer's best run was set up (or why it did not run)."""
+    if "error" in peer:
+        return f"{name}: DID NOT RUN: {peer['error'][:120]}"
+    return f"{name} {peer['version']}: {peer['setup']}{_partial(peer, tasks)}"
+
+
+def python_cpu_s(run: dict[str, Any]) -> float:
+    """CPU seconds of Orbit's own Python processes in a burn-down or e2e row: node and harness."""
     return run["cpu"]["node_cpu_s"] + run["cpu"]["harness_cpu_s"]
 
 
-def _machine(run: dict[str, Any]) -> tuple[float, float]:
+def machine_us_per_task(run: dict[str, Any]) -> tuple[float, float]:
     """The whole machine's CPU per task of a burn-down (us), and the part of it outside
     the system's own Python processes: the database server, the kernel, anything else.
     A peer's run carries its process's ``cpu_s`` and the machine's ``machine_cpu_s``."""
     if "cpu" in run:
-        machine, python = run["cpu"]["machine_cpu_s"], _python_cpu(run)
+        machine, python = run["cpu"]["machine_cpu_s"], python_cpu_s(run)
     else:
         machine, python = run.get("machine_cpu_s", math.nan), run.get("cpu_s", math.nan)
     tasks = run.get("tasks") or math.nan

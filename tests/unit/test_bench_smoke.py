@@ -135,6 +135,7 @@ def test_durability_server_options_follow_docs_operations():
     dev = DEV.server_args()
     assert "--innodb-flush-log-at-trx-commit=2" in dev and not any("binlog" in a or "log-bin" in a for a in dev)
     assert (PROD.pg_synchronous_commit, DEV.pg_synchronous_commit) == ("on", "off")
+    assert (PROD.redis_appendfsync, DEV.redis_appendfsync) == ("always", "everysec")
     good = {"innodb_flush_log_at_trx_commit": 1, "log_bin": 1, "sync_binlog": 1, "binlog_format": "ROW"}
     assert check_settings(PROD, good) == []
     problems = check_settings(PROD, {**good, "innodb_flush_log_at_trx_commit": 2, "sync_binlog": 0})
@@ -142,6 +143,21 @@ def test_durability_server_options_follow_docs_operations():
     assert check_settings(DEV, {"innodb_flush_log_at_trx_commit": 2, "log_bin": 0}) == []
     seen = of_server({"innodb_flush_log_at_trx_commit": "2", "log_bin": "0", "sync_binlog": "0"})
     assert (seen.name, seen.pg_synchronous_commit, seen.private) == ("dev", "off", False)
+    assert seen.redis_appendfsync == "everysec"
+    assert of_server({"innodb_flush_log_at_trx_commit": "1"}).redis_appendfsync == "always"
+
+
+def test_the_private_redis_keeps_every_write_in_its_append_only_file(tmp_path):
+    from bench.redisserver import server_args
+
+    args = server_args(tmp_path, 6390, "always")
+    options = dict(zip(args[::2], args[1::2], strict=True))
+    assert options["--bind"] == "127.0.0.1" and options["--port"] == "6390"
+    assert options["--dir"] == str(tmp_path)
+    assert (options["--appendonly"], options["--appendfsync"], options["--save"]) == ("yes", "always", "")
+    assert server_args(tmp_path, 6390, "everysec")[args.index("--appendfsync") + 1] == "everysec"
+    with pytest.raises(ValueError, match="appendfsync 'no'"):
+        server_args(tmp_path, 6390, "no")
 
 
 def test_units_convert_costs_into_r_and_h():
@@ -276,15 +292,15 @@ def test_orbit_runs_at_its_best_concurrency_too():
 
 
 def test_s1_machine_cpu_per_task_splits_off_what_is_outside_python():
-    from bench.s1 import _machine
+    from bench.s1 import machine_us_per_task
 
     orbit = {"tasks": 1000, "cpu": {"machine_cpu_s": 1.0, "node_cpu_s": 0.25, "harness_cpu_s": 0.35}}
-    assert _machine(orbit) == pytest.approx((1000.0, 400.0))
+    assert machine_us_per_task(orbit) == pytest.approx((1000.0, 400.0))
     peer = {"tasks": 2000, "cpu_s": 0.2, "machine_cpu_s": 0.5}
-    assert _machine(peer) == pytest.approx((250.0, 150.0))
+    assert machine_us_per_task(peer) == pytest.approx((250.0, 150.0))
     # A peer that reported no machine CPU (or no task) shows nothing, not a made-up figure.
-    assert all(math.isnan(v) for v in _machine({"tasks": 10, "cpu_s": 0.1}))
-    assert all(math.isnan(v) for v in _machine({"tasks": 0, "cpu_s": 0.1, "machine_cpu_s": 0.5}))
+    assert all(math.isnan(v) for v in machine_us_per_task({"tasks": 10, "cpu_s": 0.1}))
+    assert all(math.isnan(v) for v in machine_us_per_task({"tasks": 0, "cpu_s": 0.1, "machine_cpu_s": 0.5}))
 
 
 def test_s1_targets_are_ratios_in_r_and_to_peers_at_prod():
@@ -310,6 +326,70 @@ def test_s1_targets_are_ratios_in_r_and_to_peers_at_prod():
     assert targets["S1 Orbit / huey at its best"].verdict == "met"
     dev = {t.name for t in orbit_targets(orbit, floor, peers, shapes, units, against_peers=False)}
     assert not any("pgqueuer" in name or "huey" in name for name in dev)
+    # Celery and Dramatiq are measured beside Orbit, with no target of their own.
+    more = {**peers, "celery": {"tasks_per_s": 100.0}, "dramatiq": {"tasks_per_s": 1000.0}}
+    names = {t.name for t in orbit_targets(orbit, floor, more, shapes, units)}
+    assert names == set(targets)
+
+
+def test_peers_chosen_by_name_and_scenario():
+    import argparse
+
+    from bench.peers import E2E_PEERS
+    from bench.s1 import wanted_peers
+
+    chosen = argparse.Namespace(peers="huey, celery,pgqueuer,dramatiq", peer_concurrency="8,32")
+    assert wanted_peers(chosen) == (["huey", "celery", "pgqueuer", "dramatiq"], [8, 32])
+    # e2e runs only the peers with an end-to-end mode.
+    assert wanted_peers(chosen, among=E2E_PEERS) == (["huey", "celery", "dramatiq"], [8, 32])
+    assert wanted_peers(argparse.Namespace(peers="none", peer_concurrency="8")) == ([], [8])
+    with pytest.raises(SystemExit, match="no peer named rq"):
+        wanted_peers(argparse.Namespace(peers="celery,rq", peer_concurrency="8"))
+
+
+class _InstantPeer:
+    """A peer whose started workers run and acknowledge each task as it is enqueued."""
+
+    def __init__(self, completions):
+        self.completions = completions
+        self.waiting = []
+        self.running = False
+        self.stopped = False
+
+    def enqueue(self, submitted):
+        if self.running:
+            self.completions.started(submitted)
+            self.completions.finished()
+        else:
+            self.waiting.append(submitted)
+
+    def start(self):
+        self.running = True
+        for submitted in self.waiting:
+            self.completions.started(submitted)
+            self.completions.finished()
+
+    def stop(self):
+        self.stopped = True
+
+
+@pytest.mark.parametrize("mode", ["burn-down", "e2e"])
+def test_threaded_peers_count_acknowledged_tasks_in_both_modes(mode):
+    from bench.thread_peers import Completions, drive
+
+    completions = Completions(200)
+    peer = _InstantPeer(completions)
+    result = drive(peer, completions, dist="pytest", setup="s", mode=mode, submitters=4, timeout_s=30)
+    assert (result["tasks"], result["timed_out"], peer.stopped) == (200, False, True)
+    assert result["progress"][-1] == (result["seconds"], 200)
+    assert result["setup"] == "s" and result["version"]
+    if mode == "burn-down":
+        # Every task was enqueued before the workers started, none with a submit time.
+        assert len(peer.waiting) == 200 and set(peer.waiting) == {None} and "enqueue_s" in result
+    else:
+        # The workers ran first; each task carried its submit time to its handler.
+        assert peer.waiting == [] and result["start_latency_s"]["count"] == 200
+        assert 0 <= result["start_latency_s"]["max"] < 30 and result["submit_tasks_per_s"] > 0
 
 
 def test_a_judged_shape_is_stated_in_the_r_measured_beside_it():

@@ -26,7 +26,6 @@ import attrs
 import trio
 
 from .admission import AdmissionGate, FairAdmission
-from .claims import ClaimRequest
 from .config import NodeConfig
 from .db import Database
 from .dispatch.claim_pool import ClaimPool
@@ -38,13 +37,14 @@ from .dispatch.scheduler import FairScheduler
 from .dispatch.signals import SignalRelay
 from .dispatch.turns import TurnRecorder
 from .dispatch.weights import WeightFollower
-from .errors import Unauthenticated, Unavailable
+from .domain.claims import ClaimRequest
+from .domain.errors import Unauthenticated, Unavailable
+from .domain.ownership import Reservation
+from .domain.retention import Retention
 from .metrics import NodeMetrics
-from .retention import Retention
 from .store.actions import CANCEL_REQUESTED, RETRIED, BulkOutcome
 from .store.leases import LeaseStore
 from .store.operations import NODE_STALE_S, OperationsStore
-from .store.ownership import Reservation
 from .store.plans import PlanStore
 from .store.pruning import PruneStore
 from .store.signals import SignalStore

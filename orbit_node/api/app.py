@@ -9,7 +9,7 @@ from quart_trio import QuartTrio
 from werkzeug import exceptions as http_exceptions
 from werkzeug.exceptions import HTTPException
 
-from ..errors import InvalidArgument, NotFound, OrbitError, PayloadTooLarge
+from ..domain.errors import InvalidArgument, NotFound, OrbitError, PayloadTooLarge
 from . import auth, envelope, explain, plans, queues, task_actions, tasks, validation
 from .asgi import ClosingHTTPConnection
 from .console.views import blueprint as console_blueprint

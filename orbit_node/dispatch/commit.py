@@ -38,8 +38,8 @@ from typing import Protocol
 
 import attrs
 
+from ..domain.ownership import AttachItem, FinishItem, TransitionResult
 from ..grouping import GroupCommit
-from ..store.ownership import AttachItem, FinishItem, TransitionResult
 from ..store.transitions import TransitionPart
 
 # The most items one group transaction decides; a batch never is split.

@@ -22,8 +22,8 @@ import logging
 import attrs
 import trio
 
+from ..domain.retention import Retention, RetentionClass
 from ..periodic import PeriodicService
-from ..retention import Retention, RetentionClass
 from ..store.pruning import ApplicationRetention, Batch, PruneStats, PruneStore
 
 log = logging.getLogger("orbit.retention")

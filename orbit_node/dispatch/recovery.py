@@ -16,9 +16,9 @@ import logging
 
 import attrs
 
+from ..domain.ownership import RecoveryStats
 from ..periodic import PeriodicService
 from ..store.leases import LeaseStore
-from ..store.ownership import RecoveryStats
 from ..store.recovery import Requeued
 
 log = logging.getLogger("orbit.recovery")

@@ -15,11 +15,11 @@ from typing import Any
 import attrs
 
 from ..db import Database, Tx
-from ..errors import InvalidArgument, NotFound
-from ..ids import is_hex32
-from ..retention import RetentionClass, parse_duration
-from ..rules import fairness_weight
-from ..wire import rfc3339, stored_json
+from ..domain.errors import InvalidArgument, NotFound
+from ..domain.ids import is_hex32
+from ..domain.retention import RetentionClass, parse_duration
+from ..domain.rules import fairness_weight
+from ..domain.wire import rfc3339, stored_json
 from .task_rows import PRIORITY_STEP_S
 
 LIVE_STATES = ("queued", "reserved", "running")

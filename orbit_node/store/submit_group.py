@@ -25,10 +25,10 @@ from collections.abc import Sequence
 
 import attrs
 
-from ..errors import OrbitError
+from ..domain.acceptance import Submission
+from ..domain.errors import OrbitError
+from ..domain.rules import NewTask
 from ..grouping import GroupCommit
-from ..rules import NewTask
-from .acceptance import Submission
 from .tasks import Accepted, TaskStore
 
 # Submissions one group transaction accepts at most.

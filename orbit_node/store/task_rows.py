@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from ..db import Tx
-from ..rules import NewTask
+from ..domain.rules import NewTask
 
 # Each priority level moves a task's dispatch ordering time this much earlier: the
 # generated column of 000012, dispatch_at = available_at - priority * 30 s. Readers that

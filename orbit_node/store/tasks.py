@@ -19,11 +19,11 @@ import attrs
 from orbit_protocol.limits import MAX_BULK
 
 from ..db import Database, Tx
-from ..errors import DatabaseError, NotFound, OrbitError
-from ..ids import is_hex32, time_ordered_id
-from ..rules import NewTask
-from ..task_query import TaskCursor, TaskFilter
-from .acceptance import Create, Record, Repeat, Submission, decide
+from ..domain.acceptance import Create, Record, Repeat, Submission, decide
+from ..domain.errors import DatabaseError, NotFound, OrbitError
+from ..domain.ids import is_hex32, time_ordered_id
+from ..domain.rules import NewTask
+from ..domain.task_query import TaskCursor, TaskFilter
 from .actions import BULK_ACTIONS, RETRIED, ActionOutcome, BulkOutcome, cancel_many, retry_many
 from .search import TaskSearchPage, search_tasks, waiting_reasons
 from .task_rows import ER_DUP_ENTRY, KEY_RACE_RUNS, NEW_TASK_COLUMNS, Task, TaskSummary, insert_tasks, task_row
@@ -69,7 +69,7 @@ class TaskStore:
 
         One answer per submission, in order: ``Accepted`` (created, or the repeat of the
         key's earlier identical request) or the refusal (``NotFound`` queue,
-        ``IdempotencyConflict``); ``orbit_node.store.acceptance`` decides which. Either
+        ``IdempotencyConflict``); ``orbit_node.domain.acceptance`` decides which. Either
         every created task of the call is committed or none is.
         """
         if not submissions:

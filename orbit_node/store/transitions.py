@@ -20,8 +20,8 @@ import attrs
 from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS
 
 from ..db import Database, Tx
-from .backoff import backoff_delay_ms
-from .ownership import (
+from ..domain.backoff import backoff_delay_ms
+from ..domain.ownership import (
     LIVE_STATES,
     At,
     AttachItem,

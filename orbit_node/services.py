@@ -29,7 +29,6 @@ from .admission import AdmissionGate, FairAdmission
 from .config import NodeConfig
 from .db import Database
 from .dispatch.claim_pool import ClaimPool
-from .dispatch.commit import GroupCommitter, concurrent_groups
 from .dispatch.plan_trigger import PlanTrigger
 from .dispatch.pruner import Pruner
 from .dispatch.recovery import Sweeper
@@ -41,6 +40,8 @@ from .domain.claims import ClaimRequest
 from .domain.errors import Unauthenticated, Unavailable
 from .domain.ownership import Reservation
 from .domain.retention import Retention
+from .group_commit.submits import SubmitGroups
+from .group_commit.transitions import GroupCommitter, concurrent_groups
 from .metrics import NodeMetrics
 from .store.actions import CANCEL_REQUESTED, RETRIED, BulkOutcome
 from .store.leases import LeaseStore
@@ -48,7 +49,6 @@ from .store.operations import NODE_STALE_S, OperationsStore
 from .store.plans import PlanStore
 from .store.pruning import PruneStore
 from .store.signals import SignalStore
-from .store.submit_group import SubmitGroups
 from .store.tasks import Accepted, TaskStore
 from .store.tenancy import Principal, Queue, TenancyStore
 from .store.worker_registry import WorkerRegistryStore
@@ -92,7 +92,7 @@ class Shard:
     db: Database
     tenancy: TenancyStore
     tasks: TaskStore
-    # Single submits through the group commit of acceptances (``store.submit_group``).
+    # Single submits through the group commit of acceptances (``group_commit.submits``).
     submits: SubmitGroups
     plans: PlanStore
     operations: OperationsStore

@@ -1,4 +1,4 @@
-"""Single submits share transactions (``orbit_node.store.submit_group``), each keeping its
+"""Single submits share transactions (``orbit_node.group_commit.submits``), each keeping its
 own idempotency record and its own answer; nothing acknowledged is lost."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import trio.testing
 from harness.nodeproc import NodeProcess
 from orbit_node.domain.errors import IdempotencyConflict, NotFound
 from orbit_node.domain.rules import NewTask
-from orbit_node.store.submit_group import SubmitGroups
+from orbit_node.group_commit.submits import SubmitGroups
 from orbit_node.store.tasks import TaskStore
 
 from ..checks import rows

@@ -189,7 +189,7 @@ class SchedulerLimits:
 
 @attrs.frozen(kw_only=True)
 class AdmissionLimits:
-    """Fair admission of HTTP requests between applications (``orbit_node/admission.py``,
+    """Fair admission of HTTP requests between applications (``orbit_node/admission/fair.py``,
     docs/operations.md, "Fair admission of requests")."""
 
     # Route handlers (body, validation, transaction) in progress per node. Submits

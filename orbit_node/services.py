@@ -25,7 +25,8 @@ from datetime import datetime
 import attrs
 import trio
 
-from .admission import AdmissionGate, FairAdmission
+from .admission.fair import AdmissionGate, FairAdmission
+from .admission.submit_rate import RateFollower, SubmitRates
 from .config import NodeConfig
 from .db import Database
 from .dispatch.claim_pool import ClaimPool
@@ -52,7 +53,6 @@ from .store.signals import SignalStore
 from .store.tasks import Accepted, TaskStore
 from .store.tenancy import Principal, Queue, TenancyStore
 from .store.worker_registry import WorkerRegistryStore
-from .submit_rate import RateFollower, SubmitRates
 from .workers.connection import TransitionStore
 from .workers.hub import WorkerHub
 from .workers.table import ConnectionTable
@@ -98,7 +98,7 @@ class Shard:
     operations: OperationsStore
     leases: LeaseStore
     registry: WorkerRegistryStore
-    # This node's share of its applications' submit rate limits (``submit_rate.py``), and
+    # This node's share of its applications' submit rate limits (``admission/submit_rate.py``), and
     # the follower that keeps them equal to the database's.
     rates: SubmitRates = attrs.field(factory=SubmitRates)
     rate_follower: RateFollower | None = None
@@ -432,7 +432,7 @@ class NodeServices:
     shards: Shards
     pool: ClaimPool | None = None
     hub: WorkerHub | None = None
-    # Fair admission of HTTP requests between applications (``admission.py``).
+    # Fair admission of HTTP requests between applications (``admission/fair.py``).
     admission: AdmissionGate = attrs.field(factory=lambda: AdmissionGate(FairAdmission()))
 
     @classmethod

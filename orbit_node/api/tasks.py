@@ -13,6 +13,7 @@ from quart import Blueprint, request
 from orbit_protocol import logs
 
 from .. import tracing
+from ..admission.submit_rate import Admission
 from ..domain import rules
 from ..domain.acceptance import Submission
 from ..domain.errors import OrbitError, PermissionDenied, ResourceExhausted
@@ -22,7 +23,6 @@ from ..domain.wire import rfc3339, stored_json
 from ..store.task_rows import Task, TaskSummary
 from ..store.tasks import Accepted
 from ..store.tenancy import Principal
-from ..submit_rate import Admission
 from . import envelope, validation
 from .auth import node_state, require_any, shard
 

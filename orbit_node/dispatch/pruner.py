@@ -23,8 +23,8 @@ import attrs
 import trio
 
 from ..domain.retention import Retention, RetentionClass
-from ..periodic import PeriodicService
 from ..store.pruning import ApplicationRetention, Batch, PruneStats, PruneStore
+from .periodic import PeriodicService
 
 log = logging.getLogger("orbit.retention")
 

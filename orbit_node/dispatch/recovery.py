@@ -17,9 +17,9 @@ import logging
 import attrs
 
 from ..domain.ownership import RecoveryStats
-from ..periodic import PeriodicService
 from ..store.leases import LeaseStore
 from ..store.recovery import Requeued
+from .periodic import PeriodicService
 
 log = logging.getLogger("orbit.recovery")
 

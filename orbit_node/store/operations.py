@@ -225,7 +225,7 @@ class OperationsStore:
         """Set the application's submit rate limit (tasks per second across the cluster, 0
         admits none; None: unlimited, which clears the burst too) and, when given, its burst
         (tasks at once, at least 1; None: one second of the rate); returns the application.
-        Every node applies it within about a second (``submit_rate.py``)."""
+        Every node applies it within about a second (``admission/submit_rate.py``)."""
         if per_second is not None:
             per_second = rate_value(per_second, "submits_per_second", minimum=0)
         if burst is not UNCHANGED and burst is not None:

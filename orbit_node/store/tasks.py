@@ -1,7 +1,7 @@
 """Tasks as the task interface sees them: acceptance (idempotent), reads, search, cancel, retry.
 
 Acceptance (one task or a batch, one code path) runs in one transaction: it reads the
-records of its keys and its queues, decides each submission (``store/acceptance.py``),
+records of its keys and its queues, decides each submission (``domain/acceptance.py``),
 then writes the idempotency records first and the tasks after them, as multi-row
 INSERTs. Concurrent submissions with one key serialise on that record's primary key:
 the first commits, the others fail with a duplicate key, run again and return (or

@@ -15,7 +15,7 @@ from ..db import Database, Tx
 from ..domain.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 from ..domain.ids import is_hex32, random_id
 from ..domain.rules import MAX_WEIGHT
-from ..submit_rate import SubmitLimit
+from ..domain.submit_limit import SubmitLimit
 
 SCOPES = (
     "queues:manage",

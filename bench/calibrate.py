@@ -21,7 +21,7 @@ import trio
 import trio_mysql
 import trio_mysql.cursors
 
-from orbit_node.dsn import Dsn
+from orbit_node.domain.dsn import Dsn
 
 from . import REPO
 from .database import bench_database, make_app

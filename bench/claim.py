@@ -25,10 +25,10 @@ from typing import Any
 import attrs
 import trio
 
-from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.db import Database, migrate
+from orbit_node.domain.claims import Capability, ClaimRequest
+from orbit_node.domain.ownership import FinishItem, Outcome
 from orbit_node.store.leases import LeaseStore
-from orbit_node.store.ownership import FinishItem, Outcome
 from orbit_node.store.tenancy import TenancyStore
 
 from .database import admin_sql, bench_dsn

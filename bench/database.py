@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from orbit_node.db import Database, migrate
-from orbit_node.dsn import Dsn
+from orbit_node.domain.dsn import Dsn
 from orbit_node.store.tenancy import SCOPES, TenancyStore
 
 from . import HANDLER, REPO, durability

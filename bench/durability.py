@@ -28,7 +28,7 @@ import trio
 
 from harness.mariadb import PrivateMariaDB
 from orbit_node.db import Database
-from orbit_node.dsn import Dsn
+from orbit_node.domain.dsn import Dsn
 
 # What ``--durability`` accepts besides the names of DURABILITIES.
 BOTH = "both"

@@ -29,7 +29,7 @@ import attrs
 import trio
 
 from orbit_node.db import Database
-from orbit_node.retention import CLASS_OF_STATE
+from orbit_node.domain.retention import CLASS_OF_STATE
 from orbit_sdk import OrbitClient, PermanentError, SubmitTaskRequest
 from orbit_sdk.worker import Worker, WorkerTask
 

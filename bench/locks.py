@@ -28,11 +28,11 @@ from typing import Any
 
 import trio
 
-from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.db import Database
-from orbit_node.dsn import Dsn
+from orbit_node.domain.claims import Capability, ClaimRequest
+from orbit_node.domain.dsn import Dsn
+from orbit_node.domain.ownership import FinishItem, Outcome
 from orbit_node.store.leases import LeaseStore
-from orbit_node.store.ownership import FinishItem, Outcome
 from orbit_node.store.tenancy import TenancyStore
 
 from . import HANDLER, REPO

@@ -27,7 +27,7 @@ import trio
 
 from orbit_node.cli.node import settle_collector
 from orbit_node.config import NodeConfig, SchedulerLimits
-from orbit_node.dsn import Dsn, parse_shards
+from orbit_node.domain.dsn import Dsn, parse_shards
 from orbit_node.node import Node
 from orbit_node.services import default_services
 

@@ -25,7 +25,7 @@ import trio
 
 from harness.nodeproc import free_port, orbit_environment, wait_answering
 from harness.processes import stop_process
-from orbit_node.dsn import Dsn
+from orbit_node.domain.dsn import Dsn
 
 from . import REPO
 

@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from harness.processes import stop_process
-from orbit_node.dsn import Dsn
+from orbit_node.domain.dsn import Dsn
 
 from . import REPO
 

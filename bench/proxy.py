@@ -26,7 +26,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from orbit_node.dsn import Dsn
+from orbit_node.domain.dsn import Dsn
 
 from .processes import ready_process
 

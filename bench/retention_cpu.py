@@ -36,7 +36,7 @@ from typing import Any
 import trio
 
 from orbit_node.db import Database
-from orbit_node.dsn import Dsn
+from orbit_node.domain.dsn import Dsn
 
 from .accounting import cpu_seconds
 from .bulk import submit_bulk

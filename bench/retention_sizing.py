@@ -22,12 +22,12 @@ from typing import Any
 
 import trio
 
-from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.db import Database
-from orbit_node.rules import NewTask
-from orbit_node.store.acceptance import Submission
+from orbit_node.domain.acceptance import Submission
+from orbit_node.domain.claims import Capability, ClaimRequest
+from orbit_node.domain.ownership import FinishItem, Outcome
+from orbit_node.domain.rules import NewTask
 from orbit_node.store.leases import LeaseStore
-from orbit_node.store.ownership import FinishItem, Outcome
 from orbit_node.store.tasks import TaskStore
 
 from . import HANDLER, durability

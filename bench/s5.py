@@ -27,10 +27,10 @@ from typing import Any
 import attrs
 import trio
 
-from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.db import Database
+from orbit_node.domain.claims import Capability, ClaimRequest
+from orbit_node.domain.ownership import FinishItem, Outcome
 from orbit_node.store.leases import LeaseStore
-from orbit_node.store.ownership import FinishItem, Outcome
 
 from . import HANDLER
 from .clients import connection_plan, submit_closed_loop, worker_fleet

@@ -24,10 +24,10 @@ import attrs
 import trio
 
 from harness.mariadb import PrivateMariaDB
-from orbit_node.claims import ClaimRequest
 from orbit_node.db import Database, Tx, migrate
+from orbit_node.domain.claims import ClaimRequest
+from orbit_node.domain.ownership import FinishItem, TransitionResult
 from orbit_node.store.leases import LeaseStore
-from orbit_node.store.ownership import FinishItem, TransitionResult
 from orbit_node.store.transitions import Writes
 
 from .claim import HANDLER

@@ -22,7 +22,7 @@ import trio
 
 from harness.mariadb import PrivateMariaDB
 from orbit_node.db import Database, migrate
-from orbit_node.dsn import Dsn
+from orbit_node.domain.dsn import Dsn
 
 from .accounting import measured_phase
 from .clients import connection_plan, wait_until, worker_fleet

@@ -28,7 +28,7 @@ import trio
 # The node's parts, by the start of a trio task's name; the first that matches wins.
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("claims", ("orbit_node.dispatch.claim_pool.",)),
-    ("group commits", ("orbit_node.grouping.",)),
+    ("group commits", ("orbit_node.group_commit.engine.",)),
     ("Worker connections", ("orbit_node.workers.",)),
     ("HTTP and WebSocket server", ("hypercorn.", "quart_trio.", "quart.", "trio._highlevel_serve_listeners.")),
 )

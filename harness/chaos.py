@@ -56,7 +56,7 @@ import httpx
 import trio
 
 from orbit_node.db import Database, Tx, migrate
-from orbit_node.errors import OrbitError
+from orbit_node.domain.errors import OrbitError
 from orbit_sdk.worker import Worker, WorkerRejected, WorkerTask
 
 from .history import TERMINAL, Attempt, Execution, History, Observation, Task, Verdict, check, epoch

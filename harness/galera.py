@@ -24,8 +24,8 @@ import attrs
 import trio
 
 from orbit_node.db import Database
-from orbit_node.dsn import Dsn, DsnHost
-from orbit_node.errors import OrbitError
+from orbit_node.domain.dsn import Dsn, DsnHost
+from orbit_node.domain.errors import OrbitError
 
 from .mariadb import START_TIMEOUT_S, PrivateMariaDB, find_bin
 from .nodeproc import free_port

@@ -20,8 +20,8 @@ import attrs
 import trio
 
 from orbit_node.db import Database
-from orbit_node.dsn import Dsn
-from orbit_node.errors import OrbitError
+from orbit_node.domain.dsn import Dsn
+from orbit_node.domain.errors import OrbitError
 
 from .nodeproc import free_port
 from .processes import stop_process

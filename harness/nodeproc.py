@@ -24,7 +24,7 @@ import attrs
 import httpx
 import trio
 
-from orbit_node.dsn import Dsn
+from orbit_node.domain.dsn import Dsn
 
 # The console scripts of the running interpreter's environment (.venv/bin).
 BIN = Path(sys.executable).parent

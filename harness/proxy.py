@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from orbit_node.dsn import Dsn
+from orbit_node.domain.dsn import Dsn
 
 # Bytes read per receive: large enough that a MySQL result or a WebSocket frame
 # usually moves as one chunk.

@@ -18,9 +18,9 @@ from typing import Any
 
 import attrs
 
-from .dsn import Dsn, ShardEntry, parse_shards
-from .errors import ConfigError, InvalidArgument
-from .retention import DEFAULT_AUDIT_S, DEFAULT_FAILED_S, DEFAULT_SUCCEEDED_S, format_duration, parse_duration
+from .domain.dsn import Dsn, ShardEntry, parse_shards
+from .domain.errors import ConfigError, InvalidArgument
+from .domain.retention import DEFAULT_AUDIT_S, DEFAULT_FAILED_S, DEFAULT_SUCCEEDED_S, format_duration, parse_duration
 
 LOG_FORMATS = ("auto", "json", "text")
 # ORBIT_ACCESS_LOG: every request, the failed and slow ones only, or none.
@@ -189,7 +189,7 @@ class SchedulerLimits:
 
 @attrs.frozen(kw_only=True)
 class AdmissionLimits:
-    """Fair admission of HTTP requests between applications (``orbit_node/admission.py``,
+    """Fair admission of HTTP requests between applications (``orbit_node/admission/fair.py``,
     docs/operations.md, "Fair admission of requests")."""
 
     # Route handlers (body, validation, transaction) in progress per node. Submits

@@ -28,11 +28,11 @@ from prometheus_client.exposition import choose_encoder
 from . import __version__
 from .db import Database
 from .dispatch.claim_pool import ClaimPool
-from .dispatch.commit import GroupCommitter
 from .dispatch.pruner import Pruner
 from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import Grant
 from .dispatch.signals import SignalRelay
+from .group_commit.transitions import GroupCommitter
 from .store.pruning import PRUNED_TABLES
 from .workers.hub import WorkerHub
 

@@ -24,7 +24,7 @@ from .api.metrics import serve_metrics
 from .api.state import NodeState
 from .config import NodeConfig
 from .db import Database
-from .ids import random_id
+from .domain.ids import random_id
 from .services import ServiceSet
 from .store.nodes import NodeStore
 

@@ -25,12 +25,11 @@ from datetime import datetime
 import attrs
 import trio
 
-from .admission import AdmissionGate, FairAdmission
-from .claims import ClaimRequest
+from .admission.fair import AdmissionGate, FairAdmission
+from .admission.submit_rate import RateFollower, SubmitRates
 from .config import NodeConfig
 from .db import Database
 from .dispatch.claim_pool import ClaimPool
-from .dispatch.commit import GroupCommitter, concurrent_groups
 from .dispatch.plan_trigger import PlanTrigger
 from .dispatch.pruner import Pruner
 from .dispatch.recovery import Sweeper
@@ -38,22 +37,23 @@ from .dispatch.scheduler import FairScheduler
 from .dispatch.signals import SignalRelay
 from .dispatch.turns import TurnRecorder
 from .dispatch.weights import WeightFollower
-from .errors import Unauthenticated, Unavailable
+from .domain.claims import ClaimRequest
+from .domain.errors import Unauthenticated, Unavailable
+from .domain.ownership import Reservation
+from .domain.retention import Retention
+from .group_commit.submits import SubmitGroups
+from .group_commit.transitions import GroupCommitter, concurrent_groups
 from .metrics import NodeMetrics
-from .retention import Retention
 from .store.actions import CANCEL_REQUESTED, RETRIED, BulkOutcome
 from .store.dependencies import DependencyStore
 from .store.leases import LeaseStore
 from .store.operations import NODE_STALE_S, OperationsStore
-from .store.ownership import Reservation
 from .store.plans import PlanStore
 from .store.pruning import PruneStore
 from .store.signals import SignalStore
-from .store.submit_group import SubmitGroups
 from .store.tasks import Accepted, TaskStore
 from .store.tenancy import Principal, Queue, TenancyStore
 from .store.worker_registry import WorkerRegistryStore
-from .submit_rate import RateFollower, SubmitRates
 from .workers.connection import TransitionStore
 from .workers.hub import WorkerHub
 from .workers.table import ConnectionTable
@@ -93,13 +93,13 @@ class Shard:
     db: Database
     tenancy: TenancyStore
     tasks: TaskStore
-    # Single submits through the group commit of acceptances (``store.submit_group``).
+    # Single submits through the group commit of acceptances (``group_commit.submits``).
     submits: SubmitGroups
     plans: PlanStore
     operations: OperationsStore
     leases: LeaseStore
     registry: WorkerRegistryStore
-    # This node's share of its applications' submit rate limits (``submit_rate.py``), and
+    # This node's share of its applications' submit rate limits (``admission/submit_rate.py``), and
     # the follower that keeps them equal to the database's.
     rates: SubmitRates = attrs.field(factory=SubmitRates)
     rate_follower: RateFollower | None = None
@@ -433,7 +433,7 @@ class NodeServices:
     shards: Shards
     pool: ClaimPool | None = None
     hub: WorkerHub | None = None
-    # Fair admission of HTTP requests between applications (``admission.py``).
+    # Fair admission of HTTP requests between applications (``admission/fair.py``).
     admission: AdmissionGate = attrs.field(factory=lambda: AdmissionGate(FairAdmission()))
 
     @classmethod

@@ -1,5 +1,5 @@
 """The node's OpenTelemetry spans: submit, dispatch, Start and Finish of a task, in the
-trace its producer started (``orbit_node.trace_context``).
+trace its producer started (``orbit_node.domain.trace_context``).
 
 Through the OpenTelemetry API only: an SDK (``orbit-node[otel]``) and its exporters, set
 up by the standard ``OTEL_*`` variables or by the program that embeds the node, make the
@@ -21,10 +21,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from orbit_protocol import __version__
 
-from .trace_context import TraceContext
+from .domain.trace_context import TraceContext
 
 if TYPE_CHECKING:
-    from .store.ownership import Reservation, TransitionResult
+    from .domain.ownership import Reservation, TransitionResult
 
 _tracer = trace.get_tracer("orbit.node", __version__)
 _propagator = TraceContextTextMapPropagator()

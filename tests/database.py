@@ -27,8 +27,8 @@ import trio
 from harness.mariadb import PrivateMariaDB
 from orbit_node.config import NodeConfig
 from orbit_node.db import Database, migrate
-from orbit_node.dsn import Dsn
-from orbit_node.errors import OrbitError
+from orbit_node.domain.dsn import Dsn
+from orbit_node.domain.errors import OrbitError
 from orbit_node.services import default_services
 
 from .nodeutil import run_node

@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from orbit_node.dsn import Dsn
+from orbit_node.domain.dsn import Dsn
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

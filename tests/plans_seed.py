@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from orbit_node.db import Database
-from orbit_node.plans.definition import parse_definition
+from orbit_node.domain.plans.definition import parse_definition
 from orbit_node.store.plans import Plan, PlanStore
 
 from .seed import Tenant

@@ -13,9 +13,9 @@ from typing import Any
 
 import attrs
 
-from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.db import Database
-from orbit_node.ids import time_ordered_id
+from orbit_node.domain.claims import Capability, ClaimRequest
+from orbit_node.domain.ids import time_ordered_id
 from orbit_node.store.leases import LeaseStore
 from orbit_node.store.tenancy import TenancyStore
 

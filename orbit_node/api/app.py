@@ -9,7 +9,7 @@ from quart_trio import QuartTrio
 from werkzeug import exceptions as http_exceptions
 from werkzeug.exceptions import HTTPException
 
-from ..errors import InvalidArgument, NotFound, OrbitError, PayloadTooLarge
+from ..domain.errors import InvalidArgument, NotFound, OrbitError, PayloadTooLarge
 from . import auth, envelope, explain, plans, queues, task_actions, tasks, validation
 from .asgi import ClosingHTTPConnection
 from .console.views import blueprint as console_blueprint
@@ -30,7 +30,7 @@ class MethodNotAllowed(OrbitError):
 class OrbitApp(QuartTrio):
     async def dispatch_request(self, request_context=None):
         """The route handler, in its application's turn of the node's fair admission
-        (``orbit_node/admission.py``): /v1 requests (their credential's application) and
+        (``orbit_node/admission/fair.py``): /v1 requests (their credential's application) and
         signed-in console pages. What has no application (/healthz, /readyz, /metrics, the
         console's sign-in) is not queued; the Worker WebSocket is a websocket, not
         dispatched here (its connections have fair slots of their own)."""

@@ -11,7 +11,7 @@ from werkzeug.datastructures import Headers
 
 from orbit_protocol import logs
 
-from ..errors import PermissionDenied, Unauthenticated
+from ..domain.errors import PermissionDenied, Unauthenticated
 from ..services import Shard
 from ..store.tenancy import ALL_QUEUES, Principal
 from .state import NodeState

@@ -31,7 +31,7 @@ from typing import Protocol
 import attrs
 import trio
 
-from ..errors import Unauthenticated, Unavailable
+from ..domain.errors import Unauthenticated, Unavailable
 from ..store.tenancy import Principal
 
 # Default bound on how long a verified credential is trusted (ORBIT_CREDENTIAL_CACHE_S).

@@ -14,7 +14,7 @@ from typing import Any
 
 from quart import Response, g
 
-from ..errors import DatabaseError, OrbitError, ResourceExhausted, SchemaNotReady, Unavailable
+from ..domain.errors import DatabaseError, OrbitError, ResourceExhausted, SchemaNotReady, Unavailable
 
 log = logging.getLogger("orbit.http")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from quart import Blueprint
 
-from .. import rules
+from ..domain import rules
 from . import envelope
 from .auth import require_any, shard
 

@@ -21,7 +21,7 @@ from quart import Blueprint, Response, g, request
 
 from orbit_protocol import logs
 
-from ..errors import NotFound
+from ..domain.errors import NotFound
 from ..metrics import NodeMetrics
 from .auth import bearer_token, node_state
 from .envelope import current_request_id

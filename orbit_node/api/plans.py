@@ -12,13 +12,13 @@ from typing import Any
 
 from quart import Blueprint
 
-from .. import rules
-from ..errors import InvalidArgument
-from ..plans.definition import parse_definition
+from ..domain import rules
+from ..domain.errors import InvalidArgument
+from ..domain.plans.definition import parse_definition
+from ..domain.strict_json import show
+from ..domain.wire import rfc3339
 from ..store.plans import Plan, PlanStore, PlanTask, PlanVersion
 from ..store.tenancy import Principal
-from ..strict_json import show
-from ..wire import rfc3339
 from . import envelope, validation
 from .auth import require_any, shard
 from .tasks import check_queue_filter, summary_json

@@ -6,9 +6,9 @@ from typing import Any
 
 from quart import Blueprint
 
-from .. import rules
+from ..domain import rules
+from ..domain.wire import rfc3339
 from ..store.tenancy import Queue
-from ..wire import rfc3339
 from . import envelope, validation
 from .auth import principal, readable_queues, require_all_queues, require_queue_read, shard
 

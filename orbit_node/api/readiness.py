@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from ..db import Database, migrate
-from ..errors import OrbitError, SchemaNotReady, Unavailable
+from ..domain.errors import OrbitError, SchemaNotReady, Unavailable
 
 log = logging.getLogger("orbit.readiness")
 

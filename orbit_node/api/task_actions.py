@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from quart import Blueprint
 
-from .. import rules
+from ..domain import rules
+from ..domain.task_query import bulk_request
 from ..services import Shard
 from ..store.actions import BulkOutcome
-from ..task_query import bulk_request
 from . import envelope, validation
 from .auth import require_any, shard
 from .tasks import check_queue_filter, cursor_text, task_json

@@ -13,16 +13,17 @@ from quart import Blueprint, request
 
 from orbit_protocol import logs
 
-from .. import rules, tracing
-from ..errors import OrbitError, PermissionDenied, ResourceExhausted
-from ..store.acceptance import Submission
+from .. import tracing
+from ..admission.submit_rate import Admission
+from ..domain import rules
+from ..domain.acceptance import Submission
+from ..domain.errors import OrbitError, PermissionDenied, ResourceExhausted
+from ..domain.task_query import FILTER_FIELDS, LIST_FIELDS, TaskCursor, filter_from_query
+from ..domain.trace_context import TraceContext
+from ..domain.wire import rfc3339, stored_json
 from ..store.task_rows import Task, TaskSummary
 from ..store.tasks import Accepted
 from ..store.tenancy import Principal
-from ..submit_rate import Admission
-from ..task_query import FILTER_FIELDS, LIST_FIELDS, TaskCursor, filter_from_query
-from ..trace_context import TraceContext
-from ..wire import rfc3339, stored_json
 from . import envelope, validation
 from .auth import node_state, require_any, shard
 

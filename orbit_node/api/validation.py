@@ -2,7 +2,7 @@
 
 Everything a client sends is checked before a handler touches the database, and every
 refusal is an ``OrbitError`` with a stable code and the field it names. The rules of
-the fields themselves (and the strict JSON reader) are ``orbit_node.rules``; this
+the fields themselves (and the strict JSON reader) are ``orbit_node.domain.rules``; this
 module applies them to the request at hand.
 """
 
@@ -17,13 +17,13 @@ from typing import Any
 from quart import current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from ..errors import InvalidArgument, PayloadTooLarge, UnsupportedMediaType
-from ..ids import is_hex32
-from ..rules import IDEMPOTENCY_KEY, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, kind, parse_json
-from ..strict_json import show
-from ..task_query import STATES
-from ..trace_context import TraceContext
-from ..trace_context import parse as trace_context_of
+from ..domain.errors import InvalidArgument, PayloadTooLarge, UnsupportedMediaType
+from ..domain.ids import is_hex32
+from ..domain.rules import IDEMPOTENCY_KEY, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, kind, parse_json
+from ..domain.strict_json import show
+from ..domain.task_query import STATES
+from ..domain.trace_context import TraceContext
+from ..domain.trace_context import parse as trace_context_of
 
 # -- the request -------------------------------------------------------------------
 
@@ -104,7 +104,7 @@ def idempotency_key() -> str:
 def trace_context() -> TraceContext | None:
     """The request's W3C ``traceparent`` (with its ``tracestate``), or None when it is
     absent, malformed or given more than once: a broken tracer never refuses a request
-    (``orbit_node.trace_context``)."""
+    (``orbit_node.domain.trace_context``)."""
     parents = request.headers.getlist("traceparent")
     if len(parents) != 1:
         return None

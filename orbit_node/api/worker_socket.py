@@ -17,7 +17,7 @@ from __future__ import annotations
 import trio
 from quart import Blueprint, websocket
 
-from ..errors import InvalidArgument, OrbitError, ResourceExhausted, Unavailable
+from ..domain.errors import InvalidArgument, OrbitError, ResourceExhausted, Unavailable
 from ..workers.connection import WorkerConnectionClosed
 from ..workers.slots import Refused
 from . import envelope

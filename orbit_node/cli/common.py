@@ -16,8 +16,8 @@ from orbit_protocol.commands import fail
 
 from ..config import check_environment
 from ..db import Database
-from ..dsn import Dsn, parse_shards
-from ..errors import ConfigError, OrbitError
+from ..domain.dsn import Dsn, parse_shards
+from ..domain.errors import ConfigError, OrbitError
 
 
 def dsns_from_env(env=None) -> list[tuple[str, Dsn]]:

@@ -13,7 +13,7 @@ import trio
 from orbit_protocol.commands import Parser
 
 from ..config import SDK_VARIABLES, SETTING_VARIABLES, NodeConfig
-from ..errors import ConfigError
+from ..domain.errors import ConfigError
 from ..node import Node
 from ..services import default_services
 from .common import run_command

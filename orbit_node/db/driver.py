@@ -1,5 +1,5 @@
 """trio-mysql as the node uses it: error numbers and their translation into
-``orbit_node.errors``, the session set-up, the fast DATETIME conversion, and a
+``orbit_node.domain.errors``, the session set-up, the fast DATETIME conversion, and a
 connection class that really closes its socket when it gives a connection up and
 writes the most common values as SQL literals in one step."""
 
@@ -15,7 +15,7 @@ import trio_mysql.converters
 from trio_mysql.constants import FIELD_TYPE, SERVER_STATUS
 from trio_mysql.protocol import MysqlPacket
 
-from ..errors import DatabaseError, SchemaNotReady, Unavailable
+from ..domain.errors import DatabaseError, SchemaNotReady, Unavailable
 from .results import Result, packet_now
 
 # Errors after which the same transaction may simply be run again. On Galera a

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from ..dsn import DsnHost
+from ..domain.dsn import DsnHost
 
 
 @attrs.define

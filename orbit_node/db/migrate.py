@@ -22,8 +22,8 @@ from pathlib import Path
 
 import attrs
 
-from ..errors import SchemaMismatch
-from ..wire import rfc3339
+from ..domain.errors import SchemaMismatch
+from ..domain.wire import rfc3339
 from .pool import Database, Tx
 
 _FILE = re.compile(r"^(\d{6})_([a-z0-9_]+)\.sql$")

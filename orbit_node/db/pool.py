@@ -10,7 +10,7 @@
   by cancellation, is closed rather than returned: its protocol state is unknown. An
   idle connection the server has closed meanwhile (restart, ``wait_timeout``) is noticed
   before reuse, without a round trip, so it never costs a request.
-* Driver errors are translated at this boundary into ``orbit_node.errors`` types
+* Driver errors are translated at this boundary into ``orbit_node.domain.errors`` types
   (``driver.py``: error numbers, the session set-up, the connection class); statements
   run through ``Tx`` (``tx.py``).
 * A DSN with several hosts (a MariaDB Galera cluster) is written through one server at a
@@ -41,8 +41,8 @@ import trio_mysql.converters
 import trio_mysql.cursors
 from trio_mysql.constants import CLIENT
 
-from ..dsn import Dsn, DsnHost
-from ..errors import InvalidArgument, OrbitError, Unavailable
+from ..domain.dsn import Dsn, DsnHost
+from ..domain.errors import InvalidArgument, OrbitError, Unavailable
 from .driver import (
     CONNECTION_ERRNOS,
     CONVERSIONS,

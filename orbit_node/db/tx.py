@@ -13,7 +13,7 @@ import attrs
 import trio_mysql.cursors
 from trio_mysql.constants import SERVER_STATUS
 
-from ..errors import DatabaseError
+from ..domain.errors import DatabaseError
 from .queries import QUERIES
 from .results import Rows
 

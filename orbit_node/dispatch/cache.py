@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 import attrs
 
-from ..claims import Capability
+from ..domain.claims import Capability
 
 
 @attrs.frozen

@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable, Sequence
 import attrs
 import trio
 
-from ..claims import ClaimRequest
-from ..store.ownership import Reservation
+from ..domain.claims import ClaimRequest
+from ..domain.ownership import Reservation
 from .scheduler import FairScheduler, Grant
 
 log = logging.getLogger("orbit.claims")

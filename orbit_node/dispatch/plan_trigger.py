@@ -15,7 +15,7 @@ from typing import Protocol
 
 import attrs
 
-from ..periodic import PeriodicService
+from .periodic import PeriodicService
 
 log = logging.getLogger("orbit.plans")
 

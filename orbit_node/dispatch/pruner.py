@@ -22,9 +22,9 @@ import logging
 import attrs
 import trio
 
-from ..periodic import PeriodicService
-from ..retention import Retention, RetentionClass
+from ..domain.retention import Retention, RetentionClass
 from ..store.pruning import ApplicationRetention, Batch, PruneStats, PruneStore
+from .periodic import PeriodicService
 
 log = logging.getLogger("orbit.retention")
 

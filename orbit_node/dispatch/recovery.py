@@ -18,11 +18,11 @@ import logging
 
 import attrs
 
-from ..periodic import PeriodicService
+from ..domain.ownership import RecoveryStats
 from ..store.dependencies import DependencyStore
 from ..store.leases import LeaseStore
-from ..store.ownership import RecoveryStats
 from ..store.recovery import Requeued
+from .periodic import PeriodicService
 
 log = logging.getLogger("orbit.recovery")
 

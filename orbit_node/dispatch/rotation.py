@@ -11,7 +11,7 @@ from itertools import count
 
 import attrs
 
-from ..rules import MAX_WEIGHT, MIN_WEIGHT
+from ..domain.rules import MAX_WEIGHT, MIN_WEIGHT
 
 # Virtual time is counted in units of 1/TURN of a turn at weight 1. Every weight from 1
 # to MAX_WEIGHT divides TURN, so a turn at any weight costs a whole number of units:

@@ -38,8 +38,8 @@ from collections.abc import Mapping
 
 import attrs
 
-from ..claims import ClaimRequest
 from ..config import SchedulerLimits
+from ..domain.claims import ClaimRequest
 from .cache import CacheKey, EmptyResultCache
 from .pace import Pace, Pacing
 from .rotation import TURN, Rotation, check_weight

@@ -26,7 +26,7 @@ import attrs
 import trio
 
 from ..config import SignalTiming
-from ..errors import OrbitError
+from ..domain.errors import OrbitError
 from ..store.signals import Signal, SignalStore
 from .claim_pool import ClaimPool
 from .signal_core import Heard, Outbox, ReadCursor, ReadPace, sort_out

@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Mapping
 import attrs
 import trio
 
-from ..errors import OrbitError
+from ..domain.errors import OrbitError
 from ..store.operations import OperationsStore
 from .share import TurnsElsewhere
 

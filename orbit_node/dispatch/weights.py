@@ -3,7 +3,7 @@
 An operator sets an application's weight in the database (``orbit-admin application
 weight``, column ``applications.fairness_weight``). Every node reads the weights other
 than 1 about once a second and hands each change to its ``FairScheduler``
-(``set_weight``), when it serves Workers, and to its request admission (``admission.py``); an application whose weight went back to 1 (or that is gone) is set
+(``set_weight``), when it serves Workers, and to its request admission (``admission/fair.py``); an application whose weight went back to 1 (or that is gone) is set
 back to 1. So a changed weight applies on every node within about a second, from the
 application's next turn there. Until the first read, and while the database cannot be
 read, the scheduler keeps the weights it has.
@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 
-from ..periodic import PeriodicService
+from .periodic import PeriodicService
 
 log = logging.getLogger("orbit.claims")
 

@@ -23,10 +23,10 @@ from typing import Any
 import attrs
 
 from ..db import Database, Tx
-from ..errors import DatabaseError, FailedPrecondition
-from ..ids import time_ordered_id
-from ..rules import NewTask
-from ..task_query import (
+from ..domain.errors import DatabaseError, FailedPrecondition
+from ..domain.ids import time_ordered_id
+from ..domain.rules import NewTask
+from ..domain.task_query import (
     CANCEL_NOW,
     CANCEL_REQUEST,
     CANCELLABLE_STATES,

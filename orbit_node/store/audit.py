@@ -16,8 +16,8 @@ from typing import Any
 import attrs
 
 from ..db import Database
-from ..errors import InvalidArgument
-from ..wire import rfc3339
+from ..domain.errors import InvalidArgument
+from ..domain.wire import rfc3339
 from .tenancy import Principal
 
 # Where a write came from (audit_records.via).

@@ -4,7 +4,7 @@ It first reads candidates without locking, in dispatch order, then locks exactly
 rows it will take by primary key with ``SKIP LOCKED``: it never locks a task it does not
 reserve or settle (a ``SKIP LOCKED`` scan would keep locks on every row it read and
 filtered out, hiding them from Workers that could run them). Application and queue
-quotas are read from their locked rows and enforced by ``orbit_node.store.quota``.
+quotas are read from their locked rows and enforced by ``orbit_node.domain.quota``.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any
 
 import attrs
 
-from ..claims import ClaimRequest
 from ..db import Database, Tx
-from ..ids import is_hex32
-from ..rules import MAX_PRIORITY
-from .ownership import LIVE_STATES, At, Reservation
-from .quota import Budget, epoch_second, quota_budget, window_after
+from ..domain.claims import ClaimRequest
+from ..domain.ids import is_hex32
+from ..domain.ownership import LIVE_STATES, At, Reservation
+from ..domain.quota import Budget, epoch_second, quota_budget, window_after
+from ..domain.rules import MAX_PRIORITY
 from .task_rows import PRIORITY_STEP_S
 from .transitions import ATTEMPTS_ERROR, CANCELLED_ERROR, DEADLINE_ERROR, Writes
 

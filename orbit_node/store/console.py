@@ -17,9 +17,9 @@ from typing import Any
 import attrs
 
 from ..db import Database, Tx
-from ..errors import NotFound
-from ..ids import is_hex32
-from ..task_query import EPOCH, TaskCursor, TaskFilter
+from ..domain.errors import NotFound
+from ..domain.ids import is_hex32
+from ..domain.task_query import EPOCH, TaskCursor, TaskFilter
 from .explain import capable_connections, live_connections
 from .search import TaskSearchPage, _params
 from .task_rows import PRIORITY_STEP_S, TaskSummary

@@ -1,5 +1,5 @@
 """Dependencies in the database (000027): the writes of the rules of
-``orbit_node.dependencies``.
+``orbit_node.domain.dependencies``.
 
 * Acceptance (``store/tasks.py``) locks the parents a submission names (shared), decides
   each new task's start from their states, and writes its edges (``task_parents``) and,
@@ -22,8 +22,8 @@ from datetime import datetime
 import attrs
 
 from ..db import Database, Tx
-from ..dependencies import FAILED_ENDS, WAITING, Start, count_off, dependency_error, start_of
-from .acceptance import Create
+from ..domain.acceptance import Create
+from ..domain.dependencies import FAILED_ENDS, WAITING, Start, count_off, dependency_error, start_of
 
 # Waiting children one transaction of the cascade cancels at most.
 CASCADE_BATCH = 256

@@ -16,13 +16,13 @@ from typing import Any
 import attrs
 
 from ..db import Database, Tx
-from ..dependencies import SUCCEEDED, WAITING, waiting_summary
-from ..errors import NotFound
-from ..ids import is_hex32
-from ..wire import rfc3339
+from ..domain.dependencies import SUCCEEDED, WAITING, waiting_summary
+from ..domain.errors import NotFound
+from ..domain.ids import is_hex32
+from ..domain.ownership import LIVE_STATES
+from ..domain.quota import quota_budget
+from ..domain.wire import rfc3339
 from .claim import key_free
-from .ownership import LIVE_STATES
-from .quota import quota_budget
 
 # Explanations treat a registered Worker connection as gone when its node missed three
 # registry heartbeats (every 10 s) or stopped.

@@ -17,8 +17,8 @@ from typing import Any
 import attrs
 
 from ..db import Database, Tx
-from ..retention import CLASS_OF_STATE
-from ..wire import verbatim_json
+from ..domain.retention import CLASS_OF_STATE
+from ..domain.wire import verbatim_json
 from .operations import task_documents
 
 # The terminal states: one index range each, merged into one order.

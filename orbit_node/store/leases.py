@@ -27,11 +27,9 @@ from typing import Any
 
 import attrs
 
-from ..claims import ClaimRequest
 from ..db import Database
-from .claim import run_claim
-from .explain import read_explanation
-from .ownership import (
+from ..domain.claims import ClaimRequest
+from ..domain.ownership import (
     AttachItem,
     FinishItem,
     Hook,
@@ -41,6 +39,8 @@ from .ownership import (
     Reservation,
     TransitionResult,
 )
+from .claim import run_claim
+from .explain import read_explanation
 from .recovery import Requeued, run_recovery
 from .transitions import (
     RECOVERY_BATCH,

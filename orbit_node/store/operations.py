@@ -15,11 +15,11 @@ from typing import Any
 import attrs
 
 from ..db import Database, Tx
-from ..errors import InvalidArgument, NotFound
-from ..ids import is_hex32
-from ..retention import RetentionClass, parse_duration
-from ..rules import fairness_weight
-from ..wire import rfc3339, stored_json
+from ..domain.errors import InvalidArgument, NotFound
+from ..domain.ids import is_hex32
+from ..domain.retention import RetentionClass, parse_duration
+from ..domain.rules import fairness_weight
+from ..domain.wire import rfc3339, stored_json
 from .task_rows import PRIORITY_STEP_S
 
 LIVE_STATES = ("queued", "reserved", "running")
@@ -228,7 +228,7 @@ class OperationsStore:
         """Set the application's submit rate limit (tasks per second across the cluster, 0
         admits none; None: unlimited, which clears the burst too) and, when given, its burst
         (tasks at once, at least 1; None: one second of the rate); returns the application.
-        Every node applies it within about a second (``submit_rate.py``)."""
+        Every node applies it within about a second (``admission/submit_rate.py``)."""
         if per_second is not None:
             per_second = rate_value(per_second, "submits_per_second", minimum=0)
         if burst is not UNCHANGED and burst is not None:

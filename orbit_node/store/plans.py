@@ -24,11 +24,11 @@ from typing import Any
 import attrs
 
 from ..db import Database, Tx
-from ..errors import AlreadyExists, DatabaseError, InvalidArgument, NotFound
-from ..ids import is_hex32, random_id, time_ordered_id
-from ..plans.definition import Definition, parse_stored
-from ..plans.schedule import due_fire_times
-from ..wire import rfc3339
+from ..domain.errors import AlreadyExists, DatabaseError, InvalidArgument, NotFound
+from ..domain.ids import is_hex32, random_id, time_ordered_id
+from ..domain.plans.definition import Definition, parse_stored
+from ..domain.plans.schedule import due_fire_times
+from ..domain.wire import rfc3339
 from .task_rows import ER_DUP_ENTRY, LIST_START, TaskPage, TaskSummary, insert_tasks, task_row
 
 log = logging.getLogger("orbit.plans")

@@ -7,7 +7,7 @@ lock those by primary key with ``SKIP LOCKED``, delete their attempts, their acc
 ``Idempotency-Key`` of a request or batch item, a plan's fire record) and the tasks.
 Every node may run batches at once; a row another pruner holds is skipped, so no row
 is deleted twice and no pruner waits for another. Which rows are expired is the rule
-of ``orbit_node.retention``, applied with the database clock.
+of ``orbit_node.domain.retention``, applied with the database clock.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from ..db import Database, Tx
-from ..retention import STATES_OF_CLASS, Retention, RetentionClass
+from ..domain.retention import STATES_OF_CLASS, Retention, RetentionClass
 
 
 @attrs.frozen

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from ..db import Database, Tx
-from .ownership import At, Outcome, RecoveryStats
+from ..domain.ownership import At, Outcome, RecoveryStats
 from .transitions import TaskRow, TransitionRules, Writes
 
 # requeued(queue_id, due_at, due_in_s): tasks of a queue went back, due at ``due_at``

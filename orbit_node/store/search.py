@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from ..db import Database, Tx
-from ..task_query import TaskCursor, TaskFilter
+from ..domain.task_query import TaskCursor, TaskFilter
 from .explain import capable_connections, gate_reasons, held_keys, live_connections, queue_gates, quota_reasons
 from .task_rows import TaskSummary
 

@@ -16,8 +16,8 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from ..db import Tx
-from ..dependencies import Start
-from ..rules import NewTask
+from ..domain.dependencies import Start
+from ..domain.rules import NewTask
 
 # Each priority level moves a task's dispatch ordering time this much earlier: the
 # generated column of 000012, dispatch_at = available_at - priority * 30 s. Readers that
@@ -147,7 +147,7 @@ def task_row(
 
     ``now`` is the database clock read in the accepting transaction: the task's
     created_at, and its available_at (plus the delay) unless the request names one.
-    ``start``: the state its parents give it (``orbit_node.dependencies``).
+    ``start``: the state its parents give it (``orbit_node.domain.dependencies``).
     """
     return {
         "task_id": task_id,

@@ -1,7 +1,7 @@
 """Tasks as the task interface sees them: acceptance (idempotent), reads, search, cancel, retry.
 
 Acceptance (one task or a batch, one code path) runs in one transaction: it reads the
-records of its keys and its queues, decides each submission (``store/acceptance.py``),
+records of its keys and its queues, decides each submission (``domain/acceptance.py``),
 then writes the idempotency records first and the tasks after them, as multi-row
 INSERTs. Concurrent submissions with one key serialise on that record's primary key:
 the first commits, the others fail with a duplicate key, run again and return (or
@@ -19,11 +19,11 @@ import attrs
 from orbit_protocol.limits import MAX_BULK
 
 from ..db import Database, Tx
-from ..errors import DatabaseError, NotFound, OrbitError
-from ..ids import is_hex32, time_ordered_id
-from ..rules import NewTask
-from ..task_query import TaskCursor, TaskFilter
-from .acceptance import Create, Record, Repeat, Submission, decide
+from ..domain.acceptance import Create, Record, Repeat, Submission, decide
+from ..domain.errors import DatabaseError, NotFound, OrbitError
+from ..domain.ids import is_hex32, time_ordered_id
+from ..domain.rules import NewTask
+from ..domain.task_query import TaskCursor, TaskFilter
 from .actions import BULK_ACTIONS, RETRIED, ActionOutcome, BulkOutcome, cancel_many, retry_many
 from .dependencies import insert_dependencies, starts_of
 from .search import TaskSearchPage, search_tasks, waiting_reasons
@@ -81,7 +81,7 @@ class TaskStore:
 
         One answer per submission, in order: ``Accepted`` (created, or the repeat of the
         key's earlier identical request) or the refusal (``NotFound`` queue,
-        ``IdempotencyConflict``); ``orbit_node.store.acceptance`` decides which. Either
+        ``IdempotencyConflict``); ``orbit_node.domain.acceptance`` decides which. Either
         every created task of the call is committed or none is.
         """
         if not submissions:

@@ -12,10 +12,10 @@ from typing import Any
 import attrs
 
 from ..db import Database, Tx
-from ..errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
-from ..ids import is_hex32, random_id
-from ..rules import MAX_WEIGHT
-from ..submit_rate import SubmitLimit
+from ..domain.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
+from ..domain.ids import is_hex32, random_id
+from ..domain.rules import MAX_WEIGHT
+from ..domain.submit_limit import SubmitLimit
 
 SCOPES = (
     "queues:manage",

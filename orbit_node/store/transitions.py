@@ -20,9 +20,8 @@ import attrs
 from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS
 
 from ..db import Database, Tx
-from .backoff import backoff_delay_ms
-from .dependencies import defer_failures, release_children
-from .ownership import (
+from ..domain.backoff import backoff_delay_ms
+from ..domain.ownership import (
     LIVE_STATES,
     At,
     AttachItem,
@@ -31,6 +30,7 @@ from .ownership import (
     Outcome,
     TransitionResult,
 )
+from .dependencies import defer_failures, release_children
 
 # Default rows per recovery transaction: a sweep pass stays a few milliseconds long.
 RECOVERY_BATCH = 256

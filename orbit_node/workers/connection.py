@@ -42,12 +42,12 @@ import trio
 
 from orbit_protocol import logs
 
-from ..claims import ClaimRequest
 from ..config import NodeConfig
 from ..dispatch.claim_pool import ClaimPool, PoolClosed
 from ..dispatch.scheduler import SchedulerRefused
-from ..errors import NotFound, OrbitError
-from ..store.ownership import AttachItem, FinishItem, Reservation, TransitionResult
+from ..domain.claims import ClaimRequest
+from ..domain.errors import NotFound, OrbitError
+from ..domain.ownership import AttachItem, FinishItem, Reservation, TransitionResult
 from ..store.tenancy import Principal
 from ..tracing import ConnectionTraces
 from . import protocol as p

@@ -34,14 +34,14 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 import attrs
 
-from ..claims import ClaimRequest
-from ..store.ownership import FinishItem, Outcome, TransitionResult
-from ..wire import rfc3339
+from ..domain.claims import ClaimRequest
+from ..domain.ownership import FinishItem, Outcome, TransitionResult
+from ..domain.wire import rfc3339
 from . import protocol as p
 from .send_buffer import Frame, SendBuffer
 
 if TYPE_CHECKING:
-    from ..store.ownership import Reservation
+    from ..domain.ownership import Reservation
 
 
 # Results that put the task back in its queue: a claim of that queue may take it again.

@@ -14,7 +14,7 @@ import trio
 from ..config import NodeConfig
 from ..dispatch.claim_pool import ClaimPool
 from ..dispatch.signals import SignalRelay
-from ..store.ownership import Reservation, TransitionResult
+from ..domain.ownership import Reservation, TransitionResult
 from ..store.tenancy import Principal, TenancyStore
 from ..store.worker_registry import WorkerRegistryStore
 from .connection import TransitionStore, Transport, WorkerConnection

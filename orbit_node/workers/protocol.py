@@ -23,15 +23,15 @@ import attrs
 
 from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_TASKS_PER_MESSAGE, MAX_TRACEBACK_CHARS
 
-from .. import strict_json
-from ..claims import Capability
-from ..errors import OrbitError
-from ..rules import HANDLER, QUEUE_ID, VERSION
-from ..strict_json import NotStrictJson
-from ..wire import rfc3339
+from ..domain import strict_json
+from ..domain.claims import Capability
+from ..domain.errors import OrbitError
+from ..domain.rules import HANDLER, QUEUE_ID, VERSION
+from ..domain.strict_json import NotStrictJson
+from ..domain.wire import rfc3339
 
 if TYPE_CHECKING:
-    from ..store.ownership import Reservation
+    from ..domain.ownership import Reservation
 
 # WebSocket close codes the node uses (documented in docs/worker-protocol.md).
 CLOSE_NORMAL = 1000
@@ -47,7 +47,7 @@ CLOSE_MOVED = 4004  # the node is full: the slot went to an application under it
 MAX_CAPACITY = 1000
 MAX_QUEUES = 64
 MAX_CAPABILITIES = 256
-# Handler and version names follow the task rules (``orbit_node.rules``), so every
+# Handler and version names follow the task rules (``orbit_node.domain.rules``), so every
 # capability a Worker declares can match an accepted task.
 _NAME = HANDLER
 _VERSION = VERSION

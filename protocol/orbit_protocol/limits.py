@@ -1,7 +1,7 @@
 """Limits of what travels between a node and its clients, in one place for both sides.
 
-Pure constants, no imports: the node's validation (``orbit_node/rules.py``,
-``task_query.py``, ``workers/protocol.py``, ``store/transitions.py``) and the SDK
+Pure constants, no imports: the node's validation (``orbit_node/domain/rules.py``,
+``domain/task_query.py``, ``workers/protocol.py``, ``store/transitions.py``) and the SDK
 (``orbit_sdk``) read them from here, so a limit cannot drift between the side that
 enforces it and the side that keeps within it.
 """

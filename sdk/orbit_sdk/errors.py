@@ -17,7 +17,7 @@ class OrbitClientError(Exception):
     """Root of the errors the SDK raises (the client's and the Worker's): ``code`` says
     which (machine-readable), ``message`` what happened, ``field`` what it is about when
     one thing is (a setting, a request field's path), ``details`` anything more. The
-    SDK's errors are its own: none is one of the node's (``orbit_node.errors``)."""
+    SDK's errors are its own: none is one of the node's (``orbit_node.domain.errors``)."""
 
     code = "CLIENT_ERROR"
 

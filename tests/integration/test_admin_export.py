@@ -18,7 +18,7 @@ import trio
 from orbit_node.cli.admin import build_parser
 from orbit_node.cli.admin.export import export_run
 from orbit_node.db import Database
-from orbit_node.errors import Unavailable
+from orbit_node.domain.errors import Unavailable
 from orbit_node.store.export import ExportCursor, ExportStore
 
 from ..database import create_database, drop_database

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from orbit_node.rules import NewTask
+from orbit_node.domain.rules import NewTask
 from orbit_node.store.tasks import TaskStore
 from orbit_node.store.tenancy import TenancyStore
 

@@ -1,4 +1,4 @@
-"""Fair admission of HTTP requests between applications (orbit_node/admission.py): the pure
+"""Fair admission of HTTP requests between applications (orbit_node/admission/fair.py): the pure
 state machine on a simulated sequence of arrivals and releases, the trio gate on trio's
 clock, and a real node under one application's flood."""
 
@@ -14,7 +14,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orbit_node.admission import AdmissionGate, FairAdmission, RequestsRefused, Verdict
+from orbit_node.admission.fair import AdmissionGate, FairAdmission, RequestsRefused, Verdict
 from orbit_node.config import AdmissionLimits
 
 from ..nodeutil import RunningNode, assert_error, make_tenant, run_node

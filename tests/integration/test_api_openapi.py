@@ -17,7 +17,7 @@ from orbit_node.api.app import create_app
 from orbit_node.api.state import NodeState
 from orbit_node.config import NodeConfig
 from orbit_node.db import Database
-from orbit_node.dsn import Dsn
+from orbit_node.domain.dsn import Dsn
 
 from ..helpers import REPO
 from ..nodeutil import make_tenant, make_token

@@ -10,7 +10,7 @@ import urllib.parse
 import pytest
 import trio
 
-from orbit_node import strict_json
+from orbit_node.domain import strict_json
 
 from ..nodeutil import Tenant, assert_error, make_tenant, stored_counts
 

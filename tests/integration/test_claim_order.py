@@ -8,7 +8,7 @@ import random
 import trio
 
 from orbit_node.db import Database
-from orbit_node.store.ownership import FinishItem
+from orbit_node.domain.ownership import FinishItem
 
 from ..seed import TaskSpec, claim_request, insert_tasks, lease_store, task_row, tenant
 

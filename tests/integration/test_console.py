@@ -17,7 +17,7 @@ from itsdangerous import TimestampSigner
 from orbit_node.api.console import model
 from orbit_node.api.console.session import COOKIE_NAME, SessionSigner
 from orbit_node.config import NodeConfig
-from orbit_node.errors import ConfigError
+from orbit_node.domain.errors import ConfigError
 from orbit_node.services import default_services
 from orbit_node.store.operations import OperationsStore
 from orbit_node.store.plans import PlanStore

@@ -10,7 +10,7 @@ import trio.testing
 
 from orbit_node.api.credentials import CredentialCache
 from orbit_node.config import NodeConfig
-from orbit_node.errors import ConfigError, Unauthenticated, Unavailable
+from orbit_node.domain.errors import ConfigError, Unauthenticated, Unavailable
 from orbit_node.store.tenancy import TenancyStore
 
 from ..nodeutil import make_tenant, run_node

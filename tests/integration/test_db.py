@@ -20,8 +20,8 @@ from orbit_node.db import QUERIES, Database
 from orbit_node.db.driver import DriverConnection, is_dropped
 from orbit_node.db.queries import parse_blocks
 from orbit_node.db.tx import MULTI_ROW_INSERT, Tx, per_row_statement, positional
-from orbit_node.dsn import Dsn
-from orbit_node.errors import DatabaseError, Unavailable
+from orbit_node.domain.dsn import Dsn
+from orbit_node.domain.errors import DatabaseError, Unavailable
 
 from ..helpers import running_statements, wait_until
 

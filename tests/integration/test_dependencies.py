@@ -8,11 +8,11 @@ import functools
 
 import trio
 
-from orbit_node.errors import NotFound
-from orbit_node.rules import NewTask
-from orbit_node.store.acceptance import Submission
+from orbit_node.domain.acceptance import Submission
+from orbit_node.domain.errors import NotFound
+from orbit_node.domain.ownership import Outcome
+from orbit_node.domain.rules import NewTask
 from orbit_node.store.dependencies import DependencyStore
-from orbit_node.store.ownership import Outcome
 from orbit_node.store.tasks import TaskStore
 
 from ..seed import claim_request, lease_store, task_row, tenant
@@ -211,7 +211,7 @@ async def test_a_finish_and_a_childs_submit_at_once_count_the_child_once(db):
 
 
 async def test_retention_keeps_a_parent_while_a_child_has_not_finished(db):
-    from orbit_node.retention import RetentionClass
+    from orbit_node.domain.retention import RetentionClass
     from orbit_node.store.pruning import PruneStore
 
     owner = await tenant(db)

@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 import trio
 
-from orbit_node.claims import Capability
 from orbit_node.db import Database
+from orbit_node.domain.claims import Capability
 from orbit_node.store.tenancy import TenancyStore
 
 from ..seed import (

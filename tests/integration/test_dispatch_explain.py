@@ -11,7 +11,7 @@ from quart import Blueprint
 from orbit_node.api import auth, explain
 from orbit_node.api.app import create_app
 from orbit_node.api.state import NodeState
-from orbit_node.errors import NotFound
+from orbit_node.domain.errors import NotFound
 from orbit_node.store.tenancy import TenancyStore
 
 from ..seed import NODE, TaskSpec, claim_request, insert_task, insert_tasks, lease_store, tenant

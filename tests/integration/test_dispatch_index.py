@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from orbit_node.claims import Capability
 from orbit_node.db import Database
 from orbit_node.db.queries import QUERIES
+from orbit_node.domain.claims import Capability
 
 from ..seed import CAP, TaskSpec, bulk_insert_tasks, claim_request, insert_tasks, lease_store, tenant
 

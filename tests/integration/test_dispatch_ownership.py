@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from orbit_node.db import Database
-from orbit_node.store.ownership import FinishItem, Outcome
+from orbit_node.domain.ownership import FinishItem, Outcome
 
 from ..helpers import wait_until
 from ..seed import add_queue, bulk_insert_tasks, claim_request, lease_store, tenant

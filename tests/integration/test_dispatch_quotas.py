@@ -9,8 +9,8 @@ import pytest
 import trio
 
 from orbit_node.db import Database
-from orbit_node.store.ownership import FinishItem
-from orbit_node.store.quota import epoch_second, quota_budget, window_after
+from orbit_node.domain.ownership import FinishItem
+from orbit_node.domain.quota import epoch_second, quota_budget, window_after
 from orbit_node.store.tenancy import TenancyStore
 
 from ..seed import TaskSpec, add_queue, claim_request, insert_tasks, lease_store, tenant

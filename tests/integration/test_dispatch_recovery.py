@@ -10,7 +10,7 @@ import trio
 from harness.clock import LaterDatabase
 from orbit_node.db import Database
 from orbit_node.dispatch.recovery import Sweeper
-from orbit_node.store.ownership import FinishItem, LostReason, Outcome, OwnershipLost, RecoveryStats
+from orbit_node.domain.ownership import FinishItem, LostReason, Outcome, OwnershipLost, RecoveryStats
 
 from ..helpers import wait_until
 from ..seed import (

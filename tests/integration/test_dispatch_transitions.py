@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from orbit_node.errors import FailedPrecondition
-from orbit_node.store.ownership import FinishItem, LostReason, Outcome, OwnershipLost
+from orbit_node.domain.errors import FailedPrecondition
+from orbit_node.domain.ownership import FinishItem, LostReason, Outcome, OwnershipLost
 
 from ..seed import (
     TaskSpec,

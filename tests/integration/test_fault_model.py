@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from orbit_node.errors import FailedPrecondition
-from orbit_node.store.ownership import FinishItem, Outcome
+from orbit_node.domain.errors import FailedPrecondition
+from orbit_node.domain.ownership import FinishItem, Outcome
 from orbit_node.store.tasks import TaskStore
 
 from .. import seed

@@ -6,9 +6,9 @@ import attrs
 import trio
 import trio.testing
 
-from orbit_node.dispatch.commit import GroupCommitter
-from orbit_node.errors import DatabaseError, Unavailable
-from orbit_node.store.ownership import FinishItem, LostReason, Outcome
+from orbit_node.domain.errors import DatabaseError, Unavailable
+from orbit_node.domain.ownership import FinishItem, LostReason, Outcome
+from orbit_node.group_commit.transitions import GroupCommitter
 
 from ..seed import TaskSpec, claim_request, insert_tasks, lease_store, task_row, tenant
 

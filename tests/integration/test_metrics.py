@@ -13,7 +13,7 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 
 from orbit_node.config import NodeConfig, SchedulerLimits
 from orbit_node.db import Database
-from orbit_node.errors import ConfigError
+from orbit_node.domain.errors import ConfigError
 from orbit_node.services import default_services
 
 from .. import seed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orbit_node.db import Database, migrate
-from orbit_node.errors import DatabaseError, SchemaMismatch
+from orbit_node.domain.errors import DatabaseError, SchemaMismatch
 
 
 async def schema_dump(db: Database) -> list[tuple]:

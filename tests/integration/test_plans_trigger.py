@@ -11,8 +11,8 @@ import trio
 
 from orbit_node.db import Database
 from orbit_node.dispatch.plan_trigger import PlanTrigger
+from orbit_node.domain.plans.definition import parse_definition
 from orbit_node.node import Node
-from orbit_node.plans.definition import parse_definition
 from orbit_node.services import ServiceSet
 from orbit_node.store.plans import PlanStore, fire_key
 

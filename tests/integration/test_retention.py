@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orbit_node.dispatch.pruner import Pruner
-from orbit_node.errors import InvalidArgument
-from orbit_node.retention import (
+from orbit_node.domain.errors import InvalidArgument
+from orbit_node.domain.retention import (
     CLASS_OF_STATE,
     MAX_RETENTION_S,
     STATES_OF_CLASS,

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 import orbit_sdk as sdk
-from orbit_node import errors
+from orbit_node.domain import errors
 from orbit_sdk import (
     ConfigError,
     Credentials,
@@ -103,7 +103,7 @@ async def test_submit_many_checks_every_item_before_the_first_batch(running_node
 
 def test_the_sdks_errors_are_its_own():
     """Every error the SDK exports is an ``OrbitClientError`` and none is one of the node's
-    (``orbit_node.errors``, which carry the status the node answers with)."""
+    (``orbit_node.domain.errors``, which carry the status the node answers with)."""
     classes = [getattr(sdk, name) for name in sdk.__all__]
     # PermanentError is the handlers' to raise, not the SDK's.
     error_classes = [

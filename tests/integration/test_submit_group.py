@@ -1,4 +1,4 @@
-"""Single submits share transactions (``orbit_node.store.submit_group``), each keeping its
+"""Single submits share transactions (``orbit_node.group_commit.submits``), each keeping its
 own idempotency record and its own answer; nothing acknowledged is lost."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import trio
 import trio.testing
 
 from harness.nodeproc import NodeProcess
-from orbit_node.errors import IdempotencyConflict, NotFound
-from orbit_node.rules import NewTask
-from orbit_node.store.submit_group import SubmitGroups
+from orbit_node.domain.errors import IdempotencyConflict, NotFound
+from orbit_node.domain.rules import NewTask
+from orbit_node.group_commit.submits import SubmitGroups
 from orbit_node.store.tasks import TaskStore
 
 from ..checks import rows
@@ -167,7 +167,7 @@ async def test_a_group_of_submits_is_two_round_trips(db, dsn):
     """The idempotency records and the queues are read in one packet; the records and the
     tasks are written with the COMMIT (the old transaction took five)."""
     from orbit_node.db import Database
-    from orbit_node.store.acceptance import Submission
+    from orbit_node.domain.acceptance import Submission
 
     owner = await tenant(db)
     one = Database(dsn, size=1)

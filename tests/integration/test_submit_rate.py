@@ -1,4 +1,4 @@
-"""Submit rate limits per application (orbit_node/submit_rate.py, docs/operations.md).
+"""Submit rate limits per application (orbit_node/admission/submit_rate.py, docs/operations.md).
 
 The token bucket and the shares among nodes are pure, on an injected clock, and checked
 with hypothesis; the limits are then checked end to end: set with orbit-admin (or the
@@ -15,9 +15,10 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orbit_node.admission.submit_rate import CLOSED_RETRY_AFTER_S, SubmitRates, TokenBucket
+from orbit_node.domain.submit_limit import SubmitLimit
 from orbit_node.services import Shard
 from orbit_node.store.operations import OperationsStore
-from orbit_node.submit_rate import CLOSED_RETRY_AFTER_S, SubmitLimit, SubmitRates, TokenBucket
 
 from ..helpers import cli
 from ..nodeutil import RunningNode, assert_error, make_tenant, run_node

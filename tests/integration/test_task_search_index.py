@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from orbit_node.db import Database
+from orbit_node.domain.task_query import TaskFilter
 from orbit_node.store.tasks import TaskStore
-from orbit_node.task_query import TaskFilter
 
 from ..seed import TaskSpec, bulk_insert_tasks, insert_tasks, tenant
 from .test_dispatch_index import session_reads

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from orbit_node import trace_context
+from orbit_node.domain import trace_context
 from orbit_node.services import default_services
 from orbit_sdk import OrbitClient, PermanentError, SubmitTaskRequest, Worker, WorkerTask
 

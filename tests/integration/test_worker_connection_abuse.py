@@ -12,9 +12,9 @@ from trio_websocket import ConnectionClosed
 
 from orbit_node.config import NodeConfig
 from orbit_node.db import Database
-from orbit_node.errors import ConfigError
+from orbit_node.domain.errors import ConfigError
+from orbit_node.domain.ownership import LostReason, Outcome
 from orbit_node.services import default_services
-from orbit_node.store.ownership import LostReason, Outcome
 from orbit_node.store.tenancy import TenancyStore
 from orbit_node.workers import protocol as p
 

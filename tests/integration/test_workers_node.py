@@ -10,9 +10,9 @@ import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
 from orbit_node.db import Database
+from orbit_node.domain.ownership import OwnershipLost
 from orbit_node.node import Node
 from orbit_node.services import default_services
-from orbit_node.store.ownership import OwnershipLost
 from orbit_node.store.tenancy import TenancyStore
 from orbit_sdk.worker import Worker
 

@@ -12,7 +12,7 @@ import trio
 
 from orbit_node.cli.node import NODE_SETTINGS
 from orbit_node.config import NodeConfig
-from orbit_node.errors import ConfigError
+from orbit_node.domain.errors import ConfigError
 
 from ..helpers import BIN, REPO, cli
 from ..nodeutil import run_node

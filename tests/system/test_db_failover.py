@@ -16,8 +16,8 @@ import trio
 from harness.mariadb import PrivateMariaDB
 from orbit_node.db import Database, migrate
 from orbit_node.db.hosts import HostOrder
-from orbit_node.dsn import Dsn, DsnHost
-from orbit_node.errors import InvalidArgument, Unavailable
+from orbit_node.domain.dsn import Dsn, DsnHost
+from orbit_node.domain.errors import InvalidArgument, Unavailable
 
 from ..helpers import cli
 

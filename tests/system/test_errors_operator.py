@@ -24,7 +24,7 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 from harness.nodeproc import free_port
 from orbit_node.config import NodeConfig
 from orbit_node.db import Database, migrate
-from orbit_node.dsn import Dsn
+from orbit_node.domain.dsn import Dsn
 
 from ..database import server_dsn
 from ..helpers import BIN

@@ -14,9 +14,9 @@ from harness.clock import LaterDatabase
 from harness.nodeproc import NodeProcess, free_port
 from harness.proxy import open_fault_proxy
 from orbit_node.db import Database, migrate
+from orbit_node.domain.ownership import RecoveryStats
 from orbit_node.services import default_services
 from orbit_node.store.leases import LeaseStore
-from orbit_node.store.ownership import RecoveryStats
 
 from .. import seed
 from ..checks import assert_attempt_history, rows, tenant_with_token

@@ -9,7 +9,7 @@ from trio_websocket import ConnectionClosed
 
 from harness.nodeproc import NodeProcess
 from harness.proxy import Direction, open_fault_proxy
-from orbit_node.store.ownership import OwnershipLost
+from orbit_node.domain.ownership import OwnershipLost
 
 from .. import seed
 from ..checks import assert_attempt_history, rows, tenant_with_token, wait_for_state

@@ -9,7 +9,7 @@ from harness.clock import LaterDatabase
 from harness.proxy import Direction, open_fault_proxy
 from orbit_node.db import Database
 from orbit_node.db.driver import is_dropped
-from orbit_node.errors import Unavailable
+from orbit_node.domain.errors import Unavailable
 
 from ..helpers import running_statements, wait_until
 

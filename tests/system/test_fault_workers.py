@@ -13,8 +13,8 @@ from trio_websocket import ConnectionClosed
 
 from harness.proxy import open_fault_proxy
 from harness.worker_proc import ProcessSocket, open_worker_process
+from orbit_node.domain.ownership import OwnershipLost
 from orbit_node.services import default_services
-from orbit_node.store.ownership import OwnershipLost
 from orbit_sdk.worker import Worker
 
 from .. import seed

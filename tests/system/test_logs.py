@@ -302,7 +302,7 @@ async def test_the_access_log_says_what_its_mode_asks(node_config, db, caplog, m
 
 def test_an_unknown_access_log_mode_is_refused_naming_the_variable():
     from orbit_node.config import NodeConfig
-    from orbit_node.errors import ConfigError
+    from orbit_node.domain.errors import ConfigError
 
     with pytest.raises(ConfigError) as refused:
         NodeConfig.from_env({"ORBIT_MYSQL_DSN": "mysql://u@h/d", "ORBIT_ACCESS_LOG": "some"})

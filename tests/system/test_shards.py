@@ -25,8 +25,8 @@ from harness.mariadb import PrivateMariaDB
 from orbit_node.config import NodeConfig
 from orbit_node.db import Database
 from orbit_node.db.migrate import HEAD
-from orbit_node.dispatch.commit import Lane
-from orbit_node.dsn import Dsn, parse_shards
+from orbit_node.domain.dsn import Dsn, parse_shards
+from orbit_node.group_commit.transitions import Lane
 from orbit_node.services import default_services
 
 from .. import seed

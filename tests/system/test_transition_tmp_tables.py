@@ -16,7 +16,7 @@ from datetime import datetime
 from orbit_node.db import QUERIES, Database, migrate
 from orbit_node.db.driver import DriverConnection
 from orbit_node.db.tx import per_row_statement
-from orbit_node.store.ownership import FinishItem, Outcome
+from orbit_node.domain.ownership import FinishItem, Outcome
 
 from ..seed import TaskSpec, attempt_rows, claim_request, expire_lease, insert_tasks, lease_store, task_row, tenant
 

@@ -1,4 +1,4 @@
-"""The acceptance decisions (``orbit_node.store.acceptance``), without a database."""
+"""The acceptance decisions (``orbit_node.domain.acceptance``), without a database."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import itertools
 
 import attrs
 
-from orbit_node.errors import IdempotencyConflict, NotFound
-from orbit_node.rules import NewTask
-from orbit_node.store.acceptance import Create, Record, Repeat, Submission, decide
+from orbit_node.domain.acceptance import Create, Record, Repeat, Submission, decide
+from orbit_node.domain.errors import IdempotencyConflict, NotFound
+from orbit_node.domain.rules import NewTask
 
 QUEUE = "a" * 32
 OTHER_QUEUE = "b" * 32

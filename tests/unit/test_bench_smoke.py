@@ -467,11 +467,11 @@ def test_the_nodes_parts_are_the_differences_of_its_task_clocks():
     after = {
         "task_seconds": {
             "orbit_node.dispatch.claim_pool.ClaimPool._run_claim": 3.0,
-            "orbit_node.grouping.GroupCommit._run_group": 1.5,
+            "orbit_node.group_commit.engine.GroupCommit._run_group": 1.5,
             "orbit_node.workers.connection.WorkerConnection._writer": 0.5,
             "hypercorn.trio.task_group._handle": 0.25,
             "quart_trio.asgi.TrioASGIWebsocketConnection.handle_websocket": 0.25,
-            "orbit_node.periodic.PeriodicService.run": 0.1,
+            "orbit_node.dispatch.periodic.PeriodicService.run": 0.1,
         }
     }
     parts = by_part(before, after, node_cpu_s=5.0)

@@ -12,11 +12,11 @@ import pytest
 import trio
 import trio.testing
 
-from orbit_node.claims import ClaimRequest
 from orbit_node.config import NodeConfig, SchedulerLimits
 from orbit_node.dispatch.claim_pool import ClaimPool, PoolClosed
 from orbit_node.dispatch.scheduler import FairScheduler, cache_key
-from orbit_node.dsn import Dsn
+from orbit_node.domain.claims import ClaimRequest
+from orbit_node.domain.dsn import Dsn
 from orbit_node.store.tenancy import Principal
 from orbit_node.workers import protocol as p
 from orbit_node.workers.connection import (

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from orbit_node.config import SDK_VARIABLES, SETTING_VARIABLES, NodeConfig, SchedulerLimits, settings, settings_table
-from orbit_node.dsn import Dsn
-from orbit_node.errors import ConfigError
+from orbit_node.domain.dsn import Dsn
+from orbit_node.domain.errors import ConfigError
 
 
 def test_dsn_url_forms():

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from orbit_node.claims import Capability, ClaimRequest
-from orbit_node.store.ownership import Outcome, Reservation, TransitionResult
+from orbit_node.domain.claims import Capability, ClaimRequest
+from orbit_node.domain.ownership import Outcome, Reservation, TransitionResult
 from orbit_node.workers import protocol as p
 from orbit_node.workers.core import (
     MAX_PROTOCOL_ERRORS,

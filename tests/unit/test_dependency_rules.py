@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orbit_node.dependencies import (
+from orbit_node.domain.dependencies import (
     DEPENDENCY_FAILED,
     FAILED_ENDS,
     Start,

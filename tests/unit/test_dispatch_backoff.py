@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from orbit_node.store.backoff import backoff_delay_ms
+from orbit_node.domain.backoff import backoff_delay_ms
 
 
 class Extreme(random.Random):

@@ -28,9 +28,9 @@ import attrs
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.config import SchedulerLimits
 from orbit_node.dispatch.scheduler import FairScheduler, Grant
+from orbit_node.domain.claims import Capability, ClaimRequest
 
 CAPABILITIES = frozenset({Capability("h", "v1", "v1")})
 # The SDK Worker of the measurement in issue 24: capacity 4, so it asks again once 2 are free.

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orbit_node.claims import Capability, ClaimRequest
 from orbit_node.config import SchedulerLimits
 from orbit_node.dispatch.pace import Pacing
 from orbit_node.dispatch.scheduler import FairScheduler
+from orbit_node.domain.claims import Capability, ClaimRequest
 
 P3 = Pacing(per_cycle=4, cycle_s=1.0)
 

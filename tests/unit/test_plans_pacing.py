@@ -13,9 +13,9 @@ import logging
 import attrs
 import trio
 
+from orbit_node.dispatch.periodic import MAX_BACK_TO_BACK_PASSES
 from orbit_node.dispatch.plan_trigger import PlanTrigger
-from orbit_node.errors import Unavailable
-from orbit_node.periodic import MAX_BACK_TO_BACK_PASSES
+from orbit_node.domain.errors import Unavailable
 from orbit_node.store.plans import FireResult
 
 # Generous on the mock clock: it only moves when everything waits.

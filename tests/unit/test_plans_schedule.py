@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from orbit_node.plans.definition import parse_schedule
-from orbit_node.plans.schedule import LATEST, Schedule, due_fire_times
+from orbit_node.domain.plans.definition import parse_schedule
+from orbit_node.domain.plans.schedule import LATEST, Schedule, due_fire_times
 
 
 def at(text: str) -> datetime:
@@ -236,7 +236,7 @@ def test_a_parsed_schedule_has_the_documented_defaults():
     [{}, {"interval_s": 60, "catch_up": "never"}, {"cron": "0 9 * * *", "time_zone": "Nowhere/City"}],
 )
 def test_schedule_refusals_name_the_field(schedule):
-    from orbit_node.errors import InvalidArgument
+    from orbit_node.domain.errors import InvalidArgument
 
     with pytest.raises(InvalidArgument) as caught:
         parse_schedule(schedule, "definition.schedule")

@@ -8,10 +8,10 @@ from collections import Counter
 
 import pytest
 
-from orbit_node.claims import ClaimRequest
 from orbit_node.config import SchedulerLimits
 from orbit_node.dispatch.cache import CacheKey, EmptyResultCache
 from orbit_node.dispatch.scheduler import AlreadyOutstanding, FairScheduler, SchedulerFull
+from orbit_node.domain.claims import ClaimRequest
 
 CAPS = frozenset({("h", "v1", "v1")})
 

@@ -17,7 +17,7 @@ from orbit_node.dispatch.cache import EmptyResultCache
 from orbit_node.dispatch.claim_pool import ClaimPool
 from orbit_node.dispatch.scheduler import FairScheduler
 from orbit_node.dispatch.signal_core import Heard, Outbox, ReadCursor, ReadPace, sort_out
-from orbit_node.errors import ConfigError
+from orbit_node.domain.errors import ConfigError
 from orbit_node.store.signals import CANCEL, TASKS, ReadSignal, Signal
 
 from .test_claim_pool import ticket

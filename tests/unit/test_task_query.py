@@ -8,9 +8,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from orbit_node.errors import FailedPrecondition, InvalidArgument
-from orbit_node.rules import LATEST
-from orbit_node.task_query import (
+from orbit_node.domain.errors import FailedPrecondition, InvalidArgument
+from orbit_node.domain.rules import LATEST
+from orbit_node.domain.task_query import (
     CANCEL_NOW,
     CANCEL_REQUEST,
     STATES,
@@ -116,7 +116,7 @@ def test_a_retry_keeps_the_time_budget_of_the_original_deadline():
 
 def test_the_module_is_pure():
     code = (
-        "import sys, orbit_node.task_query; "
+        "import sys, orbit_node.domain.task_query; "
         "assert not {'quart', 'hypercorn', 'trio_mysql', 'trio_websocket', 'trio'} & set(sys.modules), sorted(sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orbit_node import strict_json
+from orbit_node.domain import strict_json
 from orbit_node.workers import protocol as p
 
 from ..protocol_schema import validate_message

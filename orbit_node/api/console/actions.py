@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from quart import Response, g, request
 
-from ...errors import InvalidArgument, OrbitError
+from ...domain.errors import InvalidArgument, OrbitError
 from ...services import Shard
 from ...store import audit as actions
 from ...store.actions import CANCEL_REQUESTED, CANCELLED

@@ -19,10 +19,10 @@ from datetime import timedelta
 import attrs
 from quart import request
 
-from ...errors import InvalidArgument, PermissionDenied
+from ...domain.errors import InvalidArgument, PermissionDenied
+from ...domain.task_query import MAX_BULK, TaskFilter
 from ...store import audit as actions
 from ...store.audit import Entry
-from ...task_query import MAX_BULK, TaskFilter
 from .actions import ACTION_FIELDS, action_form, answer
 from .answers import COUNT_PARAMS, DONE_PARAM
 from .task_filters import FIELDS, Query, filter_json, filter_params, query_of

@@ -12,7 +12,7 @@ from typing import Any, Protocol, TypeVar
 
 import attrs
 
-from ...task_query import TaskFilter
+from ...domain.task_query import TaskFilter
 from ...workers.slots import fair_shares
 
 # Priority levels of P3, highest first (the order claims take them in).

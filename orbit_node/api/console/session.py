@@ -29,7 +29,7 @@ import time
 import attrs
 from itsdangerous import BadSignature, SignatureExpired, TimestampSigner
 
-from ...ids import is_hex32
+from ...domain.ids import is_hex32
 
 COOKIE_NAME = "orbit_console"
 # Separates these signatures from any other use of the same key.

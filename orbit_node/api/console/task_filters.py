@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from ...errors import InvalidArgument
-from ...task_query import FILTER_FIELDS, TaskCursor, TaskFilter, filter_from_query
-from ...wire import rfc3339
+from ...domain.errors import InvalidArgument
+from ...domain.task_query import FILTER_FIELDS, TaskCursor, TaskFilter, filter_from_query
+from ...domain.wire import rfc3339
 
 # The filters the console's forms offer (task_ids, a list of exact ids, is the API's only).
 FIELDS = tuple(name for name in FILTER_FIELDS if name != "task_ids")

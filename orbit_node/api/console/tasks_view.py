@@ -17,8 +17,8 @@ from typing import Any
 
 from quart import Response, request
 
-from ...errors import InvalidArgument, NotFound
-from ...task_query import CANCELLABLE_STATES, PRIORITIES, RETRYABLE_STATES, STATES, TaskFilter
+from ...domain.errors import InvalidArgument, NotFound
+from ...domain.task_query import CANCELLABLE_STATES, PRIORITIES, RETRYABLE_STATES, STATES, TaskFilter
 from . import model
 from .family import family_graph
 from .task_filters import Query, filter_params, query_of, query_params

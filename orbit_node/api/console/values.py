@@ -13,8 +13,8 @@ import json
 
 import attrs
 
+from ...domain.wire import stored_json
 from ...store.console import Head
-from ...wire import stored_json
 
 # Characters of a payload, result or task error shown on a task's page ("the first 4 KiB").
 PREVIEW_CHARS = 4096

@@ -28,14 +28,14 @@ from quart import Blueprint, Response, g, render_template, request
 
 from orbit_protocol import logs
 
-from ...errors import NotFound, OrbitError, PermissionDenied, Unauthenticated
-from ...retention import CLASS_OF_STATE, Retention, RetentionClass, format_duration
+from ...domain.errors import NotFound, OrbitError, PermissionDenied, Unauthenticated
+from ...domain.retention import CLASS_OF_STATE, Retention, RetentionClass, format_duration
+from ...domain.wire import rfc3339
 from ...services import Shard
 from ...store.console import ConsoleStore, Stranded
 from ...store.console_sessions import ConsoleSessionStore
 from ...store.operations import OperationsStore, QueueBacklog
 from ...store.tenancy import Principal
-from ...wire import rfc3339
 from ..auth import node_state
 from . import model
 from .answers import ANSWER_PARAMS, done_text

@@ -10,15 +10,15 @@ import attrs
 
 from ...config import NodeConfig
 from ...db import Database
-from ...errors import ConfigError, InvalidArgument
-from ...retention import CLASS_OF_STATE, Retention, RetentionClass, format_duration, parse_duration
-from ...rules import MAX_WEIGHT, MIN_WEIGHT, fairness_weight
-from ...rules import QUEUE_NAME as NAME
+from ...domain.errors import ConfigError, InvalidArgument
+from ...domain.retention import CLASS_OF_STATE, Retention, RetentionClass, format_duration, parse_duration
+from ...domain.rules import MAX_WEIGHT, MIN_WEIGHT, fairness_weight
+from ...domain.rules import QUEUE_NAME as NAME
+from ...domain.wire import rfc3339
 from ...store.operations import UNCHANGED as STORE_UNCHANGED
 from ...store.operations import OperationsStore
 from ...store.pruning import PruneStore
 from ...store.tenancy import TenancyStore
-from ...wire import rfc3339
 from ..common import add_json, console, fail, table
 from .command import command
 

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ...db import Database
-from ...ids import is_hex32
+from ...domain.ids import is_hex32
 from ...store.audit import MAX_LIMIT, AuditStore
 from ...store.operations import OperationsStore
 from ..common import add_json, console, fail, table

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...config import parse_addr
 from ...db import Database
-from ...errors import InvalidArgument, OrbitError
+from ...domain.errors import InvalidArgument, OrbitError
 from ...store.operations import OperationsStore
 from ...store.tenancy import ALL_QUEUES, NODE_SCOPES, SCOPES, TenancyStore
 from ..common import add_json, console, fail, private_file, run_command, table

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ...db import Database
-from ...errors import InvalidArgument, NotFound
+from ...domain.errors import InvalidArgument, NotFound
+from ...domain.task_query import filter_from_query
+from ...domain.wire import json_line, rfc3339
 from ...store.export import EXPORT_PAGE_MAX, EXPORT_PAGE_SIZE, ExportCursor, ExportStore
 from ...store.tenancy import TenancyStore
-from ...task_query import filter_from_query
-from ...wire import json_line, rfc3339
 from ..common import fail, private_file
 from .command import streaming
 

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ...db import Database
-from ...ids import is_hex32
+from ...domain.ids import is_hex32
 from ...store.operations import OperationsStore
 from ...store.signals import Signal
 from ...store.tenancy import TenancyStore

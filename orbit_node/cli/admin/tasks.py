@@ -19,17 +19,17 @@ from typing import Any
 import attrs
 
 from ...db import Database
-from ...errors import InvalidArgument, NotFound, OrbitError
-from ...ids import is_hex32
-from ...rules import LIST_LIMIT_MAX
+from ...domain.errors import InvalidArgument, NotFound, OrbitError
+from ...domain.ids import is_hex32
+from ...domain.rules import LIST_LIMIT_MAX
+from ...domain.task_query import TaskCursor, filter_from_query
+from ...domain.wire import rfc3339
 from ...store.actions import CANCEL_REQUESTED, RETRIED
 from ...store.leases import LeaseStore
 from ...store.operations import OperationsStore
 from ...store.signals import Signal, SignalStore
 from ...store.tasks import TaskStore
 from ...store.tenancy import TenancyStore
-from ...task_query import TaskCursor, filter_from_query
-from ...wire import rfc3339
 from ..common import add_json, console, fail, table
 from . import export
 from .command import command

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from ..errors import FailedPrecondition
+from .errors import FailedPrecondition
 
 # States in which a task is owned by a connection (it holds a lease and a fencing token).
 LIVE_STATES = ("reserved", "running")
@@ -84,7 +84,7 @@ class Reservation:
     # Seconds from the claim (database clock) to the deadline; None without one. A node
     # times the deadline's notice to the Worker by it, on its own clock.
     deadline_in_s: float | None = None
-    # The submission's W3C trace context in its stored form (``orbit_node.trace_context``),
+    # The submission's W3C trace context in its stored form (``orbit_node.domain.trace_context``),
     # or None: sent with the dispatch so the Worker's span continues the producer's trace.
     trace_context: str | None = None
     # Its parents (depends_on, 000027), by id: sent with the dispatch so that the handler

@@ -21,8 +21,8 @@ When a group transaction fails with an error that is not the database being
 unreachable, each of its batches is run again alone, so one batch's bad data cannot
 fail the others. If the database cannot be reached, every batch of the group gets
 that error (the connection answers its Worker with negative acks, as before). The
-engine (lanes, groups, withdrawal, splitting) is ``orbit_node.grouping``'s, shared with
-the grouped HTTP submits.
+engine (lanes, groups, withdrawal, splitting) is ``engine.py``'s, shared with the
+grouped HTTP submits (``submits.py``).
 
 **One application per transaction.** A group holds the batches of one application only
 (the shard key, ``docs/scaling.md``): each application has its own lane, whose groups
@@ -38,9 +38,9 @@ from typing import Protocol
 
 import attrs
 
-from ..grouping import GroupCommit
-from ..store.ownership import AttachItem, FinishItem, TransitionResult
+from ..domain.ownership import AttachItem, FinishItem, TransitionResult
 from ..store.transitions import TransitionPart
+from .engine import GroupCommit
 
 # The most items one group transaction decides; a batch never is split.
 MAX_GROUP_ITEMS = 2048

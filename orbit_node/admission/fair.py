@@ -28,9 +28,9 @@ from itertools import count
 import attrs
 import trio
 
-from .config import AdmissionLimits
-from .dispatch.rotation import TURN, Rotation, check_weight
-from .errors import ResourceExhausted
+from ..config import AdmissionLimits
+from ..dispatch.rotation import TURN, Rotation, check_weight
+from ..domain.errors import ResourceExhausted
 
 # Retry-After of a refused request: the waiting requests of a saturated node are served
 # within about a second, so that is when another try may pass.

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
-from ..errors import IdempotencyConflict, NotFound, OrbitError
-from ..rules import NewTask
+from .errors import IdempotencyConflict, NotFound, OrbitError
+from .rules import NewTask
 
 
 @attrs.frozen

@@ -25,7 +25,7 @@ from .ids import is_hex32
 from .rules import HANDLER, LATEST, MAX_PRIORITY, QUEUE_ID, integer, kind, reject_unknown, string, timestamp
 from .strict_json import show
 
-# ``waiting``: a task whose parents have not all succeeded (orbit_node.dependencies).
+# ``waiting``: a task whose parents have not all succeeded (orbit_node.domain.dependencies).
 STATES = ("waiting", "queued", "reserved", "running", "succeeded", "failed", "cancelled", "expired")
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
 # What a cancel can still change, and what a retry starts from.

@@ -442,7 +442,7 @@ class NewTask:
     backoff_multiplier: float = DEFAULT_BACKOFF_MULTIPLIER
     resource_key: str | None = None
     # Parents by task id, and (a batch item) by the idempotency keys of earlier items of
-    # its batch: it waits until all of them succeed (``orbit_node.dependencies``).
+    # its batch: it waits until all of them succeed (``orbit_node.domain.dependencies``).
     depends_on: tuple[str, ...] = ()
     depends_on_keys: tuple[str, ...] = ()
     # The producer's W3C trace context, validated, in its stored form

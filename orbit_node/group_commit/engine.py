@@ -34,7 +34,7 @@ from typing import Generic, TypeVar
 import attrs
 import trio
 
-from .errors import OrbitError, Unavailable
+from ..domain.errors import OrbitError, Unavailable
 
 log = logging.getLogger("orbit.grouping")
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from .errors import OrbitError
+from ..domain.errors import OrbitError
 
 # Passes run back to back while they find more work, at most this many per round.
 MAX_BACK_TO_BACK_PASSES = 16

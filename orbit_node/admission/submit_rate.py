@@ -24,7 +24,8 @@ from collections.abc import Awaitable, Callable, Mapping
 import attrs
 import trio
 
-from .periodic import PeriodicService
+from ..dispatch.periodic import PeriodicService
+from ..domain.submit_limit import SubmitLimit
 
 log = logging.getLogger("orbit.submit_rate")
 
@@ -34,30 +35,6 @@ RATES_REFRESH_S = 1.0
 # Retry-After of a refusal by a bucket that never refills (a rate of 0): the limit is read
 # again within a second, so that is when another try may succeed.
 CLOSED_RETRY_AFTER_S = 1
-
-
-@attrs.frozen
-class SubmitLimit:
-    """An application's limit across the cluster, as stored."""
-
-    # Tasks per second (0 admits nothing).
-    per_second: int
-    # Tasks at once above the rate (the bucket's depth); None: one second of the rate.
-    burst: int | None = None
-
-    @property
-    def depth(self) -> int:
-        return self.per_second if self.burst is None else self.burst
-
-    def share(self, nodes: int) -> tuple[float, float]:
-        """(rate, depth) of one node's bucket among ``nodes`` live nodes: an even share of
-        each, the depth at least one task (so a node always admits some burst) unless the
-        limit admits nothing at all."""
-        nodes = max(1, nodes)
-        rate = self.per_second / nodes
-        if self.per_second == 0 or self.depth == 0:
-            return rate, 0.0
-        return rate, max(1.0, self.depth / nodes)
 
 
 @attrs.define(eq=False)

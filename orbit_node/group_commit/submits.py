@@ -2,8 +2,8 @@
 accepted by one ``TaskStore.submit_many`` (one multi-row insert, one commit).
 
 A submit that arrives while its namespace's transaction runs waits and joins the next
-one (``orbit_node.grouping``: the group commit the Worker transitions already have); a
-lone submit waits for nothing. Each keeps what it had alone:
+one (the engine of ``engine.py``, whose other use is the Worker transitions); a lone
+submit waits for nothing. Each keeps what it had alone:
 
 * its own idempotency record and its own answer: 201 created, 200 the same request
   again (also when an identical request sharing its key is in the same group), 409 the
@@ -25,11 +25,11 @@ from collections.abc import Sequence
 
 import attrs
 
-from ..errors import OrbitError
-from ..grouping import GroupCommit
-from ..rules import NewTask
-from .acceptance import Submission
-from .tasks import Accepted, TaskStore
+from ..domain.acceptance import Submission
+from ..domain.errors import OrbitError
+from ..domain.rules import NewTask
+from ..store.tasks import Accepted, TaskStore
+from .engine import GroupCommit
 
 # Submissions one group transaction accepts at most.
 MAX_SUBMIT_GROUP = 256

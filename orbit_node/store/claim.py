@@ -18,10 +18,11 @@ from typing import Any
 
 import attrs
 
+from orbit_protocol.limits import MAX_PRIORITY
+
 from ..claims import ClaimRequest
 from ..db import Database, Tx
 from ..ids import is_hex32
-from ..rules import MAX_PRIORITY
 from .ownership import LIVE_STATES, At, Reservation
 from .quota import Budget, epoch_second, quota_budget, window_after
 from .task_rows import PRIORITY_STEP_S

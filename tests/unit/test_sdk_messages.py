@@ -52,10 +52,10 @@ def welcome(**overrides: object) -> dict:
         "run_lease_s": 60.0,
         **overrides,
     }
-    return p.welcome(**values)
+    return p.Welcome(**values).to_json()
 
 
-def frame(message: dict) -> str:
+def frame(message: p.NodeMessage | dict) -> str:
     return p.dumps(message)
 
 
@@ -73,10 +73,12 @@ TASK_VALUE = WorkerTask(
 # What the node builds (orbit_node/workers/protocol.py), and the value the SDK reads in it.
 NODE_MESSAGES = [
     (welcome(), Welcome("c1", NODE, 10.0, 30.0, 1 << 20, 30.0, 60.0)),
-    (p.heartbeat(), Heartbeat()),
-    (p.dispatch([reservation()]), Dispatch((Dispatched(TOKEN, TASK_VALUE),))),
+    (p.Heartbeat().to_json(), Heartbeat()),
+    (p.dispatch([reservation()]).to_json(), Dispatch((Dispatched(TOKEN, TASK_VALUE),))),
     (
-        p.dispatch([reservation(priority=9, deadline=dt.datetime(2026, 1, 1, 0, 1), resource_key="printer-1")]),
+        p.dispatch(
+            [reservation(priority=9, deadline=dt.datetime(2026, 1, 1, 0, 1), resource_key="printer-1")]
+        ).to_json(),
         Dispatch(
             (
                 Dispatched(
@@ -89,33 +91,30 @@ NODE_MESSAGES = [
         ),
     ),
     (
-        p.dispatch([reservation(trace_context=f"{TRACEPARENT} vendor=opaque")]),
+        p.dispatch([reservation(trace_context=f"{TRACEPARENT} vendor=opaque")]).to_json(),
         Dispatch((Dispatched(TOKEN, attrs.evolve(TASK_VALUE, traceparent=TRACEPARENT, tracestate="vendor=opaque")),)),
     ),
     (
-        p.ack(
+        p.Ack(
             "finish",
-            [
-                {"task_id": TASK, "ok": True, "state": "succeeded"},
-                p.refused("b" * 32, "NOT_HELD"),
-            ],
+            (p.AckResult(TASK, True, state="succeeded"), p.refused("b" * 32, "NOT_HELD")),
             "m7",
-        ),
+        ).to_json(),
         Ack("finish", (AckResult(TASK, True, state="succeeded"), AckResult("b" * 32, False, code="NOT_HELD")), "m7"),
     ),
     (
-        p.ack("renew", [{"task_id": TASK, "ok": True, "lease_expires_at": "2026-01-01T00:01:00Z"}]),
+        p.Ack("renew", (p.AckResult(TASK, True, lease_expires_at="2026-01-01T00:01:00Z"),)).to_json(),
         Ack("renew", (AckResult(TASK, True),)),
     ),
     (
-        p.cancel([(TASK, "cancel_requested"), ("b" * 32, "deadline")]),
+        p.cancel([(TASK, "cancel_requested"), ("b" * 32, "deadline")]).to_json(),
         Cancel((CancelTask(TASK, "cancel_requested"), CancelTask("b" * 32, "deadline"))),
     ),
-    (p.drain("shutdown"), Drain("shutdown")),
-    (p.drain("moved"), Drain("moved")),
+    (p.drain("shutdown").to_json(), Drain("shutdown")),
+    (p.drain("moved").to_json(), Drain("moved")),
     ({"type": "drain"}, Drain()),
-    (p.error("NOT_FOUND", "no such queue", "queues[0]"), Error("NOT_FOUND", "no such queue", "queues[0]")),
-    (p.error("OUT_OF_ORDER", "a second hello"), Error("OUT_OF_ORDER", "a second hello")),
+    (p.Error("NOT_FOUND", "no such queue", "queues[0]").to_json(), Error("NOT_FOUND", "no such queue", "queues[0]")),
+    (p.Error("OUT_OF_ORDER", "a second hello").to_json(), Error("OUT_OF_ORDER", "a second hello")),
 ]
 
 
@@ -128,7 +127,7 @@ def test_each_message_the_node_sends_parses_into_its_value(message, value):
 
 
 def test_what_the_sdk_does_not_read_is_not_checked_and_absent_options_take_their_default():
-    task = {k: v for k, v in p.dispatch_task(reservation()).items() if k != "lease_expires_at"}
+    task = {k: v for k, v in p.dispatch_task(reservation()).to_json().items() if k != "lease_expires_at"}
     parsed = parse_message(json.dumps({"type": "dispatch", "tasks": [{**task, "later": 1}], "also": [2]}))
     assert parsed == Dispatch((Dispatched(TOKEN, TASK_VALUE),))
     (dispatched,) = parsed.tasks
@@ -158,11 +157,11 @@ def test_an_ack_result_is_undecided_only_when_refused_for_want_of_the_database_o
 
 
 def dispatched(**changes: object) -> dict:
-    task = {**p.dispatch_task(reservation()), **changes}
+    task = {**p.dispatch_task(reservation()).to_json(), **changes}
     return {"type": "dispatch", "tasks": [{k: v for k, v in task.items() if v is not ...}]}
 
 
-ACK = p.ack("start", [{"task_id": TASK, "ok": True}], "m1")
+ACK = p.Ack("start", (p.AckResult(TASK, True),), "m1").to_json()
 # A message of each type with one field the SDK reads missing or of the wrong kind: the field's path.
 MALFORMED = [
     ({k: v for k, v in welcome().items() if k != "heartbeat_timeout_s"}, "heartbeat_timeout_s", "missing"),
@@ -261,7 +260,7 @@ async def test_an_unknown_type_in_a_session_is_ignored(autojump_clock, caplog):
         await ws.send_message(frame(welcome()))
         while True:
             heard.append(json.loads(await ws.get_message())["type"])
-            await ws.send_message(frame(p.heartbeat()))
+            await ws.send_message(frame(p.Heartbeat()))
 
     async with trio.open_nursery() as nursery:
         server = await nursery.start(serve_websocket, node, "127.0.0.1", 0, None)

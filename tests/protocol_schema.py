@@ -7,6 +7,8 @@ from pathlib import Path
 
 import jsonschema
 
+from orbit_protocol.messages import NODE_MESSAGES, WORKER_MESSAGES
+
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema" / "worker-protocol.schema.json"
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
 _VALIDATOR = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
@@ -18,7 +20,5 @@ def validate_message(message: dict | str, *, direction: str | None = None) -> No
         message = json.loads(message)
     _VALIDATOR.validate(message)
     if direction is not None:
-        outbound = {"welcome", "heartbeat", "dispatch", "ack", "cancel", "drain", "error"}
-        inbound = {"hello", "heartbeat", "start", "renew", "finish", "release", "drain"}
-        allowed = outbound if direction == "node" else inbound
+        allowed = NODE_MESSAGES if direction == "node" else WORKER_MESSAGES
         assert message["type"] in allowed, f"{message['type']} is not sent by the {direction}"

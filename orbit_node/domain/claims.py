@@ -1,9 +1,9 @@
 """The claim value, defined once: from the Worker's hello to the claim SQL.
 
 Pure values (attrs only): the Worker protocol parses a hello into ``Capability``
-values, the connection builds one ``ClaimRequest`` from it, the fair scheduler
-queues and grants that request, and the lease store runs the claim SQL for it,
-narrowed to the queue whose turn it is (``ClaimRequest.for_queue``).
+values (``orbit_protocol.messages``), the connection builds one ``ClaimRequest`` from
+it, the fair scheduler queues and grants that request, and the lease store runs the
+claim SQL for it, narrowed to the queue whose turn it is (``ClaimRequest.for_queue``).
 """
 
 from __future__ import annotations
@@ -12,17 +12,8 @@ from collections.abc import Iterable
 
 import attrs
 
-
-@attrs.frozen
-class Capability:
-    """One (handler, handler_version, payload_version) a Worker can run."""
-
-    handler: str
-    handler_version: str
-    payload_version: str
-
-    def as_tuple(self) -> tuple[str, str, str]:
-        return (self.handler, self.handler_version, self.payload_version)
+# One (handler, handler_version, payload_version) a Worker can run, as its hello says it.
+from orbit_protocol.messages import Capability as Capability
 
 
 def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int) -> None:

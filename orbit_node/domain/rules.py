@@ -20,7 +20,8 @@ from typing import Any
 
 import attrs
 
-from orbit_protocol.limits import MAX_BATCH_TASKS
+from orbit_protocol.limits import MAX_BATCH_TASKS, MAX_PARENT_KEYS, MAX_PARENTS, MAX_PRIORITY, MAX_RESOURCE_KEY_CHARS
+from orbit_protocol.messages import HANDLER_NAME, HEX32, VERSION
 
 from . import strict_json
 from .errors import InvalidArgument
@@ -28,16 +29,15 @@ from .ids import is_hex32
 from .strict_json import NotStrictJson, show
 from .wire import rfc3339
 
-# The same names Workers may declare (schema/worker-protocol.schema.json), so every
-# accepted task can be served.
-QUEUE_ID = re.compile(r"[0-9a-f]{32}")
-HANDLER = re.compile(r"[A-Za-z0-9._:/-]{1,200}")
-VERSION = re.compile(r"[A-Za-z0-9._+-]{1,64}")
+# The same names Workers may declare (the Worker protocol's rules), so every accepted
+# task can be served.
+QUEUE_ID = HEX32
+HANDLER = HANDLER_NAME
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # Idempotency-Key: 1-255 visible ASCII characters.
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 # resource_key: 1-255 characters, no control characters.
-RESOURCE_KEY_MAX = 255
+RESOURCE_KEY_MAX = MAX_RESOURCE_KEY_CHARS
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # RFC 3339 date-time; fractions beyond microseconds are truncated (the database keeps microseconds).
 RFC3339 = re.compile(
@@ -46,7 +46,6 @@ RFC3339 = re.compile(
 # Accepted instants: the DATETIME(6) range from the Unix epoch on.
 EARLIEST = datetime(1970, 1, 1)
 LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999)
-MAX_PRIORITY = 9
 MAX_ATTEMPTS = 100
 # A delay longer than this is better written as available_at.
 MAX_DELAY_S = 366 * 24 * 3600
@@ -54,9 +53,6 @@ BACKOFF_INITIAL_MS_MAX = 3_600_000
 BACKOFF_MAX_MS_MAX = 86_400_000
 BACKOFF_MULTIPLIER_MIN = 1.0
 BACKOFF_MULTIPLIER_MAX = 10.0
-# Parents one task may name by id (depends_on); a batch item may name up to a batch's
-# worth more by key (depends_on_keys).
-MAX_PARENTS = 100
 # Queue controls are INT columns.
 CONTROL_MAX = 2_147_483_647
 # An application's fairness weight (applications.fairness_weight): with every application
@@ -351,7 +347,7 @@ def depends_on_keys(value: Any, field: str) -> tuple[str, ...]:
         value,
         field,
         lambda item, at: string(item, at, IDEMPOTENCY_KEY, "1-255 visible ASCII characters (0x21-0x7E)"),
-        most=MAX_BATCH_TASKS,
+        most=MAX_PARENT_KEYS,
     )
 
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import attrs
 
-from orbit_protocol.limits import MAX_BULK, MAX_TASK_IDS
+from orbit_protocol.limits import MAX_BULK, MAX_PRIORITY, MAX_TASK_IDS
 
 from .errors import FailedPrecondition, InvalidArgument
 from .ids import is_hex32
-from .rules import HANDLER, LATEST, MAX_PRIORITY, QUEUE_ID, integer, kind, reject_unknown, string, timestamp
+from .rules import HANDLER, LATEST, QUEUE_ID, integer, kind, reject_unknown, string, timestamp
 from .strict_json import show
 
 # ``waiting``: a task whose parents have not all succeeded (orbit_node.domain.dependencies).

@@ -16,6 +16,8 @@ import re
 
 import attrs
 
+from orbit_protocol.limits import MAX_TRACESTATE_CHARS
+
 # version 00 only (a later version's header is not ours to reinterpret), lowercase hex as
 # the format requires; the all-zero ids are invalid (checked below).
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
@@ -23,7 +25,7 @@ _ZERO_TRACE_ID = "0" * 32
 _ZERO_SPAN_ID = "0" * 16
 # The W3C recommends that a tracestate of up to 512 characters be propagated; a longer one
 # (or one with characters outside printable ASCII) is dropped, the traceparent kept.
-TRACESTATE_MAX_CHARS = 512
+TRACESTATE_MAX_CHARS = MAX_TRACESTATE_CHARS
 _TRACESTATE = re.compile(r"[\x20-\x7e]*")
 # The stored form: the traceparent (always 55 characters, no space), then, when there is
 # one, a space and the tracestate. The column holds at most this.

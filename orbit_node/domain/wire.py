@@ -5,11 +5,17 @@ from __future__ import annotations
 import functools
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 import attrs
 
 from . import strict_json
+
+
+@overload
+def rfc3339(value: datetime) -> str: ...
+@overload
+def rfc3339(value: datetime | None) -> str | None: ...
 
 
 def rfc3339(value: datetime | None) -> str | None:

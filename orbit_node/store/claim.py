@@ -18,12 +18,13 @@ from typing import Any
 
 import attrs
 
+from orbit_protocol.limits import MAX_PRIORITY
+
 from ..db import Database, Tx
 from ..domain.claims import ClaimRequest
 from ..domain.ids import is_hex32
 from ..domain.ownership import LIVE_STATES, At, Reservation
 from ..domain.quota import Budget, epoch_second, quota_budget, window_after
-from ..domain.rules import MAX_PRIORITY
 from .task_rows import PRIORITY_STEP_S
 from .transitions import ATTEMPTS_ERROR, CANCELLED_ERROR, DEADLINE_ERROR, Writes
 

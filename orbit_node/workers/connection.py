@@ -35,7 +35,7 @@ import logging
 import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 import attrs
 import trio
@@ -226,7 +226,7 @@ class WorkerConnection:
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: p.NodeMessage) -> None:
         """Queue a frame for the writer (never blocks) as the core says: nothing once the
         connection closes; a frame that does not fit the send buffer closes it as a slow
         consumer."""
@@ -331,7 +331,7 @@ class WorkerConnection:
                 message = p.parse_message(data)
                 await self._handle(message)
             except p.MessageRefused as exc:
-                self.send(p.error(exc.code, exc.message, exc.field))
+                self.send(p.Error(exc.code, exc.message, exc.field))
                 close = self.core.refused(exc)
                 if close is not None:
                     self.close_soon(close.code, close.reason)
@@ -339,7 +339,7 @@ class WorkerConnection:
     async def _handle(self, message: p.Message) -> None:
         self.core.check_order(message)
         if isinstance(message, p.Heartbeat):
-            self.send(p.heartbeat())
+            self.send(p.Heartbeat())
             return
         if isinstance(message, p.Hello):
             await self._accept_hello(message)
@@ -350,7 +350,7 @@ class WorkerConnection:
             # acknowledged again.
             self.core.worker_drain()
             self.pool.leave(self.connection_id)
-            self.send(p.ack("drain", []))
+            self.send(p.Ack("drain", ()))
             self._held_changed.set()
             self._close_if_drained()
             return
@@ -360,9 +360,9 @@ class WorkerConnection:
             # Refused as a whole: a negative ack per task (with the message id) so the
             # Worker can retry it; nothing was changed.
             self.send(
-                p.ack(
+                p.Ack(
                     kind_of(message).value,
-                    [p.refused(t.task_id, "RESOURCE_EXHAUSTED") for t in message.tasks],
+                    tuple(p.refused(t.task_id, "RESOURCE_EXHAUSTED") for t in message.tasks),
                     message.id,
                 )
             )
@@ -388,7 +388,7 @@ class WorkerConnection:
         await self.registry.register(self)
         config = self.config
         self.send(
-            p.welcome(
+            p.Welcome(
                 connection_id=self.connection_id,
                 node_id=self.node_id,
                 heartbeat_interval_s=config.heartbeat_timeout_s / 3,
@@ -461,7 +461,9 @@ class WorkerConnection:
                 # The database could not be reached: every task of the message gets a
                 # negative ack the Worker can retry; nothing changed ownership.
                 self.send(
-                    p.ack(kind_of(message).value, [p.refused(t.task_id, exc.code) for t in message.tasks], message.id)
+                    p.Ack(
+                        kind_of(message).value, tuple(p.refused(t.task_id, exc.code) for t in message.tasks), message.id
+                    )
                 )
             self._held_changed.set()
             self._close_if_drained()
@@ -490,7 +492,7 @@ class WorkerConnection:
         mine: Sequence[TaskHandle] = split.mine
         not_held: Sequence[str] = split.not_held
         # Answers for tasks this connection does not hold (a repeated Finish); by task id.
-        recorded: dict[str, dict[str, Any]] = {}
+        recorded: dict[str, p.AckResult] = {}
         if isinstance(message, p.Finish):
             # The refs of a finish are its reports (``split`` keeps the type it is given).
             reports = cast(Sequence[p.FinishReport], mine)
@@ -532,7 +534,7 @@ class WorkerConnection:
             self.observer.tasks_requeued(self.principal.application_id, back.queue_id, back.due_at, back.due_in_s)
         if kind is TransitionKind.FINISH:
             self.observer.observe_finish(outcomes)
-        self.send(p.ack(kind.value, results, message.id))
+        self.send(p.Ack(kind.value, tuple(results), message.id))
         if settled.cancels:
             self.send(p.cancel([(c.task_id, c.reason) for c in settled.cancels]))
 
@@ -542,7 +544,7 @@ class WorkerConnection:
         while True:
             now = trio.current_time()
             if self.core.silent(now):
-                self.send(p.error("HEARTBEAT_TIMEOUT", f"nothing received for {self.core.heartbeat_timeout_s:g} s"))
+                self.send(p.Error("HEARTBEAT_TIMEOUT", f"nothing received for {self.core.heartbeat_timeout_s:g} s"))
                 self.close_soon(p.CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
                 return
             request = self.core.claim_retry(now)

@@ -322,7 +322,7 @@ class ConnectionCore:
             return Close(p.CLOSE_PROTOCOL, "too many protocol errors")
         return None
 
-    def frame(self, message: Mapping[str, Any]) -> Frame | Close | None:
+    def frame(self, message: p.NodeMessage | dict[str, Any]) -> Frame | Close | None:
         """The frame to queue for the writer for ``message``, counted in the send buffer.
 
         None once the connection is closing: nothing more is queued. A ``Close`` when the
@@ -532,15 +532,18 @@ def finish_item(report: p.FinishReport) -> FinishItem:
     )
 
 
-def ack_result(result: TransitionResult) -> dict[str, Any]:
+_LEASED = frozenset({Outcome.STARTED, Outcome.RENEWED, Outcome.ATTACHED})
+
+
+def ack_result(result: TransitionResult) -> p.AckResult:
     """One ``ack`` result for a store transition result."""
-    body: dict[str, Any] = {"task_id": result.task_id, "ok": result.ok}
     if not result.ok:
-        body["code"] = result.code
-    if result.state is not None:
-        body["state"] = result.state
-    if result.ok and result.lease_expires_at is not None:
-        body["lease_expires_at"] = rfc3339(result.lease_expires_at)
-    if result.ok and result.outcome in (Outcome.STARTED, Outcome.RENEWED, Outcome.ATTACHED):
-        body["cancel_requested"] = bool(result.cancel_requested or result.deadline_passed)
-    return body
+        return p.AckResult(result.task_id, False, result.code, result.state)
+    return p.AckResult(
+        result.task_id,
+        True,
+        None,
+        result.state,
+        rfc3339(result.lease_expires_at),
+        bool(result.cancel_requested or result.deadline_passed) if result.outcome in _LEASED else None,
+    )

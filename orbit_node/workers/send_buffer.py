@@ -9,7 +9,6 @@ decides what a frame that does not fit means (the Worker reads too slowly).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -25,7 +24,7 @@ class Frame:
     size: int
 
     @classmethod
-    def of(cls, message: Mapping[str, Any]) -> Frame:
+    def of(cls, message: p.NodeMessage | dict[str, Any]) -> Frame:
         text = p.dumps(message)
         return cls(text, len(text.encode()))
 

@@ -16,8 +16,7 @@ import json
 import random
 import socket
 import ssl
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import attrs
@@ -26,6 +25,7 @@ import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, ConnectionTimeout, DisconnectionTimeout, HandshakeError
 
 from orbit_protocol import __version__
+from orbit_protocol.messages import Capability, Hello, TaskRef
 
 from .client import OrbitClient
 from .encoding import is_id
@@ -99,21 +99,24 @@ def refusal(status: int | None, body: bytes) -> WorkerRejected:
 
 def hello_message(
     queue_ids: Sequence[str],
-    handlers: Sequence[tuple[str, str, str]],
+    handlers: Iterable[tuple[str, str, str]],
     resource_keys: bool,
     capacity: int,
     client_name: str,
-) -> dict[str, Any]:
+    tasks: Iterable[TaskRef] = (),
+) -> Hello:
     """The Worker's hello: its queues, its capability set (handler, handler and payload
-    versions), resource-key support, capacity and client."""
-    return {
-        "type": "hello",
-        "queues": list(queue_ids),
-        "capabilities": [{"handler": h, "handler_version": hv, "payload_version": pv} for h, hv, pv in handlers],
-        "resource_keys": resource_keys,
-        "capacity": capacity,
-        "client": {"name": client_name, "version": __version__},
-    }
+    versions), resource-key support, capacity, client, and the running tasks of its earlier
+    connection to re-attach."""
+    return Hello(
+        queues=tuple(queue_ids),
+        capabilities=frozenset(Capability(*handler) for handler in handlers),
+        capacity=capacity,
+        resource_keys=resource_keys,
+        client_name=client_name,
+        client_version=__version__,
+        tasks=tuple(tasks),
+    )
 
 
 def hello_refused(message: NodeMessage) -> WorkerRejected:

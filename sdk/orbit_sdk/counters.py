@@ -4,9 +4,10 @@ its sessions and messages (``Worker``'s counters; ``docs/sdk.md``, "Counters")."
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import trio
+
+from orbit_protocol.messages import FinishReport
 
 from .handlers import TERMINAL_ENDS, task_end
 
@@ -90,7 +91,7 @@ class WorkerCounters:
         while self.finished < count:
             await self._progress.wait()
 
-    def _finished(self, report: Mapping[str, Any], state: str | None, attempt: int, max_attempts: int) -> None:
+    def _finished(self, report: FinishReport, state: str | None, attempt: int, max_attempts: int) -> None:
         self._ends[task_end(report, state, attempt, max_attempts)] += 1
         self._progress.set()
         self._progress = trio.Event()

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
 # An id of the node's: 32 lowercase hex characters.
-HEX32 = re.compile(r"[0-9a-f]{32}")
+from orbit_protocol.messages import HEX32
 
 # What a JSON value may be, as the error messages say it.
 JSON_KINDS = "null, true/false, a number, a string, a list or an object with string keys"

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import inspect
 import traceback
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
 from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_TRACEBACK_CHARS
+from orbit_protocol.messages import DispatchedTask, FinishReport
 
 from .encoding import NotJson, encode
 
@@ -81,6 +82,27 @@ class WorkerTask:
         if self._read_tasks is None:
             raise RuntimeError("parents(): this WorkerTask was not handed to a handler by a Worker")
         return await self._read_tasks(self.parent_ids)
+
+
+def task_of(dispatched: DispatchedTask) -> WorkerTask:
+    """The attempt a handler sees of a dispatched task."""
+    d = dispatched
+    return WorkerTask(
+        d.task_id,
+        d.queue_id,
+        d.handler,
+        d.handler_version,
+        d.payload_version,
+        d.payload,
+        d.attempt,
+        d.max_attempts,
+        d.priority,
+        d.deadline,
+        d.resource_key,
+        d.traceparent,
+        d.tracestate,
+        d.parents,
+    )
 
 
 #: A handler: ``async def`` or plain ``def``, taking a ``WorkerTask``, returning the result.
@@ -175,13 +197,13 @@ TERMINAL_ENDS = ("completed", "failed", "cancelled", "expired")
 END_OF_STATE = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled", "expired": "expired"}
 
 
-def task_end(report: Mapping[str, Any], state: str | None, attempt: int, max_attempts: int) -> str:
+def task_end(report: FinishReport, state: str | None, attempt: int, max_attempts: int) -> str:
     """The counter of an accepted Finish: from the task's ``state`` in the ack, else (a node
     that does not say) from the report and the attempt."""
     if state is not None:
         return END_OF_STATE.get(state, "retried")
-    if report["outcome"] == "succeeded":
+    if report.outcome == "succeeded":
         return "completed"
-    if report.get("error", {}).get("code") == "CANCELLED":
+    if (report.error or {}).get("code") == "CANCELLED":
         return "cancelled"
-    return "failed" if not report.get("retryable", True) or attempt >= max_attempts else "retried"
+    return "failed" if not report.retryable or attempt >= max_attempts else "retried"

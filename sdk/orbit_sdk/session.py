@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -17,8 +18,30 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from orbit_protocol.limits import MAX_TASKS_PER_MESSAGE
+from orbit_protocol.messages import Finish, FinishReport, Release, Renew, Start, TaskRef, WorkerMessage
 
 from .messages import Ack, AckResult, Welcome
+
+# A message's frame as the SDK sends it: compact, every character beyond ASCII escaped (a
+# lone surrogate in a handler's text then reaches the node as an escape it refuses, instead
+# of failing the frame's UTF-8 encoding here).
+_FRAME_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
+def frame(message: WorkerMessage) -> str:
+    """The text of the frame that carries ``message``."""
+    return _FRAME_JSON.encode(message.to_json())
+
+
+# What a request names: a task (start, renew, release), or a task's outcome (finish).
+Item = TaskRef | FinishReport
+# The message of each kind of request.
+REQUESTS: dict[str, Callable[[tuple[Any, ...], str], WorkerMessage]] = {
+    "start": Start,
+    "renew": Renew,
+    "release": Release,
+    "finish": Finish,
+}
 
 # Pause before an undecided Start or Finish is sent again: first, and cap (doubling).
 UNDECIDED_RETRY_INITIAL_S = 0.25
@@ -75,22 +98,22 @@ class Session:
         if self.busy == 0:
             self.idle.set()
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: WorkerMessage) -> None:
         if self.ended:
             raise SessionLost("the connection is closed")
         try:
-            await self.ws.send_message(json.dumps(message, separators=(",", ":")))
+            await self.ws.send_message(frame(message))
         except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise SessionLost("the connection closed while sending") from exc
 
-    async def request(self, kind: str, tasks: list[dict[str, Any]]) -> tuple[AckResult, ...]:
+    async def request(self, kind: str, tasks: Sequence[Item]) -> tuple[AckResult, ...]:
         """Send a start/renew/finish/release and wait for its ack's results; ``SessionLost``
         if the connection ends first."""
         message_id = f"m{next(self._ids)}"
         send, recv = trio.open_memory_channel[tuple[AckResult, ...]](1)
         self._waiting[message_id] = send
         try:
-            await self.send({"type": kind, "id": message_id, "tasks": tasks})
+            await self.send(REQUESTS[kind](tuple(tasks), message_id))
             return await recv.receive()
         except trio.EndOfChannel:
             raise SessionLost("the connection closed before the node answered") from None
@@ -119,11 +142,11 @@ class Batcher:
     kind: str
     # Messages sent per kind, shared with the Worker (a figure for tests and benchmarks).
     sent: dict[str, int]
-    _queued: list[tuple[dict[str, Any], trio.MemorySendChannel[AckResult | None]]] = attrs.field(factory=list)
-    _sending: list[tuple[dict[str, Any], trio.MemorySendChannel[AckResult | None]]] = attrs.field(factory=list)
+    _queued: list[tuple[Item, trio.MemorySendChannel[AckResult | None]]] = attrs.field(factory=list)
+    _sending: list[tuple[Item, trio.MemorySendChannel[AckResult | None]]] = attrs.field(factory=list)
     _wake: trio.Event = attrs.field(factory=trio.Event)
 
-    async def submit(self, items: list[dict[str, Any]]) -> list[AckResult | None]:
+    async def submit(self, items: Sequence[Item]) -> list[AckResult | None]:
         """Queue ``items``; returns each one's result (None if the ack did not name it).
         ``SessionLost`` if the connection ends before the node answered them."""
         if self.session.ended:
@@ -164,10 +187,10 @@ class Batcher:
             self._sending = []
             by_id = {r.task_id: r for r in results}
             for item, send in batch:
-                send.send_nowait(by_id.get(item["task_id"]))
+                send.send_nowait(by_id.get(item.task_id))
 
 
-async def until_decided(batcher: Batcher, items: list[dict[str, Any]]) -> list[AckResult | None]:
+async def until_decided(batcher: Batcher, items: Sequence[Item]) -> list[AckResult | None]:
     """Submit ``items``; the ones the node answers without deciding (``AckResult.undecided``)
     are submitted again after a pause (doubling up to ``UNDECIDED_RETRY_MAX_S``) until each has an answer that decides
     it. The session's end (the connection lost) stops the retries: ``SessionLost``."""

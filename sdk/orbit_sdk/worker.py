@@ -50,7 +50,6 @@ The user's guide is ``docs/sdk.md``. In short:
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
 import ssl
@@ -61,6 +60,8 @@ import attrs
 import httpx
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+
+from orbit_protocol.messages import FinishReport, Hello, TaskRef
 
 from . import serving, tracing
 from .client import OrbitClient
@@ -91,10 +92,11 @@ from .handlers import (
     failed,
     is_async,
     stopped,
+    task_of,
 )
-from .messages import Ack, Cancel, Dispatch, Dispatched, Drain, Error, Heartbeat, Unknown, Welcome, parse_message
+from .messages import Ack, Cancel, Dispatch, DispatchedTask, Drain, Error, Heartbeat, Unknown, Welcome, parse_message
 from .models import Task
-from .session import Session, SessionLost, until_decided
+from .session import Session, SessionLost, frame, until_decided
 
 __all__ = ["Handler", "PermanentError", "Worker", "WorkerRejected", "WorkerTask"]
 
@@ -419,15 +421,12 @@ class Worker(WorkerCounters):
             finally:
                 self._connecting = None
 
-    def _hello(self) -> dict[str, Any]:
+    def _hello(self) -> Hello:
         assert self._queue_ids is not None, "queues are resolved before a session starts"
-        hello = hello_message(
-            self._queue_ids, list(self._handlers), self.resource_keys, self.capacity, self.client_name
+        running = [TaskRef(task_id, r.token) for task_id, r in self._running.items() if not r.lost]
+        return hello_message(
+            self._queue_ids, self._handlers, self.resource_keys, self.capacity, self.client_name, running
         )
-        running = [{"task_id": task_id, "token": r.token} for task_id, r in self._running.items() if not r.lost]
-        if running:
-            hello["tasks"] = running
-        return hello
 
     async def _session(self, url: str, status: list[trio.TaskStatus[None]]) -> None:
         headers = [(b"authorization", f"Bearer {self._token}".encode())]
@@ -443,16 +442,16 @@ class Worker(WorkerCounters):
                 # all that stops a node that accepted the connection and answers nothing.
                 hello = self._hello()
                 with trio.move_on_after(self.welcome_timeout_s) as waited:
-                    await ws.send_message(json.dumps(hello))
+                    await ws.send_message(frame(hello))
                     answer = await ws.get_message()
                 if waited.cancelled_caught:
                     raise NodeSilent(f"no welcome from the node within {self.welcome_timeout_s:g} s of the hello")
                 welcome = parse_message(answer)
-                if isinstance(welcome, Error) and welcome.field == "tasks" and "tasks" in hello:
+                if isinstance(welcome, Error) and welcome.field == "tasks" and hello.tasks:
                     # A node that cannot re-attach (older than this Worker, or the tasks
                     # were more than it takes): those tasks are lost, the next hello is plain.
-                    for ref in hello["tasks"]:
-                        self._lose(ref["task_id"], f"the node refused to re-attach it ({welcome.message})")
+                    for ref in hello.tasks:
+                        self._lose(ref.task_id, f"the node refused to re-attach it ({welcome.message})")
                     raise SessionLost(f"the node refused the hello's tasks: {welcome.message}")
                 if not isinstance(welcome, Welcome):
                     raise hello_refused(welcome)
@@ -468,7 +467,7 @@ class Worker(WorkerCounters):
                     ", ".join(self.queues),
                     ", ".join(f"{h}@{v}/{p}" for h, v, p in sorted(self._handlers)),
                     self.capacity,
-                    f", {len(hello['tasks'])} running tasks presented again" if hello.get("tasks") else "",
+                    f", {len(hello.tasks)} running tasks presented again" if hello.tasks else "",
                 )
                 session = Session(ws, welcome, sent=self._messages_sent)
                 if status:
@@ -478,7 +477,7 @@ class Worker(WorkerCounters):
                         nursery.start_soon(session.starts.run)
                         nursery.start_soon(session.finishes.run)
                         nursery.start_soon(self._heartbeats, session)
-                        nursery.start_soon(self._go_live, session, [t["task_id"] for t in hello.get("tasks", [])])
+                        nursery.start_soon(self._go_live, session, [ref.task_id for ref in hello.tasks])
                         nursery.start_soon(self._drain_watch, session, nursery)
                         await self._receive(session, nursery)
                         nursery.cancel_scope.cancel()
@@ -583,8 +582,8 @@ class Worker(WorkerCounters):
         if running is not None:
             running.scope.cancel()
 
-    async def _start_and_run(self, session: Session, tasks: tuple[Dispatched, ...]) -> None:
-        refs = [{"task_id": t.task.task_id, "token": t.token} for t in tasks]
+    async def _start_and_run(self, session: Session, tasks: tuple[DispatchedTask, ...]) -> None:
+        refs = [TaskRef(t.task_id, t.token) for t in tasks]
         session.enter()
         try:
             if self._draining:
@@ -596,10 +595,10 @@ class Worker(WorkerCounters):
             for t, result in zip(tasks, results, strict=False):
                 if result is not None and result.ok:
                     running = Running(t.token, trio.CancelScope(), now + session.welcome.run_lease_s)
-                    self._running[t.task.task_id] = running
+                    self._running[t.task_id] = running
                     self._work.start_soon(self._run_one, t, running)
                 else:
-                    self._cancels.pop(t.task.task_id, None)
+                    self._cancels.pop(t.task_id, None)
         except SessionLost:
             # Starts not answered: their reservations go back to their queues when the
             # node sees the connection end (a Start it did record ends by lease recovery).
@@ -637,12 +636,12 @@ class Worker(WorkerCounters):
                 nursery.start_soon(read, task_id)
         return [found[task_id] for task_id in task_ids]
 
-    async def _run_one(self, dispatched: Dispatched, running: Running) -> None:
-        task, token = dispatched.task, dispatched.token
+    async def _run_one(self, dispatched: DispatchedTask, running: Running) -> None:
+        task, token = task_of(dispatched), dispatched.token
         if task.parent_ids:
             task = attrs.evolve(task, read_tasks=self._read_tasks)
         key = (task.handler, task.handler_version, task.payload_version)
-        report: dict[str, Any] = {"task_id": task.task_id, "token": token}
+        report: FinishReport | None = None
         try:
             with running.scope, tracing.attempt_span(task, application=self.application) as span:
                 if task.task_id in self._cancels:
@@ -650,13 +649,13 @@ class Worker(WorkerCounters):
                 try:
                     result = await self._call(key, task)
                     check_result(result)
-                    report.update(outcome="succeeded", result=result)
+                    report = FinishReport(task.task_id, token, "succeeded", result)
                 except Exception as exc:
-                    report.update(failed(exc))
+                    report = FinishReport(task.task_id, token, **failed(exc))
                     self._log_failure(task, exc)
                     tracing.failed(span, exc)
-            if running.scope.cancelled_caught:
-                report.update(stopped(self._cancels.get(task.task_id)))
+            if running.scope.cancelled_caught or report is None:
+                report = FinishReport(task.task_id, token, **stopped(self._cancels.get(task.task_id)))
             running.done = True
             answer = await self._report(task.task_id, running, report)
         finally:
@@ -684,7 +683,7 @@ class Worker(WorkerCounters):
             exc_info=exc,
         )
 
-    async def _report(self, task_id: str, running: Running, report: dict[str, Any]) -> Any:
+    async def _report(self, task_id: str, running: Running, report: FinishReport) -> Any:
         """The Finish through the live session, again through the next one if the
         connection ends first (the node answers a repeated Finish with what it recorded).
         None when the task was lost before the node answered."""
@@ -710,7 +709,7 @@ class Worker(WorkerCounters):
             if trio.current_time() - session.last_heard >= timeout:
                 raise NodeSilent(f"nothing from the node for {timeout:g} s")
             try:
-                await session.send({"type": "heartbeat"})
+                await session.send(Heartbeat())
             except SessionLost:
                 return
 
@@ -719,7 +718,7 @@ class Worker(WorkerCounters):
         lease_s = session.welcome.run_lease_s
         while True:
             await trio.sleep(lease_s / 3)
-            refs = [{"task_id": task_id, "token": r.token} for task_id, r in self._running.items() if not r.lost]
+            refs = [TaskRef(task_id, r.token) for task_id, r in self._running.items() if not r.lost]
             if not refs:
                 continue
             try:
@@ -738,7 +737,7 @@ class Worker(WorkerCounters):
 
     async def _drain_watch(self, session: Session, nursery: trio.Nursery) -> None:
         await self._drain_requested.wait()
-        await session.send({"type": "drain"})
+        await session.send(Drain())
         await self._finish_then_close(session)
 
     async def _finish_then_close(self, session: Session) -> None:

@@ -165,18 +165,10 @@ def test_well_formed_batches_read_as_written(items):
             report["result"] = result
         reports.append(report)
     finish = p.parse_message(json.dumps({"type": "finish", "id": "m-1", "tasks": reports}))
-    expected = [
-        p.FinishReport(
-            t,
-            k,
-            "succeeded",
-            json.dumps(None if r == "absent" else r, separators=(",", ":"), ensure_ascii=False),
-            None,
-            False,
-        )
-        for t, k, r in items
-    ]
+    expected = [p.FinishReport(t, k, "succeeded", None if r == "absent" else r, None, False) for t, k, r in items]
     assert finish == p.Finish(tuple(expected), "m-1")
+    stored = [json.dumps(None if r == "absent" else r, separators=(",", ":"), ensure_ascii=False) for _, _, r in items]
+    assert [report.result_json for report in finish.tasks] == stored
 
 
 @pytest.mark.parametrize(
@@ -228,22 +220,24 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def test_outbound_messages_match_the_schema():
-    default = p.dispatch([FakeReservation()])
+    default = p.dispatch([FakeReservation()]).to_json()
     validate_message(default, direction="node")
     assert "priority" not in default["tasks"][0]
     assert p.dumps(default).count("123456789012345678901234567890") == 1
-    prioritized = p.dispatch([FakeReservation(priority=9, deadline=dt.datetime(2026, 1, 1, 0, 1), resource_key="r")])
+    prioritized = p.dispatch(
+        [FakeReservation(priority=9, deadline=dt.datetime(2026, 1, 1, 0, 1), resource_key="r")]
+    ).to_json()
     validate_message(prioritized, direction="node")
     assert prioritized["tasks"][0]["priority"] == 9
-    traced = p.dispatch([FakeReservation(trace_context=f"{TRACEPARENT} vendor=opaque")])
+    traced = p.dispatch([FakeReservation(trace_context=f"{TRACEPARENT} vendor=opaque")]).to_json()
     validate_message(traced, direction="node")
     assert (traced["tasks"][0]["traceparent"], traced["tasks"][0]["tracestate"]) == (TRACEPARENT, "vendor=opaque")
     assert "traceparent" not in default["tasks"][0] and "tracestate" not in default["tasks"][0]
-    child = p.dispatch([FakeReservation(parents=("a" * 32, "b" * 32))])
+    child = p.dispatch([FakeReservation(parents=("a" * 32, "b" * 32))]).to_json()
     validate_message(child, direction="node")
     assert child["tasks"][0]["parents"] == ["a" * 32, "b" * 32] and "parents" not in default["tasks"][0]
     for message in [
-        p.welcome(
+        p.Welcome(
             connection_id="c1",
             node_id="f" * 32,
             heartbeat_interval_s=10,
@@ -252,20 +246,20 @@ def test_outbound_messages_match_the_schema():
             reservation_lease_s=30,
             run_lease_s=60,
         ),
-        p.heartbeat(),
-        p.ack(
+        p.Heartbeat(),
+        p.Ack(
             "start",
-            [{"task_id": TASK, "ok": True, "state": "running", "lease_expires_at": "2026-01-01T00:00:00.000000Z"}],
+            (p.AckResult(TASK, True, state="running", lease_expires_at="2026-01-01T00:00:00.000000Z"),),
         ),
-        p.ack("finish", [{"task_id": TASK, "ok": False, "code": "OWNERSHIP_LOST"}]),
+        p.Ack("finish", (p.refused(TASK, "OWNERSHIP_LOST"),)),
         p.cancel([(TASK, "deadline")]),
         p.drain("shutdown"),
         p.drain("moved"),
-        p.ack("drain", []),
-        p.ack("attach", [{"task_id": TASK, "ok": True, "state": "running"}]),
-        p.error("OUT_OF_ORDER", "hello first", "type"),
+        p.Ack("drain", ()),
+        p.Ack("attach", (p.AckResult(TASK, True, state="running"),)),
+        p.Error("OUT_OF_ORDER", "hello first", "type"),
     ]:
-        validate_message(message, direction="node")
+        validate_message(p.dumps(message), direction="node")
     with pytest.raises(jsonschema.ValidationError):
         validate_message({"type": "dispatch", "tasks": [{**default["tasks"][0], "priority": 0}]})
 
@@ -273,7 +267,7 @@ def test_outbound_messages_match_the_schema():
 def test_message_ids_are_parsed_and_echoed_in_acks():
     msg = p.parse_message(json.dumps({"type": "start", "id": "m-7", "tasks": [{"task_id": TASK, "token": TOKEN}]}))
     assert msg.id == "m-7"
-    ack = p.ack("start", [{"task_id": TASK, "ok": True}], msg.id)
+    ack = p.Ack("start", (p.AckResult(TASK, True),), msg.id).to_json()
     validate_message(ack, direction="node")
     assert ack["id"] == "m-7"
     with pytest.raises(p.MessageRefused) as info:

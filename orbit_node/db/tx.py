@@ -161,6 +161,8 @@ class Tx:
     _expected: dict[int, tuple[str, int]] = attrs.field(factory=dict, init=False)
     # Something went to the server.
     _sent: bool = attrs.field(default=False, init=False)
+    # ``commit_reading`` ended the transaction.
+    _committed: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._opening = len(self._leading)
@@ -216,11 +218,23 @@ class Tx:
     async def commit(self) -> None:
         """End the transaction: the deferred writes and ``COMMIT`` in one packet. Nothing at
         all when the body ran and deferred nothing."""
+        if self._committed:
+            return
         if not self._sent and len(self._leading) == self._opening:
             self._leading = []
             return
         self._leading.append("COMMIT")
         await self.send_leading()
+
+    async def commit_reading(self, statement: str) -> list[dict[str, Any]]:
+        """End the transaction with one more read: the deferred writes, ``statement`` (from
+        ``statement``) and ``COMMIT`` in one packet, and ``statement``'s rows. For a read
+        whose answer is only needed once the body's writes are decided: it costs no round
+        trip of its own. The body runs nothing after it (``commit`` then does nothing)."""
+        cursor = self._conn.cursor(Rows)
+        [rows] = await self._send(cursor, [statement, "COMMIT"])
+        self._committed = True
+        return rows
 
     def defer(self, name: str, params: Mapping[str, Any] | None = None, *, rows: int | None = None) -> None:
         """Run the named write with the body's next statement (or its commit): for a write

@@ -36,6 +36,10 @@ from .transitions import ATTEMPTS_ERROR, CANCELLED_ERROR, DEADLINE_ERROR, Writes
 MAX_CLAIM_ROUNDS = 4
 # Every priority level a task can have (rules.MAX_PRIORITY).
 PRIORITY_LEVELS = tuple(range(MAX_PRIORITY + 1))
+# The flags of a locked row's ``marks`` (claim_lock_tasks): its deadline has passed; it has
+# a trace context, read with the claim's COMMIT (claim_trace_contexts).
+PAST_DEADLINE = 1
+TRACED = 2
 
 
 async def run_claim(
@@ -138,7 +142,19 @@ class _Claim:
                 window_s, total = window_after(budget, count, reserved_s)
                 tx.defer("claim_queue_window", {"queue_id": queue_id, "window_s": window_s, "window_count": total})
         await self.at("claim.reserved", [r.task_id for r in reservations])
+        traced = tuple(r["task_id"] for r in taken if r["marks"] & TRACED)
+        if traced:
+            return await self._with_trace_contexts(reservations, traced)
         return reservations
+
+    async def _with_trace_contexts(self, reservations: list[Reservation], traced: tuple[str, ...]) -> list[Reservation]:
+        """The reservations with the trace contexts of the tasks that have one, read in the
+        packet that commits the claim (a claim of tasks without one never reads them)."""
+        rows = await self.tx.commit_reading(self.tx.statement("claim_trace_contexts", {"task_ids": traced}))
+        contexts = {r["task_id"]: r["trace_context"] for r in rows}
+        return [
+            attrs.evolve(r, trace_context=contexts[r.task_id]) if r.task_id in contexts else r for r in reservations
+        ]
 
     async def _application_budget(self, gate: Mapping[str, Any]) -> Budget | None:
         if gate["app_max_concurrent"] is None and gate["app_max_starts"] is None:
@@ -249,7 +265,7 @@ class _Claim:
         for row in locked:
             # A queued task holds no resource key and no open attempt: settling it is its
             # terminal state alone.
-            if row["past_deadline"]:
+            if row["marks"] & PAST_DEADLINE:
                 self.writes.terminate(row["task_id"], "expired", error=DEADLINE_ERROR)
             elif row["cancel_requested"]:
                 self.writes.terminate(row["task_id"], "cancelled", error=CANCELLED_ERROR)
@@ -332,7 +348,6 @@ class _Claim:
                 resource_key=r["resource_key"],
                 available_at=r["available_at"],
                 deadline_in_s=None if r["deadline"] is None else (r["deadline"] - now).total_seconds(),
-                trace_context=r["trace_context"],
             )
             for r in rows
         ]

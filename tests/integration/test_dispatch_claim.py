@@ -176,6 +176,28 @@ async def test_a_claim_is_three_round_trips_unless_a_quota_lock_comes_first(db, 
     assert ([r.task_id for r in got], trips) == ([later], 4)
 
 
+async def test_trace_contexts_travel_with_the_claims_commit(db, dsn):
+    """The lock statement only marks the tasks that have a trace context (000026); their
+    contexts are read in the packet that commits the claim: a claim of traced and untraced
+    tasks is still three round trips, and each reservation carries its own task's context."""
+    owner = await tenant(db)
+    ids = await insert_tasks(db, owner, [TaskSpec(available_in_s=-5 + i) for i in range(4)])
+    contexts = {
+        ids[0]: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ids[2]: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00 vendor=a",
+    }
+    await db.run(
+        lambda tx: tx.execute_raw(
+            "INSERT INTO task_trace_contexts (task_id, trace_context) VALUES (%s, %s), (%s, %s)",
+            [value for pair in contexts.items() for value in pair],
+        )
+    )
+    got, trips = await claim_round_trips(dsn, owner)
+    assert ([r.task_id for r in got], trips) == (ids, 3)
+    assert {r.task_id: r.trace_context for r in got} == {task_id: contexts.get(task_id) for task_id in ids}
+    assert [a["fencing_token"] for i in ids for a in await attempt_rows(db, i)] == [r.fencing_token for r in got]
+
+
 async def test_each_reservation_gets_a_fresh_token(db):
     owner = await tenant(db)
     task_id = await insert_task(db, owner, available_in_s=-1)

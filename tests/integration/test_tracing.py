@@ -226,6 +226,35 @@ def test_trace_context_parse_follows_the_w3c_format():
     assert trace_context.parse("00-" + "f" * 32 + "-" + "f" * 16 + "-zz") is None
 
 
+async def test_without_a_provider_the_dispatch_still_carries_the_producers_context(monkeypatch, node, db):
+    """The node's own tracing off (no SDK installed) changes nothing the Worker receives: a
+    task submitted with a context is dispatched with it, one submitted beside it without
+    a context is dispatched with none."""
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: trace.ProxyTracerProvider())
+    tenant = await make_tenant(db, "node-untraced")
+    body = {"queue_id": tenant.queue_id, "handler": "h", "handler_version": "v1", "payload_version": "v1"}
+    async with node.client(tenant.token) as http:
+        traced = await http.post(
+            "/v1/tasks",
+            json={**body, "payload": 1},
+            headers={"Idempotency-Key": "t-1", "traceparent": TRACEPARENT, "tracestate": "vendor=value"},
+        )
+        plain = await http.post("/v1/tasks", json={**body, "payload": 2}, headers={"Idempotency-Key": "t-2"})
+    assert (traced.status_code, plain.status_code) == (201, 201)
+    received: dict[str, tuple[str | None, str | None]] = {}
+    worker = Worker(node.base_url, tenant.token, [tenant.queue_id], capacity=4)
+
+    @worker.handler("h", "v1", "v1")
+    async def record(task: WorkerTask) -> None:
+        received[task.task_id] = (task.traceparent, task.tracestate)
+
+    await run_worker(worker, 2)
+    assert received == {
+        traced.json()["data"]["task_id"]: (TRACEPARENT, "vendor=value"),
+        plain.json()["data"]["task_id"]: (None, None),
+    }
+
+
 async def test_no_span_is_made_without_a_provider(monkeypatch):
     """Without an SDK the node and the SDK make no span at all (the API's defaults)."""
     from orbit_node import tracing as node_tracing

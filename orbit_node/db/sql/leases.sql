@@ -96,19 +96,30 @@ SELECT rk.resource_key, rk.holder_task_id, h.state AS holder_state
 -- a reservation carries and those that say a candidate can never run: a queued task has
 -- no token, lease or open attempt, and its namespace and application are the claimer's
 -- (claim_gates); each column of a result costs the node its description and a value per
--- row. The trace context (000026) is a primary-key read of its own table, which the
--- locking clause leaves unlocked (it applies to the outer query's rows only).
+-- row. So `marks` is two flags in one column: 1 the deadline has passed, 2 the task has a
+-- trace context (000026: a primary-key probe of its own table, which the locking clause
+-- leaves unlocked; it applies to the outer query's rows only). Only a claim that takes a
+-- task so marked reads the contexts' text (claim_trace_contexts, with its COMMIT); the
+-- claims of tasks submitted without one read nothing more than a number they read anyway.
 -- name: claim_lock_tasks
 SELECT task_id, queue_id, handler, handler_version, payload_version, payload, priority,
        attempts, max_attempts, deadline, resource_key, available_at, cancel_requested,
-       (deadline IS NOT NULL AND deadline <= NOW(6)) AS past_deadline,
-       NOW(6) AS now,
-       (SELECT c.trace_context FROM task_trace_contexts c WHERE c.task_id = tasks.task_id) AS trace_context
+       (deadline IS NOT NULL AND deadline <= NOW(6))
+         | 2 * EXISTS (SELECT 1 FROM task_trace_contexts c WHERE c.task_id = tasks.task_id) AS marks,
+       NOW(6) AS now
   FROM tasks
  WHERE task_id IN %(task_ids)s
    AND state = 'queued'
    AND available_at <= NOW(6)
    FOR UPDATE SKIP LOCKED
+
+-- The trace contexts of the tasks a claim reserves that have one (`marks` & 2 above),
+-- read in the claim's last packet, before its COMMIT. A context never changes once its
+-- task is accepted, so the lock statement's probe and this read agree.
+-- name: claim_trace_contexts
+SELECT task_id, trace_context
+  FROM task_trace_contexts
+ WHERE task_id IN %(task_ids)s
 
 -- name: claim_lock_keys
 SELECT resource_key, holder_task_id

@@ -233,6 +233,15 @@ class SignalTiming:
     # Signals are deleted this many seconds after they were written, this often.
     keep_s: int = attrs.field(default=60, validator=_positive)
     prune_interval_s: float = attrs.field(default=10.0, validator=_positive)
+    # A node whose requests wait for a task to finish writes a watch of it at most this
+    # often; the other nodes keep a watch they heard ``watch_keep_s`` (longer than a wait
+    # and a repeat together), and the tasks that finished on them ``finished_recent_s``
+    # (a watch heard just after its task finished still gets its answer). At most
+    # ``watch_limit`` of each are kept (dispatch/signal_core.py, ``Watches``).
+    watch_repeat_s: float = attrs.field(default=20.0, validator=_positive)
+    watch_keep_s: float = attrs.field(default=60.0, validator=_positive)
+    finished_recent_s: float = attrs.field(default=5.0, validator=_non_negative)
+    watch_limit: int = attrs.field(default=100_000, validator=_positive)
 
     def __attrs_post_init__(self):
         if self.slow_interval_s < self.fast_interval_s:

@@ -32,6 +32,7 @@ from .dispatch.pruner import Pruner
 from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import Grant
 from .dispatch.signals import SignalRelay
+from .dispatch.waits import TaskWaits
 from .group_commit.transitions import GroupCommitter
 from .store.pruning import PRUNED_TABLES
 from .workers.hub import WorkerHub
@@ -54,6 +55,7 @@ SIGNAL_EVENTS = (
     ("queue_woken", "woken"),
     ("due_set", "due"),
     ("cancel_pushed", "cancels_pushed"),
+    ("finished_heard", "finished_heard"),
 )
 RECOVERY_OUTCOMES = ("requeued", "retried", "failed", "cancelled", "expired")
 # Methods counted under their own name; any other (a client may send anything) is "other".
@@ -153,13 +155,14 @@ class NodeMetrics:
         databases: Sequence[Database] = (),
         signals: Sequence[SignalRelay] = (),
         pruners: Sequence[Pruner] = (),
+        waits: Sequence[TaskWaits] = (),
     ) -> None:
         """Read the node's services at every scrape (called once, when the node is built).
 
         A node with several shards has a sweeper, a group commit and a database per shard:
         their figures are summed (``databases`` defaults to the node's own)."""
         self.registry.register(
-            NodeCollector(self, hub, pool, sweepers, commits, databases or (self.db,), signals, pruners)
+            NodeCollector(self, hub, pool, sweepers, commits, databases or (self.db,), signals, pruners, waits)
         )
 
     # -- hooks ---------------------------------------------------------------------------
@@ -227,9 +230,11 @@ class NodeCollector:
         databases: Sequence[Database],
         signals: Sequence[SignalRelay] = (),
         pruners: Sequence[Pruner] = (),
+        waits: Sequence[TaskWaits] = (),
     ):
         self.metrics = metrics
         self.pruners = pruners
+        self.waits = waits
         self.signals = signals
         self.hub = hub
         self.pool = pool
@@ -367,7 +372,8 @@ class NodeCollector:
                 "orbit_signals",
                 "Signals between nodes: written, write_failed and dropped (not written), heard "
                 "(what other nodes' signals asked of this one), and what they did here: "
-                "queue_woken, due_set, cancel_pushed.",
+                "queue_woken, due_set, cancel_pushed, finished_heard (a task another node ended that "
+                "requests here waited for).",
                 labels=["event"],
             )
             for event, field in SIGNAL_EVENTS:
@@ -379,6 +385,22 @@ class NodeCollector:
             reads.add_metric(["ok"], sum(r.reads for r in relays))
             reads.add_metric(["failed"], sum(r.read_failures for r in relays))
             yield reads
+
+        if self.waits:
+            yield GaugeMetricFamily(
+                "orbit_task_waiting_requests",
+                "Requests waiting for their task to finish (GET /v1/tasks/{id}?wait_s=), now.",
+                value=sum(w.waiting_requests for w in self.waits),
+            )
+            waited = CounterMetricFamily(
+                "orbit_task_waits",
+                "Waits of requests for their task to finish, by how they ended: woken (the task may "
+                "have finished: read again), timed_out (wait_s was up, or the node shut down).",
+                labels=["outcome"],
+            )
+            waited.add_metric(["woken"], sum(w.woken for w in self.waits))
+            waited.add_metric(["timed_out"], sum(w.timed_out for w in self.waits))
+            yield waited
 
         if self.sweepers:
             recovered = CounterMetricFamily(

@@ -36,6 +36,7 @@ from .dispatch.recovery import Sweeper
 from .dispatch.scheduler import FairScheduler
 from .dispatch.signals import SignalRelay
 from .dispatch.turns import TurnRecorder
+from .dispatch.waits import TaskWaits
 from .dispatch.weights import WeightFollower
 from .domain.claims import ClaimRequest
 from .domain.errors import Unauthenticated, Unavailable
@@ -44,7 +45,7 @@ from .domain.retention import Retention
 from .group_commit.submits import SubmitGroups
 from .group_commit.transitions import GroupCommitter, concurrent_groups
 from .metrics import NodeMetrics
-from .store.actions import CANCEL_REQUESTED, RETRIED, BulkOutcome
+from .store.actions import CANCEL_REQUESTED, CANCELLED, RETRIED, BulkOutcome
 from .store.dependencies import DependencyStore
 from .store.leases import LeaseStore
 from .store.operations import NODE_STALE_S, OperationsStore
@@ -85,8 +86,9 @@ class Shard:
     """One database holding applications' rows, its repositories, and the services that
     work on it: the group commits of its single submits and of its Worker transitions,
     its claim-turn recorder, the follower of its applications' fairness weights, its
-    signals between nodes, its recovery sweeper, its plan trigger and its pruner. Each transaction
-    any of them runs touches this database only."""
+    signals between nodes, the requests waiting for its tasks to finish, its recovery
+    sweeper, its plan trigger and its pruner. Each transaction any of them runs touches
+    this database only."""
 
     # "main" for ORBIT_MYSQL_DSN, else "shard N" (N from 2, in ORBIT_SHARDS order).
     label: str
@@ -99,6 +101,8 @@ class Shard:
     operations: OperationsStore
     leases: LeaseStore
     registry: WorkerRegistryStore
+    # Requests of this node waiting for tasks of this shard to finish (GET /v1/tasks/{id}?wait_s=).
+    waits: TaskWaits
     # This node's share of its applications' submit rate limits (``admission/submit_rate.py``), and
     # the follower that keeps them equal to the database's.
     rates: SubmitRates = attrs.field(factory=SubmitRates)
@@ -143,10 +147,26 @@ class Shard:
             self.announce([(queue_id, None, None)])
         return queue
 
+    def tasks_finished(self, task_ids: Sequence[str]) -> None:
+        """Tasks that finished through this node (a Worker's report, a cancel): the
+        requests waiting for them, here and on the other nodes, answer now."""
+        self.waits.finished(task_ids)
+
+    def after_cancel(self, task_id: str, state: str) -> None:
+        """What a cancel of one task tells the nodes, by the state it left the task in: a
+        cancelled task has finished (the requests waiting for it answer); the Worker
+        holding a reserved or running one hears of its cancel now, through whichever node
+        (at the latest at its next renew)."""
+        if state == "cancelled":
+            self.tasks_finished([task_id])
+        elif state in ("reserved", "running") and self.signals is not None:
+            self.signals.cancel(task_id)
+
     def after_bulk(self, result: BulkOutcome) -> None:
-        """What a bulk action's outcomes tell the nodes: the Worker holding a task whose
-        cancel was requested hears it now (or at its next renew), and the queues of the
-        retried tasks wake."""
+        """What a bulk action's outcomes tell the nodes: the tasks cancelled while queued
+        have finished, the Worker holding a task whose cancel was requested hears it now
+        (or at its next renew), and the queues of the retried tasks wake."""
+        self.tasks_finished([o.task_id for o in result.outcomes if o.outcome == CANCELLED])
         if self.signals is None:
             return
         for outcome in result.outcomes:
@@ -329,6 +349,9 @@ class Shards:
     def signals_for(self, application_id: str) -> SignalRelay | None:
         return self.of_application(application_id).signals
 
+    def tasks_finished(self, application_id: str, task_ids: Sequence[str]) -> None:
+        self.of_application(application_id).tasks_finished(task_ids)
+
 
 def shard_labels(config: NodeConfig) -> list[str]:
     """The label of each shard: "main", then "shard 2", "shard 3"... (``config.shard_dsns`` order)."""
@@ -347,6 +370,7 @@ def _shard(
     pool: ClaimPool | None,
     table: ConnectionTable,
     admission: FairAdmission,
+    stopping: trio.Event,
 ) -> Shard:
     """Shard ``index``: its repositories and the services ``run`` asks for (those of
     Workers only with the claim pool)."""
@@ -391,6 +415,11 @@ def _shard(
             audit_s=config.retain_audit_s,
             rate=config.prune_rate,
         )
+    waits = TaskWaits(tasks, stopping=stopping, signals=signals)
+    if signals is not None:
+        # The signal reader reads while requests wait, and wakes them with what it hears.
+        signals.waiting = waits.any_waiting
+        signals.wake_waits = waits.wake
     return Shard(
         label=label,
         db=db,
@@ -401,6 +430,7 @@ def _shard(
         operations=operations,
         leases=leases,
         registry=WorkerRegistryStore(db),
+        waits=waits,
         rates=rates,
         rate_follower=rate_follower,
         commits=commits,
@@ -475,7 +505,20 @@ class NodeServices:
         shards = Shards(
             placement,
             tuple(
-                _shard(config, node_id, run, labels[i], databases[i], leases[i], placement, i, pool, table, admission)
+                _shard(
+                    config,
+                    node_id,
+                    run,
+                    labels[i],
+                    databases[i],
+                    leases[i],
+                    placement,
+                    i,
+                    pool,
+                    table,
+                    admission,
+                    shutdown_requested,
+                )
                 for i in range(len(databases))
             ),
         )
@@ -507,6 +550,7 @@ class NodeServices:
             databases=[s.db for s in shards],
             signals=[s.signals for s in shards if s.signals is not None],
             pruners=[s.pruner for s in shards if s.pruner is not None],
+            waits=[s.waits for s in shards],
         )
 
     async def run(self, shutdown_requested: trio.Event, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -518,6 +562,7 @@ class NodeServices:
         async with trio.open_nursery() as nursery:
             for shard in self.shards.all:
                 await nursery.start(shard.submits.run)
+                await nursery.start(shard.waits.run)
                 if shard.rate_follower is not None:
                     await nursery.start(shard.rate_follower.run)
                 if shard.commits is not None:

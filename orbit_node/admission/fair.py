@@ -87,10 +87,11 @@ class FairAdmission:
         limits = self.limits
         return max(limits.per_application, limits.slots - limits.reserve)
 
-    def arrive(self, application_id: str) -> tuple[Verdict, int]:
+    def arrive(self, application_id: str, *, returning: bool = False) -> tuple[Verdict, int]:
         """A request of the application wants its turn: granted at once (it runs now and
         must be ``release``d), waiting (its ticket is granted by a later ``release``, or
-        ``cancel`` it), or refused."""
+        ``cancel`` it), or refused. A ``returning`` request (one that gave its turn back
+        while it waited for something else) is never refused: it waits its turn."""
         running = self._running.get(application_id, 0)
         limits = self.limits
         # Fast path. After every decision either every slot is busy or every application
@@ -104,7 +105,7 @@ class FairAdmission:
             self.busy += 1
             return Verdict.GRANTED, -1
         queue = self._queues.get(application_id)
-        if self.waiting >= limits.max_waiting:
+        if self.waiting >= limits.max_waiting and not returning:
             held = running + (0 if queue is None else len(queue))
             if held + 1 > self.share(application_id):
                 return Verdict.REFUSED, -1
@@ -212,6 +213,30 @@ def _ignore_wait(application_id: str, seconds: float) -> None:
 
 
 @attrs.define(eq=False)
+class Turn:
+    """A request's turn (``AdmissionGate.turn``), which it may give back for a while."""
+
+    gate: AdmissionGate
+    application_id: str
+    name: str
+    held: bool = True
+
+    @asynccontextmanager
+    async def away(self) -> AsyncIterator[None]:
+        """Give the turn back for the block (the request waits for something that is not
+        the node's work: a task to finish), then wait for one again as a request arriving
+        now would, never refused (``FairAdmission.arrive``'s ``returning``)."""
+        self.gate._release(self.application_id)
+        self.held = False
+        try:
+            yield
+        finally:
+            # Cancelled (the client went away): no turn is taken again, none is released.
+            await self.gate._take(self.application_id, self.name, returning=True)
+            self.held = True
+
+
+@attrs.define(eq=False)
 class AdmissionGate:
     """The trio side: a request awaits its turn (``async with gate.turn(app)``)."""
 
@@ -223,12 +248,20 @@ class AdmissionGate:
     _events: dict[int, trio.Event] = attrs.field(factory=dict, init=False)
 
     @asynccontextmanager
-    async def turn(self, application_id: str, name: str) -> AsyncIterator[None]:
+    async def turn(self, application_id: str, name: str) -> AsyncIterator[Turn]:
         """Hold one of the application's turns for the block; RequestsRefused at once
         when the node is saturated and the application is over its share. ``name`` labels
         the metrics."""
-        fair = self.fair
-        verdict, ticket = fair.arrive(application_id)
+        await self._take(application_id, name)
+        turn = Turn(self, application_id, name)
+        try:
+            yield turn
+        finally:
+            if turn.held:
+                self._release(application_id)
+
+    async def _take(self, application_id: str, name: str, *, returning: bool = False) -> None:
+        verdict, ticket = self.fair.arrive(application_id, returning=returning)
         if verdict is Verdict.GRANTED:
             self.observe_wait(name, 0.0)
         elif verdict is Verdict.REFUSED:
@@ -238,10 +271,9 @@ class AdmissionGate:
             start = trio.current_time()
             await self._wait(application_id, ticket)
             self.observe_wait(name, trio.current_time() - start)
-        try:
-            yield
-        finally:
-            self._wake(fair.release(application_id))
+
+    def _release(self, application_id: str) -> None:
+        self._wake(self.fair.release(application_id))
 
     async def _wait(self, application_id: str, ticket: int) -> None:
         event = self._events[ticket] = trio.Event()

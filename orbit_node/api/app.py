@@ -47,7 +47,10 @@ class OrbitApp(QuartTrio):
         except Exception:
             return await super().dispatch_request(request_context)
         state: NodeState = self.extensions["orbit"]
-        async with state.services.admission.turn(who.application_id, who.application):
+        async with state.services.admission.turn(who.application_id, who.application) as turn:
+            # A route that waits for something other than the node's work (a task to
+            # finish) gives the turn back meanwhile (api/tasks.py, ``away_from_turn``).
+            context.orbit_turn = turn
             return await super().dispatch_request(request_context)
 
 

@@ -64,12 +64,14 @@ def begin_request() -> None:
 def observe_response(metrics: NodeMetrics, response: Response, mode: str = "all", slow_s: float = 1.0) -> None:
     """A request's end: its HTTP metric and its access-log line (``mode``: ORBIT_ACCESS_LOG;
     with ``errors``, a request answered 4xx/5xx or slower than ``slow_s`` at info, the
-    others at debug)."""
+    others at debug). The time a request waited for its task to finish (``wait_s``) is
+    not the node's: both count the request without it, and the line says it apart."""
     req = request._get_current_object()  # type: ignore[attr-defined]
     rule = req.url_rule
     route = rule.rule if rule is not None else UNMATCHED_ROUTE
     started = g.get("orbit_started")
-    seconds = trio.current_time() - started if started is not None else 0.0
+    waited = g.get("orbit_waited", 0.0)
+    seconds = trio.current_time() - started - waited if started is not None else 0.0
     status = response.status_code
     metrics.observe_http(req.method, route, status, seconds)
     if mode == "off":
@@ -94,6 +96,7 @@ def observe_response(metrics: NodeMetrics, response: Response, mode: str = "all"
             "path": req.path,
             "status": status,
             "duration_ms": round(seconds * 1000, 3),
+            **({"waited_ms": round(waited * 1000, 3)} if waited else {}),
         },
     )
 

@@ -1,15 +1,18 @@
-"""Routes of /v1/tasks: submit (idempotent), detail, list (filtered), cancel.
+"""Routes of /v1/tasks: submit (idempotent), detail (waiting for its end when asked),
+list (filtered), cancel.
 
 Retry and the bulk actions are ``api/task_actions.py``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from datetime import datetime
 from typing import Any
 
+import trio
 from opentelemetry.trace import SpanKind
-from quart import Blueprint, request
+from quart import Blueprint, g, request
 
 from orbit_protocol import logs
 
@@ -18,9 +21,10 @@ from ..admission.submit_rate import Admission
 from ..domain import rules
 from ..domain.acceptance import Submission
 from ..domain.errors import OrbitError, PermissionDenied, ResourceExhausted
-from ..domain.task_query import FILTER_FIELDS, LIST_FIELDS, TaskCursor, filter_from_query
+from ..domain.task_query import FILTER_FIELDS, LIST_FIELDS, TERMINAL_STATES, TaskCursor, filter_from_query
 from ..domain.trace_context import TraceContext
 from ..domain.wire import rfc3339, stored_json
+from ..services import Shard
 from ..store.task_rows import Task, TaskSummary
 from ..store.tasks import Accepted
 from ..store.tenancy import Principal
@@ -31,6 +35,8 @@ bp = Blueprint("tasks", __name__)
 
 # Query parameters of GET /v1/tasks: the filter's fields and the page's.
 LIST_PARAMS = (*FILTER_FIELDS, "limit", "cursor")
+# Query parameters of GET /v1/tasks/{id}: how long to wait for the task to finish.
+GET_PARAMS = ("wait_s",)
 
 
 def summary_json(task: TaskSummary) -> dict[str, Any]:
@@ -265,11 +271,17 @@ async def _accept_batch(who: Principal, trace_context: str | None):
 
 @bp.get("/tasks/<task_id>")
 async def get_task(task_id: str):
+    """One task; with ``wait_s``, once it is finished or after at most that many seconds,
+    as it is then (docs/api.md, "Waiting for a task")."""
     who = require_any("tasks:read")
-    tasks = shard().tasks
-    task = await tasks.get(who.namespace_id, rules.path_id(task_id, "task_id"))
+    wait_s = validation.wait_s(validation.query(GET_PARAMS))
+    task_id = rules.path_id(task_id, "task_id")
+    where = shard()
+    task = await where.tasks.get(who.namespace_id, task_id)
     who.require("tasks:read", task.queue_id)
-    parents = await tasks.parents(task.task_id)
+    if wait_s and task.state not in TERMINAL_STATES:
+        task = await until_finished(where, who.namespace_id, task_id, trio.current_time() + wait_s)
+    parents = await where.tasks.parents(task.task_id)
     return envelope.ok(task_json(task, [p["task_id"] for p in parents]))
 
 
@@ -291,6 +303,27 @@ async def list_children(task_id: str):
         [{"task_id": c["task_id"], "state": c["state"]} for c in children],
         next_cursor=children[-1]["task_id"] if len(found) > limit else None,
     )
+
+
+async def until_finished(where: Shard, namespace_id: str, task_id: str, deadline: float) -> Task:
+    """The task once it is finished, or at ``deadline`` (or the node's shutdown) as it is
+    then. It waits outside its application's turn and holding no database session; each
+    wake-up (``dispatch/waits.py``) is one read of the task."""
+    while True:
+        async with away_from_turn():
+            began = trio.current_time()
+            woken = await where.waits.wait(task_id, deadline)
+            # Not the node's work: the access log and the HTTP metrics leave it out.
+            g.orbit_waited = g.get("orbit_waited", 0.0) + trio.current_time() - began
+        task = await where.tasks.get(namespace_id, task_id)
+        if not woken or task.state in TERMINAL_STATES or trio.current_time() >= deadline:
+            return task
+
+
+def away_from_turn() -> AbstractAsyncContextManager[object]:
+    """The request's turn of the node's fair admission, given back for the block."""
+    turn = g.get("orbit_turn")
+    return nullcontext() if turn is None else turn.away()
 
 
 async def check_queue_filter(who: Principal, queue_id: str | None, scope: str = "tasks:read") -> None:
@@ -336,9 +369,5 @@ async def cancel_task(task_id: str):
     task = await tasks.get(who.namespace_id, task_id)
     who.require("tasks:cancel", task.queue_id)
     cancelled = await tasks.cancel(who.namespace_id, task_id)
-    signals = shard().signals
-    if signals is not None and cancelled.cancel_requested and cancelled.state in ("reserved", "running"):
-        # The Worker holding it through this node hears it now; through another node, as
-        # soon as that node reads the signal (at the latest at the Worker's next renew).
-        signals.cancel(task_id)
+    shard().after_cancel(task_id, cancelled.state)
     return envelope.ok(task_json(cancelled))

@@ -17,6 +17,8 @@ from typing import Any
 from quart import current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from orbit_protocol.limits import MAX_TASK_WAIT_S
+
 from ..domain.errors import InvalidArgument, PayloadTooLarge, UnsupportedMediaType
 from ..domain.ids import is_hex32
 from ..domain.rules import IDEMPOTENCY_KEY, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, kind, parse_json
@@ -159,6 +161,20 @@ def limit(params: Mapping[str, str]) -> int:
     if not re.fullmatch(r"[0-9]{1,4}", text) or not 1 <= int(text) <= LIST_LIMIT_MAX:
         raise InvalidArgument(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}, got {show(text)}", field="limit")
     return int(text)
+
+
+def wait_s(params: Mapping[str, str]) -> float | None:
+    """``wait_s`` of GET /v1/tasks/{id}: seconds from 0 to ``MAX_TASK_WAIT_S``, at most
+    three decimals (None when absent)."""
+    text = params.get("wait_s")
+    if text is None:
+        return None
+    if not re.fullmatch(r"[0-9]{1,2}(\.[0-9]{1,3})?", text) or float(text) > MAX_TASK_WAIT_S:
+        raise InvalidArgument(
+            f"wait_s: must be a number of seconds from 0 to {MAX_TASK_WAIT_S} (at most 3 decimals), got {show(text)}",
+            field="wait_s",
+        )
+    return float(text)
 
 
 def state(params: Mapping[str, str]) -> str | None:

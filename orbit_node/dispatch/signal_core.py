@@ -7,6 +7,7 @@
   missed costs latency, never correctness) and every id is handled once.
 * ``ReadPace``: how long until the next read: the fast interval while signals come,
   doubling up to the slow one when they stop.
+* ``Watches``: which tasks that finish here another node's requests wait for.
 * ``sort_out``: what a page of signals asks this node to do.
 """
 
@@ -17,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from ..config import SignalTiming
-from ..store.signals import CANCEL, TASKS, ReadSignal, Signal
+from ..store.signals import CANCEL, FINISHED, TASKS, WATCH, ReadSignal, Signal
 
 
 @attrs.define(eq=False)
@@ -135,6 +136,81 @@ class ReadPace:
         return self._interval
 
 
+@attrs.define(eq=False)
+class Watches:
+    """Which of the tasks that finish here other nodes' requests wait for, so that only
+    those finishes are written as ``finished`` signals (a node that writes one for every
+    task would pay a row per task with nobody waiting).
+
+    A ``watch`` heard is kept ``keep_s`` (a waiting node repeats it every ``repeat_s``
+    while its requests wait, and a request waits at most ``MAX_TASK_WAIT_S``). The tasks
+    that finished here in the last ``recent_s`` are kept too: a watch heard just after its
+    task finished here (it was written while the task finished) is answered at once.
+    Each is bounded by ``limit``, the oldest forgotten first: a forgotten one costs its
+    waiting request latency (its node's own check finds the task finished), never an answer.
+    """
+
+    keep_s: float
+    repeat_s: float
+    recent_s: float
+    limit: int
+    # Task id -> until when it is watched (insertion order is that order).
+    _watched: dict[str, float] = attrs.field(factory=dict, init=False)
+    # Task id -> when it finished here (insertion order is that order).
+    _recent: dict[str, float] = attrs.field(factory=dict, init=False)
+    # Task id -> when this node last wrote a watch of it.
+    _sent: dict[str, float] = attrs.field(factory=dict, init=False)
+
+    def to_send(self, task_id: str, now: float) -> bool:
+        """Whether a request of this node that begins to wait for ``task_id`` writes a
+        watch (none written for it in the last ``repeat_s``)."""
+        _expire(self._sent, now - self.repeat_s)
+        if task_id in self._sent:
+            return False
+        _remember(self._sent, task_id, now, self.limit)
+        return True
+
+    def heard(self, task_ids: Iterable[str], now: float) -> list[str]:
+        """Watches other nodes wrote: kept; the ones of tasks that finished here lately
+        are returned (their ``finished`` is written now)."""
+        _expire(self._recent, now - self.recent_s)
+        finished = []
+        for task_id in task_ids:
+            _remember(self._watched, task_id, now + self.keep_s, self.limit)
+            if task_id in self._recent:
+                finished.append(task_id)
+        return finished
+
+    def finished(self, task_ids: Iterable[str], now: float) -> list[str]:
+        """Tasks that finished here: the ones another node waits for (their ``finished``
+        is written), all kept as recent."""
+        _expire(self._watched, now)
+        _expire(self._recent, now - self.recent_s)
+        watched = []
+        for task_id in task_ids:
+            if task_id in self._watched:
+                watched.append(task_id)
+            _remember(self._recent, task_id, now, self.limit)
+        return watched
+
+
+def _expire(entries: dict[str, float], before: float) -> None:
+    """Drop the entries (in the order of their times) whose time is before ``before``."""
+    while entries:
+        first = next(iter(entries))
+        if entries[first] >= before:
+            return
+        del entries[first]
+
+
+def _remember(entries: dict[str, float], key: str, when: float, limit: int) -> None:
+    """``key`` at time ``when``, after every other entry (``when`` never goes back)."""
+    entries.pop(key, None)
+    entries[key] = when
+    if len(entries) > limit:
+        del entries[next(iter(entries))]
+
+
 @attrs.frozen
 class Heard:
     """What a page of signals asks of this node."""
@@ -145,6 +221,13 @@ class Heard:
     due: tuple[tuple[str, float], ...] = ()
     # Tasks whose cancel was asked through another node: push it if a Worker here holds one.
     cancel: tuple[str, ...] = ()
+    # Tasks another node's requests wait for: tell them when one finishes here.
+    watch: tuple[str, ...] = ()
+    # Tasks that finished through another node: wake this node's requests waiting for them.
+    finished: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.wake or self.due or self.cancel or self.watch or self.finished)
 
 
 def sort_out(signals: Iterable[ReadSignal], node_id: str) -> Heard:
@@ -153,6 +236,8 @@ def sort_out(signals: Iterable[ReadSignal], node_id: str) -> Heard:
     wake: dict[str, None] = {}
     due: dict[tuple[str, float], None] = {}
     cancel: dict[str, None] = {}
+    watch: dict[str, None] = {}
+    finished: dict[str, None] = {}
     for signal in signals:
         if signal.origin_node_id == node_id:
             continue
@@ -163,4 +248,8 @@ def sort_out(signals: Iterable[ReadSignal], node_id: str) -> Heard:
                 wake[signal.queue_id] = None
         elif signal.kind == CANCEL and signal.task_id is not None:
             cancel[signal.task_id] = None
-    return Heard(tuple(wake), tuple(due), tuple(cancel))
+        elif signal.kind == WATCH and signal.task_id is not None:
+            watch[signal.task_id] = None
+        elif signal.kind == FINISHED and signal.task_id is not None:
+            finished[signal.task_id] = None
+    return Heard(tuple(wake), tuple(due), tuple(cancel), tuple(watch), tuple(finished))

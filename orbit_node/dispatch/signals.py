@@ -1,25 +1,28 @@
 """Signals between nodes over one database (docs/scheduling.md, "Signals between nodes").
 
 ``SignalRelay`` is one shard's: what happens on this node that another node's Workers
-may be waiting for is written to ``node_signals`` (tasks due now or later in a queue, a
-cancel asked for a task this node's Workers do not hold), and what the other nodes
-write is read and acted on here: a queue's waiting claims are woken (now, or at the
-tasks' due time) and a cancel is pushed to the Worker holding the task.
+or requests may be waiting for is written to ``node_signals`` (tasks due now or later in
+a queue, a cancel asked for a task this node's Workers do not hold, a request here
+waiting for a task to finish, a task another node's request waits for that finished
+here), and what the other nodes write is read and acted on here: a queue's waiting
+claims are woken (now, or at the tasks' due time), a cancel is pushed to the Worker
+holding the task, and the requests waiting for a task that finished are woken.
 
 Writes leave the request path at once: the route hands the signal over (synchronous,
 never blocks) and the writer sends what gathered meanwhile in one INSERT. Reads run
-only while this node has Worker connections on the shard, every ``fast_interval_s``
-while signals come and backing off to ``slow_interval_s`` when they stop. A failed
-write or read is logged once per streak and costs latency only: a waiting claim's
-empty result still expires after one scan cycle, and a Worker still learns of a cancel
-at its next renew.
+only while this node has Worker connections on the shard or requests waiting for its
+tasks, every ``fast_interval_s`` while signals come and backing off to
+``slow_interval_s`` when they stop. A failed write or read is logged once per streak
+and costs latency only: a waiting claim's empty result still expires after one scan
+cycle, a Worker still learns of a cancel at its next renew, and a waiting request's
+node still reads its task's state itself (``dispatch/waits.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 import attrs
@@ -29,7 +32,7 @@ from ..config import SignalTiming
 from ..domain.errors import OrbitError
 from ..store.signals import Signal, SignalStore
 from .claim_pool import ClaimPool
-from .signal_core import Heard, Outbox, ReadCursor, ReadPace, sort_out
+from .signal_core import Heard, Outbox, ReadCursor, ReadPace, Watches, sort_out
 
 log = logging.getLogger("orbit.signals")
 
@@ -46,6 +49,10 @@ def _nobody() -> bool:
     return False
 
 
+def _no_waits(task_ids: Sequence[str]) -> None:
+    """No request of this node waits for a task."""
+
+
 @attrs.frozen
 class RelayStatistics:
     published: int
@@ -59,6 +66,8 @@ class RelayStatistics:
     cancels_pushed: int
     gaps_given_up: int
     pruned: int
+    # Tasks another node said finished while requests here waited for them.
+    finished_heard: int = 0
 
 
 @attrs.define(eq=False)
@@ -72,7 +81,12 @@ class SignalRelay:
     listening: Callable[[], bool] = _nobody
     # Sends a cancel to the Worker of this node holding the task; False when none does.
     push_cancel: Callable[[str], bool] = lambda task_id: False
+    # Whether requests of this node wait for tasks of this shard to finish, and what
+    # wakes them (``dispatch/waits.py``).
+    waiting: Callable[[], bool] = _nobody
+    wake_waits: Callable[[Sequence[str]], None] = _no_waits
     _outbox: Outbox = attrs.field(init=False)
+    _watches: Watches = attrs.field(init=False)
     _cursor: ReadCursor = attrs.field(init=False)
     _pace: ReadPace = attrs.field(init=False)
     _to_write: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -84,6 +98,13 @@ class SignalRelay:
         self._outbox = Outbox(self.timing.outbox_limit)
         self._cursor = ReadCursor(self.timing.gap_wait_s)
         self._pace = ReadPace(self.timing)
+        timing = self.timing
+        self._watches = Watches(
+            keep_s=timing.watch_keep_s,
+            repeat_s=timing.watch_repeat_s,
+            recent_s=timing.finished_recent_s,
+            limit=timing.watch_limit,
+        )
 
     # -- what happens on this node (synchronous, never blocks) ------------------------------
 
@@ -108,6 +129,23 @@ class SignalRelay:
             return True
         self._publish(Signal.cancel(task_id))
         return False
+
+    def watch(self, task_id: str) -> None:
+        """A request of this node begins to wait for ``task_id`` to finish: the other
+        nodes hear of it (once per ``watch_repeat_s``), and the one it finishes on says so."""
+        if self._watches.to_send(task_id, trio.current_time()):
+            self._publish(Signal.watch(task_id))
+
+    def tasks_finished(self, task_ids: Sequence[str]) -> None:
+        """Tasks finished through this node: those another node's requests wait for are
+        written as ``finished`` (this node's own waiting requests are woken by its caller).
+        A node that reads no signals (no Worker connection, no waiting request: a cancel
+        through the API) knows no watch: each of its finishes is written."""
+        told = self._watches.finished(task_ids, trio.current_time())
+        if not self._cursor.started:
+            told = list(task_ids)
+        for task_id in told:
+            self._publish(Signal.finished(task_id))
 
     def _publish(self, signal: Signal) -> None:
         # Acted on here already: only what other nodes write makes this node read faster.
@@ -150,7 +188,7 @@ class SignalRelay:
     async def _read(self) -> None:
         while True:
             full = False
-            if not self.listening():
+            if not (self.listening() or self.waiting()):
                 self._cursor.stop()
                 delay = self.timing.slow_interval_s
             else:
@@ -174,13 +212,15 @@ class SignalRelay:
         now = trio.current_time()
         self._count("reads")
         heard = sort_out(self._cursor.accept(page, now), self.node_id)
-        if heard.wake or heard.due or heard.cancel:
+        if heard:
             self._pace.busy(now)
             self._act(heard, now)
         return len(page) >= self.timing.read_limit
 
     def _act(self, heard: Heard, now: float) -> None:
-        self._count("heard", len(heard.wake) + len(heard.due) + len(heard.cancel))
+        self._count(
+            "heard", len(heard.wake) + len(heard.due) + len(heard.cancel) + len(heard.watch) + len(heard.finished)
+        )
         if self.pool is not None:
             for queue_id in heard.wake:
                 self.pool.task_arrived(queue_id)
@@ -191,6 +231,12 @@ class SignalRelay:
         for task_id in heard.cancel:
             if self.push_cancel(task_id):
                 self._count("cancels_pushed")
+        if heard.watch:
+            for task_id in self._watches.heard(heard.watch, now):
+                self._publish(Signal.finished(task_id))
+        if heard.finished:
+            self.wake_waits(heard.finished)
+            self._count("finished_heard", len(heard.finished))
 
     async def _prune(self) -> None:
         # Nodes started together do not prune together.
@@ -241,4 +287,5 @@ class SignalRelay:
             cancels_pushed=c.get("cancels_pushed", 0),
             gaps_given_up=self._cursor.gaps_given_up,
             pruned=c.get("pruned", 0),
+            finished_heard=c.get("finished_heard", 0),
         )

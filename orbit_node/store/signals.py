@@ -1,8 +1,10 @@
 """Signals between nodes: the append-only table ``node_signals`` (docs/scheduling.md).
 
 A signal tells the other nodes that something they may be waiting for happened: tasks
-due now or at a due time in a queue (``tasks``), or a cancel asked for a task a Worker
-of another node may hold (``cancel``). Signals decide nothing; a lost one costs latency.
+due now or at a due time in a queue (``tasks``), a cancel asked for a task a Worker
+of another node may hold (``cancel``), a request on the writer waiting for a task to
+finish (``watch``), and a task that finished and is waited for (``finished``). Signals
+decide nothing; a lost one costs latency.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
 
 TASKS = "tasks"
 CANCEL = "cancel"
+WATCH = "watch"
+FINISHED = "finished"
 
 
 @attrs.frozen
@@ -38,6 +42,14 @@ class Signal:
     @classmethod
     def cancel(cls, task_id: str) -> Signal:
         return cls(CANCEL, task_id=task_id)
+
+    @classmethod
+    def watch(cls, task_id: str) -> Signal:
+        return cls(WATCH, task_id=task_id)
+
+    @classmethod
+    def finished(cls, task_id: str) -> Signal:
+        return cls(FINISHED, task_id=task_id)
 
 
 @attrs.frozen

@@ -214,6 +214,13 @@ class TaskStore:
             raise NotFound(f"task_id: task {task_id} not found", field="task_id")
         return Task.from_row(row)
 
+    async def states(self, task_ids: Sequence[str]) -> dict[str, str]:
+        """The state of each of ``task_ids`` that exists (any namespace), by task id."""
+        if not task_ids:
+            return {}
+        rows = await self.db.fetchall("task_states", {"task_ids": tuple(task_ids)})
+        return {row["task_id"]: row["state"] for row in rows}
+
     # -- finding tasks (store/search.py) -----------------------------------------------
 
     async def search(

@@ -48,6 +48,7 @@ from ..dispatch.scheduler import SchedulerRefused
 from ..domain.claims import ClaimRequest
 from ..domain.errors import NotFound, OrbitError
 from ..domain.ownership import AttachItem, FinishItem, Reservation, TransitionResult
+from ..domain.task_query import TERMINAL_STATES
 from ..store.tenancy import Principal
 from ..tracing import ConnectionTraces
 from . import protocol as p
@@ -144,8 +145,9 @@ class Registry(Protocol):
 
 
 class Observer(Protocol):
-    """What a connection reports (``WorkerHub``): its tasks for the metrics, and tasks it
-    put back in their queues for the claims that wait for them."""
+    """What a connection reports (``WorkerHub``): its tasks for the metrics, tasks it put
+    back in their queues for the claims that wait for them, and tasks that finished for
+    the requests that wait for them."""
 
     def observe_dispatch(self, reservations: Sequence[Reservation]) -> None: ...
     def observe_started(self, seconds: float) -> None: ...
@@ -153,6 +155,7 @@ class Observer(Protocol):
     def tasks_requeued(
         self, application_id: str, queue_id: str, due_at: datetime | None, due_in_s: float | None
     ) -> None: ...
+    def tasks_finished(self, application_id: str, task_ids: Sequence[str]) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -534,6 +537,11 @@ class WorkerConnection:
             self.observer.tasks_requeued(self.principal.application_id, back.queue_id, back.due_at, back.due_in_s)
         if kind is TransitionKind.FINISH:
             self.observer.observe_finish(outcomes)
+        # A Finish ends its tasks; a Start or renew may settle one (its deadline passed,
+        # cancelled before it ran).
+        ended = [o.task_id for o in outcomes if o.state in TERMINAL_STATES and not o.duplicate]
+        if ended:
+            self.observer.tasks_finished(self.principal.application_id, ended)
         self.send(p.Ack(kind.value, tuple(results), message.id))
         if settled.cancels:
             self.send(p.cancel([(c.task_id, c.reason) for c in settled.cancels]))

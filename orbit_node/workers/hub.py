@@ -41,6 +41,7 @@ class ApplicationShards(Protocol):
     def registry_for(self, application_id: str) -> WorkerRegistryStore: ...
     def registries(self) -> Sequence[WorkerRegistryStore]: ...
     def signals_for(self, application_id: str) -> SignalRelay | None: ...
+    def tasks_finished(self, application_id: str, task_ids: Sequence[str]) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -237,6 +238,11 @@ class WorkerHub:
             signals.tasks_arrived(queue_id, due_at, due_in_s)
         elif due_at is None:
             self.pool.task_arrived(queue_id)
+
+    def tasks_finished(self, application_id: str, task_ids: Sequence[str]) -> None:
+        """A Worker's transitions ended these tasks: the requests waiting for them, on this
+        node and the others, answer now."""
+        self.shards.tasks_finished(application_id, task_ids)
 
     # -- what the connections report --------------------------------------------------
 

@@ -38,3 +38,6 @@ MAX_TRACESTATE_CHARS = 512
 # Task ids one listing filter names, and tasks one bulk cancel or retry changes.
 MAX_TASK_IDS = 1000
 MAX_BULK = 1000
+# Seconds one GET /v1/tasks/{id}?wait_s=N may wait for its task to finish (a longer
+# request is refused); the SDK's waits ask for at most this.
+MAX_TASK_WAIT_S = 30

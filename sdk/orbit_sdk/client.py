@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import httpx
 
-from orbit_protocol.limits import MAX_BATCH_TASKS
+from orbit_protocol.limits import MAX_BATCH_TASKS, MAX_TASK_WAIT_S
 
 from . import tracing
 from .credentials import Credentials, credentials_from_env
@@ -50,6 +50,16 @@ from .models import (
 )
 
 UNSET: Any = object()
+
+
+def wait_param(wait_s: float) -> str:
+    """``wait_s`` as GET /v1/tasks/{id} takes it: seconds from 0 to ``MAX_TASK_WAIT_S``,
+    at most three decimals; anything else is an ``InvalidRequestError`` naming it."""
+    if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not 0 <= wait_s <= MAX_TASK_WAIT_S:
+        raise InvalidRequestError(
+            f"wait_s: expected a number of seconds from 0 to {MAX_TASK_WAIT_S}, got {wait_s!r}", field="wait_s"
+        )
+    return f"{wait_s:.3f}".rstrip("0").rstrip(".")
 
 
 class OrbitClient:
@@ -235,9 +245,15 @@ class OrbitClient:
         )
         return Page.from_document(TaskChild, document)
 
-    async def get_task(self, task_id: str) -> Task:
-        """One task, with its payload and, once finished, its result or error."""
-        _, document = await self._call("GET", f"/v1/tasks/{path_segment(task_id)}")
+    async def get_task(self, task_id: str, *, wait_s: float | None = None) -> Task:
+        """One task, with its payload and, once finished, its result or error. With
+        ``wait_s`` (0 to ``MAX_TASK_WAIT_S``, 30), the node answers once the task is in a
+        terminal state, or after at most ``wait_s`` seconds with the task as it is then
+        (docs/api.md, "Waiting for a task"); a node of a version before it answers at once."""
+        params = None
+        if wait_s is not None:
+            params = {"wait_s": wait_param(wait_s)}
+        _, document = await self._call("GET", f"/v1/tasks/{path_segment(task_id)}", params=params)
         return Task.from_json(document["data"])
 
     async def list_tasks(
@@ -474,9 +490,10 @@ class OrbitClient:
         cancelled, expired), in the order they are seen finished:
         ``async for task in client.as_finished(ids, timeout_s=60): ...``.
 
-        Polls ``GET /v1/tasks/{id}`` for every unfinished task, 0.1 s after the first
-        round then doubling to one round every 2 s (docs/sdk.md, "Waiting for tasks", has
-        the cost). ``timeout_s`` (None: no bound) ends it with ``WaitTimeoutError``
+        Reads ``GET /v1/tasks/{id}`` of every unfinished task, 0.1 s after the first
+        round then doubling to one round every 2 s; the last unfinished task is read
+        with ``wait_s`` instead, answered by the node as soon as it ends (docs/sdk.md,
+        "Waiting for tasks", has the cost). ``timeout_s`` (None: no bound) ends it with ``WaitTimeoutError``
         naming the tasks not finished. A read the node could not answer (unreachable,
         503, 429) is tried again next round; any other refusal (``NotFoundError`` for an
         unknown id, ...) is raised at once. Ids that are not 32-hex are an
@@ -489,9 +506,12 @@ class OrbitClient:
         """Wait until every task of ``task_ids`` reached a terminal state; the tasks, in
         the order of ``task_ids`` (each id once). ``WaitTimeoutError`` after ``timeout_s``
         names the unfinished ones (``.unfinished``) and holds the finished (``.finished``).
-        Polls as ``as_finished`` does."""
-        from .waiting import task_id_list
+        Each round reads every unfinished task with ``wait_s``: the node answers each as
+        soon as it ends (or after 30 s), so a wait costs about a request per task per
+        30 s; a node that does not wait (a version before ``wait_s``) is polled as
+        ``as_finished`` polls."""
+        from .waiting import as_finished, task_id_list
 
         order = task_id_list(task_ids)
-        tasks = {task.task_id: task async for task in self.as_finished(order, timeout_s)}
+        tasks = {task.task_id: task async for task in as_finished(self, order, timeout_s, every_task_waits=True)}
         return [tasks[task_id] for task_id in order]

@@ -1,11 +1,21 @@
 """A producer waits for its tasks: ``OrbitClient.wait`` and ``OrbitClient.as_finished``.
 
-The node pushes nothing to a producer, so waiting is polling: each round reads every
-task not yet seen finished (``GET /v1/tasks/{id}``, at most ``POLL_CONCURRENCY`` at
-once), and the pause between rounds grows from ``POLL_INITIAL_S`` by ``POLL_FACTOR`` up
-to ``POLL_MAX_S``. A round therefore costs one request per unfinished task; a wait of
-T seconds sends at most ``rounds(T)`` rounds (6 in the first 3.1 s, then one every
-2 s). A task's ``finished_at`` is exact whenever it is read.
+Each round reads every task not yet seen finished (``GET /v1/tasks/{id}``, at most
+``POLL_CONCURRENCY`` at once). A read may ask the node to wait (``wait_s``): it then
+answers as soon as the task is in a terminal state, or after ``wait_s`` (at most
+``MAX_TASK_WAIT_S``) with the task as it is. ``wait`` asks that of every read, so a
+round lasts until every task it reads has ended or 30 s have passed, and the next one
+follows at once: about one request per task per 30 s. ``as_finished`` yields each task
+as soon as it is seen finished, so it cannot hold a round for one task while another
+ends: it asks the node to wait only when one task is left, and otherwise polls.
+
+Polling: the pause between rounds grows from ``POLL_INITIAL_S`` by ``POLL_FACTOR`` up to
+``POLL_MAX_S``, so a round costs one request per unfinished task and a wait of T seconds
+sends at most ``rounds(T)`` rounds (6 in the first 3.1 s, then one every 2 s). A round
+whose reads asked the node to wait but came back sooner (a node of a version before
+``wait_s`` ignores it; a node that shuts down answers at once) is followed by that
+pause too, and a node that refuses ``wait_s`` is polled for the rest of the wait. A
+task's ``finished_at`` is exact whenever it is read.
 """
 
 from __future__ import annotations
@@ -16,8 +26,11 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from orbit_protocol.limits import MAX_TASK_WAIT_S
+
 from .encoding import is_id
 from .errors import (
+    InvalidArgumentError,
     InvalidRequestError,
     OrbitClientError,
     ResourceExhaustedError,
@@ -46,6 +59,15 @@ POLL_CONCURRENCY = 16
 TRANSIENT = (TransportError, UnavailableError, ResourceExhaustedError)
 # Unfinished task ids a timeout message names (all are in ``WaitTimeoutError.unfinished``).
 NAMED_IN_MESSAGE = 10
+# A round whose reads asked the node to wait W seconds and lasted at least this share of
+# W was held by the node: the next round goes at once. A shorter one is followed by the
+# polling pause (the node did not wait: an older version, its shutdown, a failure).
+HELD_SHARE = 0.9
+# A read that asks the node to wait ends this long before the wait's own end, so that its
+# answer (the task's state, for the timeout's message) arrives in time; with less time
+# than this left, or a wait shorter than ``MIN_WAIT_S``, the reads ask for no wait.
+WAIT_MARGIN_S = 0.5
+MIN_WAIT_S = 0.01
 
 
 def task_id_list(task_ids: Iterable[str]) -> list[str]:
@@ -82,9 +104,13 @@ def _check_timeout(timeout_s: float | None) -> float:
     return float(timeout_s)
 
 
-async def as_finished(client: OrbitClient, task_ids: Iterable[str], timeout_s: float | None) -> AsyncIterator[Task]:
+async def as_finished(
+    client: OrbitClient, task_ids: Iterable[str], timeout_s: float | None, *, every_task_waits: bool = False
+) -> AsyncIterator[Task]:
     """Each task of ``task_ids`` once it is in a terminal state, in the order they are
-    seen finished (see ``OrbitClient.as_finished``)."""
+    seen finished (see ``OrbitClient.as_finished``). With ``every_task_waits`` (``wait``:
+    the tasks are wanted all together), every read asks the node to wait for its task,
+    else only the read of the last unfinished one does."""
     ids = task_id_list(task_ids)
     position = {task_id: index for index, task_id in enumerate(ids)}
     deadline = trio.current_time() + _check_timeout(timeout_s)
@@ -93,12 +119,24 @@ async def as_finished(client: OrbitClient, task_ids: Iterable[str], timeout_s: f
     finished: list[Task] = []
     last_failure: OrbitClientError | None = None
     schedule = iter(pauses())
+    # False once the node refused ``wait_s``: polled from then on.
+    node_waits = True
     while unfinished:
         read: dict[str, Task] = {}
         failures: list[OrbitClientError] = []
+        began = trio.current_time()
+        wait_s = None
+        if node_waits and (every_task_waits or len(unfinished) == 1):
+            wait_s = min(float(MAX_TASK_WAIT_S), deadline - began - WAIT_MARGIN_S)
+            if wait_s < MIN_WAIT_S:
+                wait_s = None
         with trio.move_on_at(deadline):
-            await _read_round(client, list(unfinished), read, failures)
+            await _read_round(client, list(unfinished), read, failures, wait_s)
+        held = wait_s is not None and not failures and trio.current_time() - began >= wait_s * HELD_SHARE
         for failure in failures:
+            if wait_s is not None and isinstance(failure, InvalidArgumentError) and failure.field == "wait_s":
+                node_waits = False
+                continue
             if not isinstance(failure, TRANSIENT):
                 raise failure
             last_failure = failure
@@ -120,20 +158,26 @@ async def as_finished(client: OrbitClient, task_ids: Iterable[str], timeout_s: f
         remaining = deadline - trio.current_time()
         if remaining <= 0:
             raise _timeout(ids, unfinished, finished, timeout_s) from last_failure
-        await trio.sleep(min(next(schedule), remaining))
+        if not held:
+            await trio.sleep(min(next(schedule), remaining))
 
 
 async def _read_round(
-    client: OrbitClient, task_ids: list[str], read: dict[str, Task], failures: list[OrbitClientError]
+    client: OrbitClient,
+    task_ids: list[str],
+    read: dict[str, Task],
+    failures: list[OrbitClientError],
+    wait_s: float | None = None,
 ) -> None:
-    """Read ``task_ids`` (``POLL_CONCURRENCY`` at once) into ``read``; a read that fails
-    goes to ``failures`` (so nothing escapes the nursery as a group)."""
+    """Read ``task_ids`` (``POLL_CONCURRENCY`` at once, each asking the node to wait
+    ``wait_s`` for its task to end) into ``read``; a read that fails goes to ``failures``
+    (so nothing escapes the nursery as a group)."""
     limit = trio.CapacityLimiter(POLL_CONCURRENCY)
 
     async def read_one(task_id: str) -> None:
         async with limit:
             try:
-                read[task_id] = await client.get_task(task_id)
+                read[task_id] = await client.get_task(task_id, wait_s=wait_s)
             except OrbitClientError as exc:
                 failures.append(exc)
 

@@ -357,3 +357,45 @@ async def test_a_flood_of_one_application_leaves_another_its_latency(node_config
     assert refused_flood is not None and refused_flood >= len(refusals)
     assert not refused_calm
     assert waited_calm == 2 * STEADY_REQUESTS
+
+
+async def test_a_request_away_from_its_turn_lets_others_run_and_comes_back_in_turn(autojump_clock):
+    """A request waiting for its task to finish gives its turn back meanwhile (``Turn.away``):
+    another request runs in its slot; back, it waits its turn (never refused, even on a
+    saturated node), and every count ends balanced, a client gone while away included."""
+    gate = AdmissionGate(FairAdmission(AdmissionLimits(slots=1, per_application=1, reserve=0, max_waiting=1)))
+    order: list[str] = []
+
+    async def waiting_request(name: str, away_s: float, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with gate.turn("a", "a") as turn:
+            order.append(f"{name} in")
+            task_status.started()
+            async with turn.away():
+                await trio.sleep(away_s)
+            order.append(f"{name} back")
+
+    async def short_request(name: str) -> None:
+        async with gate.turn("a", "a"):
+            order.append(name)
+            await trio.sleep(1.0)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(waiting_request, "w", 2.0)
+            # w is away: b runs at once in the only slot.
+            nursery.start_soon(short_request, "b")
+            await trio.testing.wait_all_tasks_blocked()
+            assert order == ["w in", "b"] and gate.fair.statistics().busy == 1
+            # c waits: the node is saturated (1 waiting), so w, back at 2 s, would be
+            # refused were it arriving; returning, it waits its turn behind c.
+            nursery.start_soon(short_request, "c")
+        assert order == ["w in", "b", "c", "w back"]
+        # A client that goes away while its request is away: nothing is held or released twice.
+        async with trio.open_nursery() as nursery:
+            await nursery.start(waiting_request, "x", 10.0)
+            nursery.start_soon(short_request, "d")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    fair = gate.fair.statistics()
+    assert (fair.busy, fair.waiting, fair.running, fair.queued) == (0, 0, {}, {})
+    assert order[-2:] == ["x in", "d"]

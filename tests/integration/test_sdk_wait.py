@@ -1,6 +1,7 @@
 """A producer waits for its tasks (docs/sdk.md, "Waiting for tasks"): ``OrbitClient.wait``
-returns them once terminal, ``as_finished`` yields them as they end, a timeout is a
-``WaitTimeoutError`` naming what did not finish, and the polling backs off as documented."""
+returns them once terminal, asking the node to wait for each (``wait_s``), ``as_finished``
+yields them as they end, a timeout is a ``WaitTimeoutError`` naming what did not finish,
+and a node that does not wait is polled with the documented back-off."""
 
 from __future__ import annotations
 
@@ -124,6 +125,37 @@ async def test_bad_ids_are_refused_before_polling_and_an_unknown_id_at_once(full
         with trio.fail_after(5), pytest.raises(NotFoundError) as info:
             await client.wait(["0" * 32], timeout_s=60)
         assert info.value.field == "task_id"
+        for wait_s in (31, -1, True, "5", float("nan")):
+            with pytest.raises(InvalidRequestError) as info:
+                await client.get_task("0" * 32, wait_s=wait_s)
+            assert info.value.field == "wait_s"
+
+
+async def test_the_sdk_wait_sends_one_request_per_task_while_it_runs(full_node, db):
+    """A task that takes 2 s: one held request (polling would have sent 5)."""
+    tenant = await make_tenant(db, "sdk")
+    requests: list[str] = []
+
+    async def count(request: httpx.Request) -> None:
+        if request.method == "GET":
+            requests.append(str(request.url.query, "ascii"))
+
+    worker = Worker(full_node.base_url, tenant.token, [tenant.queue_id], capacity=1)
+
+    @worker.handler("h", "v1", "v1")
+    async def slow(task: WorkerTask) -> str:
+        await trio.sleep(2.0)
+        return "done"
+
+    async with OrbitClient(full_node.base_url, tenant.token, event_hooks={"request": [count]}) as client:
+        accepted = await client.submit_task("k", task_request(tenant.queue_id, 1))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            with trio.fail_after(10):
+                [task] = await client.wait([accepted.task.task_id], timeout_s=60)
+            await worker.drain()
+    assert (task.state, task.result) == ("succeeded", "done")
+    assert requests == ["wait_s=30"]
 
 
 def test_the_pause_between_rounds_doubles_to_two_seconds():
@@ -160,6 +192,71 @@ async def test_polling_cost_follows_the_documented_schedule(autojump_clock):
     assert sum(1 for _, task_id in reads if task_id == task_ids[1]) == len(times)
     assert info.value.unfinished == {task_ids[1]: "running"}
     assert math.isclose(trio.current_time() - start, 10.0)
+
+
+async def test_a_node_that_waits_costs_a_request_per_task_per_wait(autojump_clock):
+    """``wait`` asks the node to wait (``wait_s``, 30 s at most, ending 0.5 s before the
+    caller's timeout); a node that holds each read until its task ends or the wait is up
+    is asked again at once. ``as_finished`` asks it for its last unfinished task only."""
+    task_ids = ["a" * 32, "b" * 32]
+    ends = {task_ids[0]: 45.0, task_ids[1]: 10.0}
+    reads: list[tuple[float, str, str | None]] = []
+
+    async def holding(request: httpx.Request) -> httpx.Response:
+        task_id = request.url.path.rsplit("/", 1)[1]
+        wait_s = request.url.params.get("wait_s")
+        now = trio.current_time()
+        reads.append((round(now, 3), task_id[0], wait_s))
+        if wait_s is not None and now < ends[task_id]:
+            await trio.sleep(min(float(wait_s), ends[task_id] - now))
+        state = "succeeded" if trio.current_time() >= ends[task_id] else "running"
+        return httpx.Response(200, content=json.dumps({"data": task_json(task_id, state)}))
+
+    async with OrbitClient("http://node.test", "t", transport=httpx.MockTransport(holding)) as client:
+        tasks = await client.wait(task_ids, timeout_s=100)
+        assert [t.state for t in tasks] == ["succeeded", "succeeded"]
+        assert sorted(reads) == [(0.0, "a", "30"), (0.0, "b", "30"), (30.0, "a", "30")]
+        reads.clear()
+        start = trio.current_time()
+        ends.update({task_ids[0]: start + 5.0, task_ids[1]: start + 1.0})
+        seen = [task.task_id[0] async for task in client.as_finished(task_ids, timeout_s=20)]
+    # Two unfinished: polled (0, 0.1, 0.3, 0.7, 1.5 s: b ends); then a alone, asked to wait
+    # up to 0.5 s before the timeout, answered when it ends (5 s).
+    assert seen == ["b", "a"]
+    assert [(round(t - start, 3), name, w) for t, name, w in reads if name == "a"] == [
+        (0.0, "a", None),
+        (0.1, "a", None),
+        (0.3, "a", None),
+        (0.7, "a", None),
+        (1.5, "a", None),
+        (3.1, "a", "16.4"),
+    ]
+    assert math.isclose(trio.current_time() - start, 5.0)
+
+
+async def test_a_node_that_refuses_wait_s_is_polled(autojump_clock):
+    reads: list[tuple[float, str | None]] = []
+
+    def refusing(request: httpx.Request) -> httpx.Response:
+        wait_s = request.url.params.get("wait_s")
+        reads.append((trio.current_time(), wait_s))
+        if wait_s is not None:
+            error = {"code": "INVALID_ARGUMENT", "message": "wait_s: unknown query parameter", "field": "wait_s"}
+            return httpx.Response(400, json={"error": error, "request_id": "req_1"})
+        state = "succeeded" if trio.current_time() >= 1.0 else "running"
+        return httpx.Response(200, content=json.dumps({"data": task_json("a" * 32, state)}))
+
+    async with OrbitClient("http://node.test", "t", transport=httpx.MockTransport(refusing)) as client:
+        start = trio.current_time()
+        [task] = await client.wait(["a" * 32], timeout_s=10)
+    assert task.state == "succeeded"
+    assert [(round(t - start, 3), w) for t, w in reads] == [
+        (0.0, "9.5"),
+        (0.1, None),
+        (0.3, None),
+        (0.7, None),
+        (1.5, None),
+    ]
 
 
 async def test_a_failure_that_outlasts_the_wait_is_its_cause(autojump_clock):

@@ -268,6 +268,9 @@ class SilentObserver:
     def tasks_requeued(self, application_id, queue_id, due_at, due_in_s):
         pass
 
+    def tasks_finished(self, application_id, task_ids):
+        pass
+
 
 class NoStore:
     """The stores of a connection that never gets past its hello."""

@@ -16,9 +16,9 @@ from orbit_node.config import SchedulerLimits, SignalTiming
 from orbit_node.dispatch.cache import EmptyResultCache
 from orbit_node.dispatch.claim_pool import ClaimPool
 from orbit_node.dispatch.scheduler import FairScheduler
-from orbit_node.dispatch.signal_core import Heard, Outbox, ReadCursor, ReadPace, sort_out
+from orbit_node.dispatch.signal_core import Heard, Outbox, ReadCursor, ReadPace, Watches, sort_out
 from orbit_node.domain.errors import ConfigError
-from orbit_node.store.signals import CANCEL, TASKS, ReadSignal, Signal
+from orbit_node.store.signals import CANCEL, FINISHED, TASKS, WATCH, ReadSignal, Signal
 
 from .test_claim_pool import ticket
 
@@ -148,8 +148,61 @@ def test_what_a_page_of_signals_asks_of_a_node():
         read(6, queue="e", origin=ME, due_in_s=2.0),  # its own due time: set when written
         read(7, CANCEL, task="t1"),
         read(8, CANCEL, task="t2", origin=ME),  # pushed when asked
+        read(9, WATCH, task="t3"),
+        read(10, WATCH, task="t3"),  # repeated: once
+        read(11, WATCH, task="t4", origin=ME),  # its own request's
+        read(12, FINISHED, task="t5"),
+        read(13, FINISHED, task="t6", origin=ME),  # its own waiting requests were woken then
+        read(14, "a kind of a later version"),  # ignored, as older nodes ignore watch and finished
     ]
-    assert sort_out(page, ME) == Heard(wake=("a", "d"), due=(("c", 1.5),), cancel=("t1",))
+    heard = sort_out(page, ME)
+    assert heard == Heard(wake=("a", "d"), due=(("c", 1.5),), cancel=("t1",), watch=("t3",), finished=("t5",))
+    assert heard and not Heard() and Heard(finished=("t",))
+
+
+# -- Watches -------------------------------------------------------------------------------
+
+
+def watches(**changes) -> Watches:
+    return Watches(**({"keep_s": 60.0, "repeat_s": 20.0, "recent_s": 5.0, "limit": 100} | changes))
+
+
+def test_a_node_writes_a_watch_of_a_task_once_per_repeat():
+    book = watches()
+    assert book.to_send("t", 0.0)
+    assert not book.to_send("t", 19.9)
+    assert book.to_send("u", 10.0)
+    assert book.to_send("t", 20.1)
+    assert not book.to_send("u", 29.0)
+
+
+def test_only_a_finish_another_node_waits_for_is_told():
+    book = watches()
+    assert book.finished(["a"], 0.0) == []  # nobody waits: nothing is written
+    assert book.heard(["b", "c"], 1.0) == []
+    assert book.finished(["b", "d"], 2.0) == ["b"]
+    # A watch is kept keep_s after it was heard (a repeat renews it).
+    assert book.heard(["c"], 30.0) == []
+    assert book.finished(["c"], 89.0) == ["c"]
+    assert book.heard(["e"], 100.0) == []
+    assert book.finished(["e"], 160.1) == []
+
+
+def test_a_watch_heard_just_after_its_task_finished_here_is_told_at_once():
+    """The waiting request read its task before it finished here, and its watch arrived
+    after: the finish is remembered recent_s for exactly that."""
+    book = watches()
+    assert book.finished(["a", "b"], 10.0) == []
+    assert book.heard(["a"], 14.9) == ["a"]
+    assert book.heard(["b"], 15.1) == []  # finished more than recent_s ago: the node's check finds it
+
+
+def test_the_watches_kept_are_bounded_oldest_first():
+    book = watches(limit=2)
+    book.heard(["a", "b", "c"], 0.0)
+    assert book.finished(["a", "b", "c"], 1.0) == ["b", "c"]
+    assert book.finished(["x", "y", "z"], 2.0) == []
+    assert book.heard(["x", "z"], 3.0) == ["z"]  # x was forgotten: its waiter's own check finds it
 
 
 # -- due times: the cache and the pool ----------------------------------------------------

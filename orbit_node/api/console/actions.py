@@ -97,9 +97,9 @@ async def cancel_task(task_id: str):
     (outcome,) = await where.tasks.cancel_many(who.namespace_id, [task_id])
     if outcome.error is not None:
         raise outcome.error
-    if where.signals is not None and outcome.outcome == CANCEL_REQUESTED:
-        # As the API's cancel: the Worker holding it hears it now, through whichever node.
-        where.signals.cancel(task_id)
+    # As the API's cancel: the Worker holding it hears it now, through whichever node,
+    # and the requests waiting for a task cancelled while queued answer.
+    where.after_cancel(task_id, outcome.state)
     done = CANCEL_DONE.get(outcome.outcome) or (
         "already-cancelled" if outcome.state == "cancelled" else "already-cancel-requested"
     )

@@ -87,6 +87,13 @@ SELECT task_id, application_id, namespace_id, queue_id, handler, handler_version
   FROM tasks
  WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
 
+-- The states of tasks requests of a node wait for (dispatch/waits.py): by primary key, one
+-- statement for all of them, whatever their namespaces.
+-- name: task_states
+SELECT task_id, state
+  FROM tasks FORCE INDEX (PRIMARY)
+ WHERE task_id IN %(task_ids)s
+
 -- name: task_get_many
 SELECT task_id, application_id, namespace_id, queue_id, handler, handler_version, payload_version,
        payload, state, priority, available_at, deadline, attempts, max_attempts,

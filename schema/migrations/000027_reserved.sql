@@ -1,0 +1,4 @@
+-- orbit: compatible
+-- Version 000027 is the number of a migration written on another line of work; this file
+-- only keeps it, so that 000028 follows without a gap (migrations are numbered 1..N).
+-- It changes nothing. When that migration joins this history, it replaces this file.

@@ -56,6 +56,11 @@ BACKOFF_MULTIPLIER_MIN = 1.0
 BACKOFF_MULTIPLIER_MAX = 10.0
 # Queue controls are INT columns.
 CONTROL_MAX = 2_147_483_647
+# A queue's max_running_per_key (queues.max_running_per_key, 000028): reserved + running
+# tasks of one resource key at once. 1, the default, is one at a time.
+MIN_RUNNING_PER_KEY = 1
+MAX_RUNNING_PER_KEY = 1000
+DEFAULT_RUNNING_PER_KEY = 1
 # An application's fairness weight (applications.fairness_weight): with every application
 # asking, claim turns are shared in proportion to the weights; 1 everywhere is P3's rotation.
 MIN_WEIGHT = 1
@@ -339,6 +344,11 @@ def _backoff(value: Any, field: str) -> dict[str, Any]:
 
 def _control(value: Any, field: str) -> int | None:
     return None if value is None else integer(value, field, 0, CONTROL_MAX)
+
+
+def running_per_key(value: Any, field: str = "max_running_per_key") -> int:
+    """A queue's ``max_running_per_key``: a JSON integer from 1 to 1,000."""
+    return integer(value, field, MIN_RUNNING_PER_KEY, MAX_RUNNING_PER_KEY)
 
 
 def create_queue(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -198,6 +198,9 @@ class Writes:
                 "settle_release_keys",
                 {"keys": tuple(sorted(set(self.keys.values()))), "task_ids": tuple(self.keys)},
             )
+            # A task may hold its key as a further holder instead (max_running_per_key > 1).
+            holders = tuple(sorted((ns, key, task_id) for task_id, (ns, key) in self.keys.items()))
+            tx.defer("settle_release_holders", {"holders": holders})
         tx.defer_per_row("settle_terminal", self.terminal)
         tx.defer_per_row("settle_requeue", self.requeue)
         if self.attempts:

@@ -94,7 +94,7 @@ TEMPLATE_REQUIRED = tuple(f for f in SUBMIT_REQUIRED if f not in TEMPLATE_EXCLUD
 BATCH_FIELDS = ("tasks",)
 BATCH_ITEM_FIELDS = ("idempotency_key", *SUBMIT_FIELDS)
 BACKOFF_FIELDS = ("initial_ms", "max_ms", "multiplier")
-QUEUE_CONTROL_FIELDS = ("max_concurrency", "max_starts_per_second")
+QUEUE_CONTROL_FIELDS = ("max_concurrency", "max_starts_per_second", "max_running_per_key")
 # Items of one page of a listing at most (limit=), and when none is asked for.
 LIST_LIMIT_MAX = 500
 LIST_LIMIT_DEFAULT = 100
@@ -343,6 +343,9 @@ def _backoff(value: Any, field: str) -> dict[str, Any]:
 
 
 def _control(value: Any, field: str) -> int | None:
+    if field == "max_running_per_key":
+        # A number of holders, never unlimited: null is refused like any non-integer.
+        return running_per_key(value)
     return None if value is None else integer(value, field, 0, CONTROL_MAX)
 
 
@@ -359,13 +362,15 @@ def create_queue(body: Mapping[str, Any]) -> dict[str, Any]:
         QUEUE_NAME,
         "1-128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit",
     )
-    return {"name": name, **{f: _control(body.get(f), f) for f in QUEUE_CONTROL_FIELDS}}
+    controls = {f: _control(body.get(f), f) for f in QUEUE_CONTROL_FIELDS if f != "max_running_per_key"}
+    per_key = body.get("max_running_per_key", DEFAULT_RUNNING_PER_KEY)
+    return {"name": name, **controls, "max_running_per_key": _control(per_key, "max_running_per_key")}
 
 
 def queue_controls(body: Mapping[str, Any]) -> dict[str, int | None]:
     reject_unknown(body, QUEUE_CONTROL_FIELDS)
     if not body:
-        raise InvalidArgument("body: name at least one of max_concurrency, max_starts_per_second", field="body")
+        raise InvalidArgument(f"body: name at least one of {', '.join(QUEUE_CONTROL_FIELDS)}", field="body")
     return {f: _control(body[f], f) for f in QUEUE_CONTROL_FIELDS if f in body}
 
 

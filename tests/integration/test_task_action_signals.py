@@ -116,7 +116,7 @@ async def test_raising_max_running_per_key_wakes_the_waiting_worker_of_another_n
     async with nodes(silent_worker_config(node_config), 2) as (one, two):
         # Written straight into the database: no arrival signal, so a dispatch after the
         # first can only come from the control's.
-        first, second, _ = await insert_tasks(
+        first, second, third = await insert_tasks(
             db, tenant, [TaskSpec(available_in_s=-10 + i, resource_key="k") for i in range(3)]
         )
         with trio.fail_after(BOUND_S):
@@ -134,3 +134,7 @@ async def test_raising_max_running_per_key_wakes_the_waiting_worker_of_another_n
                     assert response.status_code == 200, response.text
                 (task,) = (await w.recv_type("dispatch"))["tasks"]
                 assert task["task_id"] == second
+                await waiting_again(two)
+                await admin(dsn, "queue", "controls", tenant.queue_id, "--max-running-per-key", "3")
+                (task,) = (await w.recv_type("dispatch"))["tasks"]
+                assert task["task_id"] == third

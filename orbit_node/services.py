@@ -162,6 +162,13 @@ class Shard:
         elif state in ("reserved", "running") and self.signals is not None:
             self.signals.cancel(task_id)
 
+    async def update_queue_controls(self, namespace_id: str, queue_id: str, changes: Mapping[str, int | None]) -> Queue:
+        """Change a queue's named controls; its due tasks may be claimed at once (a raised
+        limit may admit tasks a claim found held back)."""
+        queue = await self.tenancy.update_queue_controls(namespace_id, queue_id, changes)
+        self.announce([(queue_id, None, None)])
+        return queue
+
     def after_bulk(self, result: BulkOutcome) -> None:
         """What a bulk action's outcomes tell the nodes: the tasks cancelled while queued
         have finished, the Worker holding a task whose cancel was requested hears it now

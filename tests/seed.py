@@ -38,6 +38,7 @@ async def tenant(
     queue: str = "q",
     max_concurrency: int | None = None,
     max_starts_per_second: int | None = None,
+    max_running_per_key: int = 1,
 ) -> Tenant:
     store = TenancyStore(db)
     app = await store.ensure_application(application)
@@ -48,6 +49,7 @@ async def tenant(
         queue,
         max_concurrency=max_concurrency,
         max_starts_per_second=max_starts_per_second,
+        max_running_per_key=max_running_per_key,
         exist_ok=True,
     )
     return Tenant(app["application_id"], ns["namespace_id"], q.queue_id)

@@ -26,6 +26,7 @@ def queue_json(queue: Queue) -> dict[str, Any]:
         "paused": queue.paused,
         "max_concurrency": queue.max_concurrency,
         "max_starts_per_second": queue.max_starts_per_second,
+        "max_running_per_key": queue.max_running_per_key,
         "created_at": rfc3339(queue.created_at),
     }
 
@@ -41,6 +42,7 @@ async def create_queue():
         fields["name"],
         max_concurrency=fields["max_concurrency"],
         max_starts_per_second=fields["max_starts_per_second"],
+        max_running_per_key=fields["max_running_per_key"],
     )
     return envelope.ok(queue_json(queue), 201)
 
@@ -93,4 +95,4 @@ async def resume_queue(queue_id: str):
 async def set_queue_controls(queue_id: str):
     namespace_id = _manage(queue_id)
     changes = rules.queue_controls(await validation.json_object(required=True))
-    return envelope.ok(queue_json(await shard().tenancy.update_queue_controls(namespace_id, queue_id, changes)))
+    return envelope.ok(queue_json(await shard().update_queue_controls(namespace_id, queue_id, changes)))

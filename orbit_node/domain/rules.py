@@ -55,6 +55,11 @@ BACKOFF_MULTIPLIER_MIN = 1.0
 BACKOFF_MULTIPLIER_MAX = 10.0
 # Queue controls are INT columns.
 CONTROL_MAX = 2_147_483_647
+# A queue's max_running_per_key (queues.max_running_per_key, 000028): reserved + running
+# tasks of one resource key at once. 1, the default, is one at a time.
+MIN_RUNNING_PER_KEY = 1
+MAX_RUNNING_PER_KEY = 1000
+DEFAULT_RUNNING_PER_KEY = 1
 # An application's fairness weight (applications.fairness_weight): with every application
 # asking, claim turns are shared in proportion to the weights; 1 everywhere is P3's rotation.
 MIN_WEIGHT = 1
@@ -92,7 +97,7 @@ TEMPLATE_REQUIRED = tuple(f for f in SUBMIT_REQUIRED if f not in TEMPLATE_EXCLUD
 BATCH_FIELDS = ("tasks",)
 BATCH_ITEM_FIELDS = ("idempotency_key", *SUBMIT_FIELDS)
 BACKOFF_FIELDS = ("initial_ms", "max_ms", "multiplier")
-QUEUE_CONTROL_FIELDS = ("max_concurrency", "max_starts_per_second")
+QUEUE_CONTROL_FIELDS = ("max_concurrency", "max_starts_per_second", "max_running_per_key")
 # Items of one page of a listing at most (limit=), and when none is asked for.
 LIST_LIMIT_MAX = 500
 LIST_LIMIT_DEFAULT = 100
@@ -382,7 +387,15 @@ def _backoff(value: Any, field: str) -> dict[str, Any]:
 
 
 def _control(value: Any, field: str) -> int | None:
+    if field == "max_running_per_key":
+        # A number of holders, never unlimited: null is refused like any non-integer.
+        return running_per_key(value)
     return None if value is None else integer(value, field, 0, CONTROL_MAX)
+
+
+def running_per_key(value: Any, field: str = "max_running_per_key") -> int:
+    """A queue's ``max_running_per_key``: a JSON integer from 1 to 1,000."""
+    return integer(value, field, MIN_RUNNING_PER_KEY, MAX_RUNNING_PER_KEY)
 
 
 def create_queue(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -393,13 +406,15 @@ def create_queue(body: Mapping[str, Any]) -> dict[str, Any]:
         QUEUE_NAME,
         "1-128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit",
     )
-    return {"name": name, **{f: _control(body.get(f), f) for f in QUEUE_CONTROL_FIELDS}}
+    controls = {f: _control(body.get(f), f) for f in QUEUE_CONTROL_FIELDS if f != "max_running_per_key"}
+    per_key = body.get("max_running_per_key", DEFAULT_RUNNING_PER_KEY)
+    return {"name": name, **controls, "max_running_per_key": _control(per_key, "max_running_per_key")}
 
 
 def queue_controls(body: Mapping[str, Any]) -> dict[str, int | None]:
     reject_unknown(body, QUEUE_CONTROL_FIELDS)
     if not body:
-        raise InvalidArgument("body: name at least one of max_concurrency, max_starts_per_second", field="body")
+        raise InvalidArgument(f"body: name at least one of {', '.join(QUEUE_CONTROL_FIELDS)}", field="body")
     return {f: _control(body[f], f) for f in QUEUE_CONTROL_FIELDS if f in body}
 
 

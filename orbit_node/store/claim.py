@@ -5,6 +5,10 @@ rows it will take by primary key with ``SKIP LOCKED``: it never locks a task it 
 reserve or settle (a ``SKIP LOCKED`` scan would keep locks on every row it read and
 filtered out, hiding them from Workers that could run them). Application and queue
 quotas are read from their locked rows and enforced by ``orbit_node.domain.quota``.
+
+A resource key admits up to its queue's ``max_running_per_key`` reserved or running
+tasks: the claim locks the key's row with ``SKIP LOCKED`` (its mutex), counts the live
+holders under that lock and takes what is left (docs/dispatch.md, "Resource keys").
 """
 
 from __future__ import annotations
@@ -75,8 +79,11 @@ class _Claim:
     at: At
     # Candidates already considered in this transaction (locked, skipped or blocked by a key).
     tried: set[str] = attrs.field(factory=set)
-    # Resource keys this claim holds or saw missing (no occupancy row yet).
-    keys_taken: set[str] = attrs.field(factory=set)
+    # Resource keys whose row this claim holds locked: their live holders (those this
+    # claim took included) and whether the first holder's place is free.
+    key_holders: dict[str, int] = attrs.field(factory=dict)
+    first_free: dict[str, bool] = attrs.field(factory=dict)
+    # Resource keys seen without an occupancy row.
     keys_missing: set[str] = attrs.field(factory=set)
     writes: Writes = attrs.field(factory=Writes)
 
@@ -126,7 +133,9 @@ class _Claim:
                 want = min(want, budget.remaining)
             if want <= 0:
                 continue
-            rows = await self._claim_queue(queue_id, want, early if queue_id == first else None)
+            rows = await self._claim_queue(
+                queue_id, want, running_per_key(gate["max_running_per_key"]), early if queue_id == first else None
+            )
             taken.extend(rows)
             per_queue[queue_id] = len(rows)
         await self.writes.apply(tx)
@@ -226,10 +235,11 @@ class _Claim:
         )
 
     async def _claim_queue(
-        self, queue_id: str, want: int, early: list[dict[str, Any]] | None = None
+        self, queue_id: str, want: int, limit_per_key: int, early: list[dict[str, Any]] | None = None
     ) -> list[Mapping[str, Any]]:
-        """Lock and keep up to ``want`` due tasks of one queue, in dispatch order
-        (``early``: its first ``want`` candidates, read already)."""
+        """Lock and keep up to ``want`` due tasks of one queue, in dispatch order, at most
+        ``limit_per_key`` holding one resource key (``early``: its first ``want``
+        candidates, read already)."""
         taken: list[Mapping[str, Any]] = []
         for _ in range(MAX_CLAIM_ROUNDS):
             need = want - len(taken)
@@ -242,39 +252,47 @@ class _Claim:
             else:
                 [candidates] = await self.tx.fetchall_each(self._candidates(queue_id, read_limit))
             fresh = [c for c in candidates if c["task_id"] not in self.tried]
-            picked = await self._pick(fresh, need)
+            picked = await self._pick(fresh, need, limit_per_key)
             if picked:
                 rows = await self.tx.fetchall("claim_lock_tasks", {"task_ids": tuple(c["task_id"] for c in picked)})
                 # The lock statement returns rows in primary-key order; keep dispatch order.
                 by_id = {r["task_id"]: r for r in rows}
                 locked = [by_id[c["task_id"]] for c in candidates if c["task_id"] in by_id]
                 await self.at("claim.locked", [r["task_id"] for r in locked])
-                taken.extend(await self._take_keys(self._settle_unrunnable(locked)))
+                taken.extend(await self._take_keys(self._settle_unrunnable(locked), limit_per_key))
             if len(candidates) < read_limit:
                 break  # the queue has no further candidates
         return taken
 
-    async def _pick(self, candidates: Sequence[Mapping[str, Any]], need: int) -> list[Mapping[str, Any]]:
-        """The next ``need`` candidates worth locking: not blocked by an occupied resource key."""
-        keys = {c["resource_key"] for c in candidates if c["resource_key"] is not None} - self.keys_taken
-        free: dict[str, bool] = {}
+    async def _pick(
+        self, candidates: Sequence[Mapping[str, Any]], need: int, limit_per_key: int
+    ) -> list[Mapping[str, Any]]:
+        """The next ``need`` candidates worth locking: not blocked by a resource key that
+        already has ``limit_per_key`` live holders (as committed, or as this claim holds it)."""
+        keys = {c["resource_key"] for c in candidates if c["resource_key"] is not None} - set(self.key_holders)
+        live: dict[str, int] = {}
         if keys:
+            # An estimate to pick by (the count under the key's lock decides). With one
+            # holder a key, the first holder is read alone: further holders exist only
+            # where another queue of the key admits more or the limit was lowered.
+            statement = "claim_key_state" if limit_per_key == 1 else "claim_key_occupancy"
             rows = await self.tx.fetchall(
-                "claim_key_state", {"namespace_id": self.req.namespace_id, "keys": tuple(sorted(keys))}
+                statement, {"namespace_id": self.req.namespace_id, "keys": tuple(sorted(keys))}
             )
-            free = {r["resource_key"]: key_free(r) for r in rows}
-            self.keys_missing |= keys - set(free)
+            live = {r["resource_key"]: key_holders(r) for r in rows}
+            self.keys_missing |= keys - set(live)
         picked: list[Mapping[str, Any]] = []
-        picked_keys: set[str] = set()
+        picked_of_key: dict[str, int] = {}
         for candidate in candidates:
             if len(picked) >= need:
                 break
             self.tried.add(candidate["task_id"])
             key = candidate["resource_key"]
             if key is not None:
-                if key in self.keys_taken or key in picked_keys or not free.get(key, True):
+                before = picked_of_key.get(key, 0)
+                if self.key_holders.get(key, live.get(key, 0)) + before >= limit_per_key:
                     continue
-                picked_keys.add(key)
+                picked_of_key[key] = before + 1
             picked.append(candidate)
         return picked
 
@@ -294,21 +312,30 @@ class _Claim:
                 runnable.append(row)
         return runnable
 
-    async def _take_keys(self, rows: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-        """Occupy the resource key of each keyed row; rows whose key is taken are dropped."""
-        keys = sorted({r["resource_key"] for r in rows if r["resource_key"] is not None})
-        if not keys:
-            return rows
+    async def _take_keys(self, rows: list[Mapping[str, Any]], limit_per_key: int) -> list[Mapping[str, Any]]:
+        """Occupy the resource key of each keyed row while the key has fewer than
+        ``limit_per_key`` live holders; the other keyed rows are dropped.
+
+        A key's row is locked with ``SKIP LOCKED`` (a key another transaction holds is not
+        ours this time) and its live holders are counted under that lock: only a claim
+        holding the row adds a holder, so no other claim can add one before this one
+        commits. The first holder goes in the row itself, further ones in
+        ``resource_key_holders``."""
         ns = self.req.namespace_id
-        locked = {
-            r["resource_key"]: r
-            for r in await self.tx.fetchall("claim_lock_keys", {"namespace_id": ns, "keys": tuple(keys)})
-        }
-        held = tuple(sorted(k for k, r in locked.items() if r["holder_task_id"] is not None))
-        holders_free: dict[str, bool] = {}
-        if held:
-            for r in await self.tx.fetchall("claim_key_state", {"namespace_id": ns, "keys": held}):
-                holders_free[r["resource_key"]] = key_free(r)
+        keys = sorted({r["resource_key"] for r in rows if r["resource_key"] is not None} - set(self.key_holders))
+        if keys:
+            # The count is a statement of its own, run once every row is locked: its
+            # snapshot then sees every holder added before (a claim that held a row
+            # committed before this one locked it).
+            params = {"namespace_id": ns, "keys": tuple(keys)}
+            locked, counted = await self.tx.fetchall_each(
+                self.tx.statement("claim_lock_keys", params), self.tx.statement("claim_key_occupancy", params)
+            )
+            mine = {r["resource_key"] for r in locked}
+            for r in counted:
+                if r["resource_key"] in mine:
+                    self.key_holders[r["resource_key"]] = key_holders(r)
+                    self.first_free[r["resource_key"]] = key_free(r)
         kept = []
         for row in rows:
             key = row["resource_key"]
@@ -316,14 +343,21 @@ class _Claim:
                 kept.append(row)
                 continue
             params = {"namespace_id": ns, "resource_key": key, "task_id": row["task_id"]}
-            if key in locked:
-                if locked[key]["holder_task_id"] is not None and not holders_free.get(key, False):
+            if key in self.key_holders:
+                if self.key_holders[key] >= limit_per_key:
                     continue
-                await self.tx.execute("claim_hold_key", params)
-            elif key not in self.keys_missing or await self.tx.execute("claim_insert_key", params) != 1:
+                if self.first_free[key]:
+                    await self.tx.execute("claim_hold_key", params)
+                    self.first_free[key] = False
+                else:
+                    self.tx.defer("claim_add_holder", params)
+                self.key_holders[key] += 1
+            elif key in self.keys_missing and await self.tx.execute("claim_insert_key", params) == 1:
+                # The row this statement created holds the task and is locked by this claim.
+                self.key_holders[key], self.first_free[key] = 1, False
+            else:
                 # Locked by another transaction, or created concurrently: not ours this time.
                 continue
-            self.keys_taken.add(key)
             kept.append(row)
         return kept
 
@@ -398,6 +432,19 @@ def claim_branches(
 
 
 def key_free(row: Mapping[str, Any]) -> bool:
-    """A resource key is free without a holder, or when its holder no longer holds it
-    (a repair: every transition releases the key in the same transaction)."""
+    """A resource key's first holder's place is free without a holder, or when its holder
+    no longer holds it (a repair: every transition releases the key in the same
+    transaction)."""
     return row["holder_task_id"] is None or row["holder_state"] not in LIVE_STATES
+
+
+def key_holders(row: Mapping[str, Any]) -> int:
+    """The live holders of a key, of a ``claim_key_occupancy`` row (or of a
+    ``claim_key_state`` row, which does not count further holders)."""
+    return (0 if key_free(row) else 1) + int(row.get("further_live") or 0)
+
+
+def running_per_key(value: Any) -> int:
+    """How many reserved or running tasks of one resource key a queue admits, of its
+    ``max_running_per_key`` column (the writers keep it from 1 to 1,000)."""
+    return max(1, int(value))

@@ -22,7 +22,7 @@ from ..domain.ids import is_hex32
 from ..domain.ownership import LIVE_STATES
 from ..domain.quota import quota_budget
 from ..domain.wire import rfc3339
-from .claim import key_free
+from .claim import key_holders, running_per_key
 
 # Explanations treat a registered Worker connection as gone when its node missed three
 # registry heartbeats (every 10 s) or stopped.
@@ -121,9 +121,9 @@ async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
     reasons.extend(gate_reasons(task))
     reasons.extend(await quota_reasons(tx, task))
     if task["resource_key"] is not None:
-        holder = (await held_keys(tx, task["namespace_id"], [task["resource_key"]])).get(task["resource_key"])
-        if holder is not None:
-            reasons.append(_because("RESOURCE_KEY_HELD", f"resource key held by task {holder}", holder_task_id=holder))
+        held = await key_reason(tx, task)
+        if held is not None:
+            reasons.append(held)
     capable = capable_connections(await live_connections(tx, task["namespace_id"]), task)
     explanation["capable_connections"] = capable
     if capable == 0:
@@ -182,12 +182,38 @@ def gate_reasons(task: Mapping[str, Any]) -> list[dict[str, Any]]:
     return reasons
 
 
-async def held_keys(tx: Tx, namespace_id: str, keys: Sequence[str]) -> dict[str, str]:
-    """Of these resource keys, those a live task holds: key -> the holder's task id."""
+async def held_keys(tx: Tx, namespace_id: str, keys: Sequence[str]) -> dict[str, int]:
+    """Of these resource keys, those live tasks hold: key -> how many hold it."""
     if not keys:
         return {}
-    rows = await tx.fetchall("claim_key_state", {"namespace_id": namespace_id, "keys": tuple(sorted(set(keys)))})
-    return {row["resource_key"]: row["holder_task_id"] for row in rows if not key_free(row)}
+    rows = await tx.fetchall("claim_key_occupancy", {"namespace_id": namespace_id, "keys": tuple(sorted(set(keys)))})
+    return {row["resource_key"]: count for row in rows if (count := key_holders(row))}
+
+
+def key_full(gate: Mapping[str, Any], holders: int) -> bool:
+    """Whether a key with ``holders`` live holders admits no task of the queue of ``gate``
+    (a ``queue_gates`` row)."""
+    return holders >= running_per_key(gate["queue_max_running_per_key"])
+
+
+async def key_reason(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``RESOURCE_KEY_HELD`` when the task's resource key has as many live holders as its
+    queue admits (``max_running_per_key``): which tasks, how many, of how many."""
+    key = task["resource_key"]
+    rows = await tx.fetchall("explain_key_holders", {"namespace_id": task["namespace_id"], "resource_key": key})
+    holders = [row["task_id"] for row in rows]
+    if not key_full(task, len(holders)):
+        return None
+    limit = running_per_key(task["queue_max_running_per_key"])
+    return _because(
+        "RESOURCE_KEY_HELD",
+        f"resource key {key!r} has {len(holders)} of {limit} running"
+        + (f" (task {holders[0]})" if len(holders) == 1 else ""),
+        holder_task_id=holders[0],
+        holder_task_ids=holders,
+        running=len(holders),
+        limit=limit,
+    )
 
 
 async def quota_reasons(tx: Tx, task: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -60,6 +60,7 @@ class QueueBacklog:
     paused: bool
     max_concurrency: int | None
     max_starts_per_second: int | None
+    max_running_per_key: int = 1
     queued: int = 0
     # Queued tasks whose available_at has come (the rest wait for their time).
     due: int = 0
@@ -82,6 +83,7 @@ class QueueBacklog:
             "paused": self.paused,
             "max_concurrency": self.max_concurrency,
             "max_starts_per_second": self.max_starts_per_second,
+            "max_running_per_key": self.max_running_per_key,
             "backlog": {
                 "queued": self.queued,
                 "due": self.due,
@@ -373,6 +375,7 @@ class OperationsStore:
                     paused=bool(q["paused"]),
                     max_concurrency=q["max_concurrency"],
                     max_starts_per_second=q["max_starts_per_second"],
+                    max_running_per_key=q["max_running_per_key"],
                     **{
                         k: v
                         for k, v in states.get(q["queue_id"], {}).items()

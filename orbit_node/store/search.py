@@ -19,7 +19,15 @@ import attrs
 
 from ..db import Database, Tx
 from ..domain.task_query import TaskCursor, TaskFilter
-from .explain import capable_connections, gate_reasons, held_keys, live_connections, queue_gates, quota_reasons
+from .explain import (
+    capable_connections,
+    gate_reasons,
+    held_keys,
+    key_full,
+    live_connections,
+    queue_gates,
+    quota_reasons,
+)
 from .task_rows import TaskSummary
 
 # A listing's waiting_reason: the first of these that holds a queued task back (the most
@@ -129,7 +137,7 @@ async def waiting_reasons(db: Database, namespace_id: str, tasks: Sequence[TaskS
             codes = [r["code"] for r in gate_reasons(row)] + quotas[task.queue_id]
             if capable_connections(connections, row) == 0:
                 codes.append("NO_CAPABLE_WORKER")
-            if task.resource_key in held:
+            if task.resource_key in held and key_full(gate, held[task.resource_key]):
                 codes.append("RESOURCE_KEY_HELD")
             reason = first_reason(codes)
             if reason is not None:

@@ -14,7 +14,7 @@ import attrs
 from ..db import Database, Tx
 from ..domain.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 from ..domain.ids import is_hex32, random_id
-from ..domain.rules import MAX_WEIGHT
+from ..domain.rules import DEFAULT_RUNNING_PER_KEY, MAX_WEIGHT, running_per_key
 from ..domain.submit_limit import SubmitLimit
 
 SCOPES = (
@@ -29,8 +29,9 @@ SCOPES = (
 # Scopes about the whole node rather than a namespace's queues: granted as "*" only.
 NODE_SCOPES = ("metrics:read",)
 ALL_QUEUES = "*"
-# The per-queue controls a queue carries (NULL = unlimited).
-QUEUE_CONTROLS = ("max_concurrency", "max_starts_per_second")
+# The per-queue controls a queue carries (NULL = unlimited; max_running_per_key is never
+# NULL, 1-1000).
+QUEUE_CONTROLS = ("max_concurrency", "max_starts_per_second", "max_running_per_key")
 TOKEN_PREFIX = "orb_"
 # orb_ + 32-hex credential id + 64-hex secret.
 TOKEN_LENGTH = len(TOKEN_PREFIX) + 32 + 64
@@ -112,6 +113,7 @@ class Queue:
     paused: bool
     max_concurrency: int | None
     max_starts_per_second: int | None
+    max_running_per_key: int
     created_at: Any
 
     @classmethod
@@ -124,6 +126,7 @@ class Queue:
             paused=bool(row["paused"]),
             max_concurrency=row["max_concurrency"],
             max_starts_per_second=row["max_starts_per_second"],
+            max_running_per_key=row["max_running_per_key"],
             created_at=row["created_at"],
         )
 
@@ -214,9 +217,11 @@ class TenancyStore:
         *,
         max_concurrency: int | None = None,
         max_starts_per_second: int | None = None,
+        max_running_per_key: int = DEFAULT_RUNNING_PER_KEY,
         exist_ok: bool = False,
     ) -> tuple[Queue, bool]:
         """Create a queue; returns (queue, created). Names are unique per namespace."""
+        running_per_key(max_running_per_key)  # the column has no CHECK (000028): the writers check
 
         async def body(tx: Tx):
             existing = await tx.fetchone("queue_by_name", {"namespace_id": namespace_id, "name": name})
@@ -229,6 +234,7 @@ class TenancyStore:
                 "name": name,
                 "max_concurrency": max_concurrency,
                 "max_starts_per_second": max_starts_per_second,
+                "max_running_per_key": max_running_per_key,
             }
             await tx.execute("queue_insert", params)
             return await tx.fetchone("queue_by_id", params), True
@@ -297,10 +303,13 @@ class TenancyStore:
         return await self.get_queue(namespace_id, queue_id)
 
     async def update_queue_controls(self, namespace_id: str, queue_id: str, changes: Mapping[str, int | None]) -> Queue:
-        """Set the named controls (``max_concurrency``, ``max_starts_per_second``; None = unlimited), keep the others."""
+        """Set the named controls (``max_concurrency``, ``max_starts_per_second``: None =
+        unlimited; ``max_running_per_key``: 1-1000), keep the others."""
         unknown = set(changes) - set(QUEUE_CONTROLS)
         if unknown:
             raise InvalidArgument(f"{sorted(unknown)[0]}: not a queue control", field=sorted(unknown)[0])
+        if "max_running_per_key" in changes:
+            running_per_key(changes["max_running_per_key"])
         await self.get_queue(namespace_id, queue_id)
         params: dict[str, Any] = {"namespace_id": namespace_id, "queue_id": queue_id}
         for name in QUEUE_CONTROLS:

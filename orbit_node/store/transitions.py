@@ -202,6 +202,9 @@ class Writes:
                 "settle_release_keys",
                 {"keys": tuple(sorted(set(self.keys.values()))), "task_ids": tuple(self.keys)},
             )
+            # A task may hold its key as a further holder instead (max_running_per_key > 1).
+            holders = tuple(sorted((ns, key, task_id) for task_id, (ns, key) in self.keys.items()))
+            tx.defer("settle_release_holders", {"holders": holders})
         tx.defer_per_row("settle_terminal", self.terminal)
         failed = [t for t, v in self.terminal.items() if v["state"] != "succeeded"]
         defer_failures(tx, failed if self.parents is None else [t for t in failed if t in self.parents])

@@ -436,14 +436,22 @@ class OrbitClient:
     # -- queues
 
     async def create_queue(
-        self, name: str, *, max_concurrency: int | None = None, max_starts_per_second: int | None = None
+        self,
+        name: str,
+        *,
+        max_concurrency: int | None = None,
+        max_starts_per_second: int | None = None,
+        max_running_per_key: int | None = None,
     ) -> Queue:
-        """A queue in the credential's namespace; controls default to unlimited."""
+        """A queue in the credential's namespace; controls default to unlimited, and
+        ``max_running_per_key`` (1-1000) to 1: one task of a resource key at a time."""
         body: dict[str, Any] = {"name": name}
         if max_concurrency is not None:
             body["max_concurrency"] = max_concurrency
         if max_starts_per_second is not None:
             body["max_starts_per_second"] = max_starts_per_second
+        if max_running_per_key is not None:
+            body["max_running_per_key"] = max_running_per_key
         _, document = await self._call("POST", "/v1/queues", body=body)
         return Queue.from_json(document["data"])
 
@@ -468,17 +476,28 @@ class OrbitClient:
         return Queue.from_json(document["data"])
 
     async def set_queue_controls(
-        self, queue_id: str, *, max_concurrency: int | None = UNSET, max_starts_per_second: int | None = UNSET
+        self,
+        queue_id: str,
+        *,
+        max_concurrency: int | None = UNSET,
+        max_starts_per_second: int | None = UNSET,
+        max_running_per_key: int = UNSET,
     ) -> Queue:
-        """Change the named controls; None means unlimited, an omitted control is kept."""
+        """Change the named controls; None means unlimited (``max_running_per_key``:
+        1-1000, never None), an omitted control is kept."""
         body = {
             name: value
-            for name, value in (("max_concurrency", max_concurrency), ("max_starts_per_second", max_starts_per_second))
+            for name, value in (
+                ("max_concurrency", max_concurrency),
+                ("max_starts_per_second", max_starts_per_second),
+                ("max_running_per_key", max_running_per_key),
+            )
             if value is not UNSET
         }
         if not body:
             raise InvalidRequestError(
-                "set_queue_controls: name max_concurrency and/or max_starts_per_second", field="max_concurrency"
+                "set_queue_controls: name max_concurrency, max_starts_per_second and/or max_running_per_key",
+                field="max_concurrency",
             )
         _, document = await self._call("PATCH", f"/v1/queues/{path_segment(queue_id)}/controls", body=body)
         return Queue.from_json(document["data"])

@@ -256,13 +256,17 @@ class Task(TaskSummary):
 
 @attrs.frozen(kw_only=True)
 class Queue(_FromJson):
-    """A queue: its id and name, whether it is paused, its controls (None = unlimited)."""
+    """A queue: its id and name, whether it is paused, its controls (None = unlimited;
+    ``max_running_per_key``, tasks of one resource key reserved or running at once, is
+    1 to 1,000)."""
 
     queue_id: str
     name: str
     paused: bool
     max_concurrency: int | None
     max_starts_per_second: int | None
+    # A server older than this control sends none: one at a time, as it does.
+    max_running_per_key: int = 1
     created_at: datetime = _time_field()
 
 

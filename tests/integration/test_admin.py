@@ -358,6 +358,35 @@ async def test_queue_list_counts_backlog_by_state_and_by_priority(dsn, db):
     assert line == "error: NOT_FOUND: application: 'nosuch' not found"
 
 
+async def test_queue_controls_change_only_the_options_given(dsn, db):
+    owner = await seed.tenant(db, application="shop", queue="exports")
+    shown = await admin_json("queue", "controls", "exports", "--application", "shop", dsn=dsn)
+    assert shown == {
+        "queue_id": owner.queue_id,
+        "name": "exports",
+        "changed": [],
+        "max_concurrency": None,
+        "max_starts_per_second": None,
+        "max_running_per_key": 1,
+    }
+    changed = await admin_json("queue", "controls", owner.queue_id, "--max-running-per-key", "3", dsn=dsn)
+    assert (changed["changed"], changed["max_running_per_key"]) == (["max_running_per_key"], 3)
+    text = await admin(
+        "queue", "controls", owner.queue_id, "--max-concurrency", "10", "--max-starts-per-second", "none", dsn=dsn
+    )
+    assert text.returncode == 0, text.stderr
+    assert "max_concurrency=10 max_starts_per_second=unlimited max_running_per_key=3" in text.stdout
+    for bad in ("0", "1001", "none", "2.5"):
+        line = one_line_error(
+            await admin("queue", "controls", owner.queue_id, "--max-running-per-key", bad, dsn=dsn), 2
+        )
+        assert "expected an integer from 1 to 1000" in line
+    row = await db.run(lambda tx: tx.fetchall_raw("SELECT * FROM queues WHERE queue_id = %s", (owner.queue_id,)))
+    assert (row[0]["max_concurrency"], row[0]["max_starts_per_second"], row[0]["max_running_per_key"]) == (10, None, 3)
+    listed = {q["queue"]: q for q in await admin_json("queue", "list", dsn=dsn)}
+    assert listed["exports"]["max_running_per_key"] == 3
+
+
 async def test_task_show_lists_its_attempts_without_their_tokens(dsn, db):
     owner = await seed.tenant(db, application="shop")
     task_id = await seed.insert_task(db, owner, payload='{"n": 123456789012345678901234567890}')
@@ -547,6 +576,7 @@ COMMANDS = [
     ["task", "list", "--application", "a"],
     ["queue", "pause", "f" * 32],
     ["queue", "resume", "f" * 32],
+    ["queue", "controls", "f" * 32, "--max-running-per-key", "3"],
     ["explain", "f" * 32],
     ["top", "--once"],
 ]

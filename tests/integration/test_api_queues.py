@@ -6,14 +6,22 @@ import pytest
 
 from ..nodeutil import assert_error, make_tenant
 
-QUEUE_KEYS = {"queue_id", "name", "paused", "max_concurrency", "max_starts_per_second", "created_at"}
+QUEUE_KEYS = {
+    "queue_id",
+    "name",
+    "paused",
+    "max_concurrency",
+    "max_starts_per_second",
+    "max_running_per_key",
+    "created_at",
+}
 
 
 async def queue_row(db, queue_id: str) -> dict:
     rows = await db.run(
         lambda tx: tx.fetchall_raw(
-            "SELECT namespace_id, application_id, name, paused, max_concurrency, max_starts_per_second"
-            " FROM queues WHERE queue_id = %s",
+            "SELECT namespace_id, application_id, name, paused, max_concurrency, max_starts_per_second,"
+            " max_running_per_key FROM queues WHERE queue_id = %s",
             (queue_id,),
         )
     )
@@ -29,6 +37,7 @@ async def test_create_get_and_duplicate_name(running_node, db):
         assert set(queue) == QUEUE_KEYS
         assert len(queue["queue_id"]) == 32 and queue["name"] == "emails.v2"
         assert queue["paused"] is False and queue["max_concurrency"] == 10 and queue["max_starts_per_second"] is None
+        assert queue["max_running_per_key"] == 1  # one task of a resource key at a time, as before the control
         assert (await client.get(f"/v1/queues/{queue['queue_id']}")).json()["data"] == queue
         duplicate = await client.post("/v1/queues", json={"name": "emails.v2"})
         assert_error(duplicate, 409, "ALREADY_EXISTS", "name")
@@ -49,6 +58,8 @@ BAD_CREATE = [
     ("fractional rate", {"name": "q", "max_starts_per_second": 1.5}, "max_starts_per_second"),
     ("rate over INT", {"name": "q", "max_starts_per_second": 2**31}, "max_starts_per_second"),
     ("bool concurrency", {"name": "q", "max_concurrency": True}, "max_concurrency"),
+    ("zero per key", {"name": "q", "max_running_per_key": 0}, "max_running_per_key"),
+    ("null per key", {"name": "q", "max_running_per_key": None}, "max_running_per_key"),
     ("unknown field", {"name": "q", "paused": True}, "paused"),
 ]
 
@@ -93,6 +104,27 @@ async def test_controls_change_only_what_is_named(running_node, db):
         )
     row = await queue_row(db, tenant.queue_id)
     assert (row["max_concurrency"], row["max_starts_per_second"]) == (None, 0)
+
+
+async def test_max_running_per_key_is_an_integer_from_1_to_1000(running_node, db):
+    tenant = await make_tenant(db)
+    path = f"/v1/queues/{tenant.queue_id}/controls"
+    async with running_node.client(tenant.token) as client:
+        created = await client.post("/v1/queues", json={"name": "exports", "max_running_per_key": 3})
+        assert created.status_code == 201, created.text
+        assert created.json()["data"]["max_running_per_key"] == 3
+        for good in (1000, 1, 3):
+            changed = (await client.patch(path, json={"max_running_per_key": good})).json()["data"]
+            assert changed["max_running_per_key"] == good
+        for bad in (0, -1, 1001, 2.5, 3.0, "3", True, None, [3]):
+            response = await client.patch(path, json={"max_running_per_key": bad})
+            assert_error(response, 400, "INVALID_ARGUMENT", "max_running_per_key")
+            assert "from 1 to 1000" in response.json()["error"]["message"], bad
+        # The other controls are kept, and naming them keeps this one.
+        both = (await client.patch(path, json={"max_concurrency": 7})).json()["data"]
+        assert (both["max_concurrency"], both["max_running_per_key"]) == (7, 3)
+    row = await queue_row(db, tenant.queue_id)
+    assert (row["max_concurrency"], row["max_running_per_key"]) == (7, 3)
 
 
 async def test_list_pages_in_id_order(running_node, db):

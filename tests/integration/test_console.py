@@ -288,6 +288,17 @@ async def test_another_tenants_ids_render_the_page_of_a_missing_one(running_node
         assert other.queue_id not in overview.text and "other" not in main_of(overview.text)
 
 
+async def test_the_queue_page_shows_how_many_tasks_of_a_resource_key_may_run(running_node, db):
+    tenant = await make_tenant(db)
+    async with running_node.client(tenant.token) as api:
+        changed = await api.patch(f"/v1/queues/{tenant.queue_id}/controls", json={"max_running_per_key": 3})
+        assert changed.status_code == 200, changed.text
+    async with console(running_node) as client:
+        await sign_in(client, tenant.token)
+        page = main_of((await client.get(f"/console/queues/{tenant.queue_id}")).text)
+    assert '<dd id="running-per-key">at most 3 reserved or running at once</dd>' in page
+
+
 async def test_a_grant_limited_to_one_queue_shows_that_queue_only(running_node, db):
     tenant = await make_tenant(db, queues=("seen", "hidden"))
     token = await make_token(db, tenant, {"tasks:read": [tenant.queues["seen"]]})

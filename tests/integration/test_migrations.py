@@ -24,7 +24,7 @@ async def test_up_from_empty_then_status_then_up_again_changes_nothing(empty_dsn
         assert await migrate.current_version(db) == 0
         applied = await migrate.up(db)
         assert [m.version for m in applied] == list(range(1, migrate.HEAD + 1))
-        assert migrate.HEAD == 27
+        assert migrate.HEAD == 28
         status = await migrate.status(db)
         assert [(s.version, s.state) for s in status] == [(v, "applied") for v in range(1, migrate.HEAD + 1)]
         before = await schema_dump(db)
@@ -223,7 +223,7 @@ async def test_up_refuses_a_contracting_step_while_an_older_node_is_live(empty_d
         # Once it has stopped (or been upgraded), the step goes on; a compatible step
         # never waits for anyone.
         await db.run(lambda tx: tx.execute_raw("UPDATE nodes SET stopped_at = NOW(6) WHERE node_id = %s", ("a" * 32,)))
-        assert [m.version for m in await migrate.up(db)] == [23, 24, 25, 26, 27]
+        assert [m.version for m in await migrate.up(db)] == [23, 24, 25, 26, 27, 28]
         await db.run(lambda tx: node(tx, "c" * 32, False))
         rows = await db.run(lambda tx: tx.fetchall_raw("SELECT version, compatible FROM orbit_schema_migrations"))
         assert {r["version"]: r["compatible"] for r in rows}[24] == 1

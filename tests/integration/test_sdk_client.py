@@ -214,10 +214,18 @@ async def test_queue_management(running_node, db):
         assert (changed.max_concurrency, changed.max_starts_per_second) == (1, 5)
         unlimited = await client.set_queue_controls(queue.queue_id, max_concurrency=None)
         assert (unlimited.max_concurrency, unlimited.max_starts_per_second) == (None, 5)
+        assert unlimited.max_running_per_key == 1
+        per_key = await client.set_queue_controls(queue.queue_id, max_running_per_key=3)
+        assert (per_key.max_concurrency, per_key.max_starts_per_second, per_key.max_running_per_key) == (None, 5, 3)
+        with pytest.raises(InvalidArgumentError) as refused:
+            await client.set_queue_controls(queue.queue_id, max_running_per_key=0)
+        assert refused.value.field == "max_running_per_key"
         first = await client.list_queues(limit=1)
         second = await client.list_queues(limit=1, cursor=first.next_cursor)
         assert {q.queue_id for q in first.items + second.items} == {tenant.queue_id, queue.queue_id}
         assert second.next_cursor is None
+        exports = await client.create_queue("exports", max_running_per_key=4)
+        assert (await client.get_queue(exports.queue_id)).max_running_per_key == 4
 
 
 def test_credentials_file_errors_are_config_errors(tmp_path):

@@ -1,5 +1,6 @@
-"""A retry and a resumed queue reach the waiting Workers of every node at once, whether
-they were asked through another node's API or through orbit-admin (no node at all).
+"""A retry, a resumed queue and a raised queue control reach the waiting Workers of every
+node at once, whether they were asked through another node's API or through orbit-admin
+(no node at all).
 
 As in tests/integration/test_signals.py the nodes run a 60 s scan cycle: a cached empty claim result
 holds a waiting Worker for a minute, so a dispatch within the bound can only come from a
@@ -13,6 +14,7 @@ import trio
 
 from ..helpers import cli, wait_until
 from ..nodeutil import make_tenant
+from ..seed import TaskSpec, insert_tasks
 from ..wsclient import raw_worker
 from .test_api_tasks import set_columns
 from .test_signals import WAKE_BOUND_S, idle_claim_cached, nodes, relay, slow_cycle, submit
@@ -107,3 +109,32 @@ async def test_resuming_a_queue_wakes_the_waiting_worker_of_another_node(node_co
                 await admin(dsn, "queue", "resume", tenant.queue_id)
                 (task,) = (await w.recv_type("dispatch"))["tasks"]
                 assert task["task_id"] == second
+
+
+async def test_raising_max_running_per_key_wakes_the_waiting_worker_of_another_node(node_config, db, dsn):
+    tenant = await make_tenant(db, "per-key")
+    async with nodes(silent_worker_config(node_config), 2) as (one, two):
+        # Written straight into the database: no arrival signal, so a dispatch after the
+        # first can only come from the control's.
+        first, second, third = await insert_tasks(
+            db, tenant, [TaskSpec(available_in_s=-10 + i, resource_key="k") for i in range(3)]
+        )
+        with trio.fail_after(BOUND_S):
+            async with raw_worker(two.base_url, tenant.token) as w:
+                await w.hello([tenant.queue_id], capacity=8, resource_keys=True)
+                (task,) = (await w.recv_type("dispatch"))["tasks"]
+                assert task["task_id"] == first
+                # One task of a key at a time: the claim took fewer than it asked for, so the
+                # Worker's next request waits on the cached result.
+                await waiting_again(two)
+                async with one.client(tenant.token) as http:
+                    response = await http.patch(
+                        f"/v1/queues/{tenant.queue_id}/controls", json={"max_running_per_key": 2}
+                    )
+                    assert response.status_code == 200, response.text
+                (task,) = (await w.recv_type("dispatch"))["tasks"]
+                assert task["task_id"] == second
+                await waiting_again(two)
+                await admin(dsn, "queue", "controls", tenant.queue_id, "--max-running-per-key", "3")
+                (task,) = (await w.recv_type("dispatch"))["tasks"]
+                assert task["task_id"] == third

@@ -23,6 +23,7 @@ SHARDED_TABLES = (
     "tasks",
     "task_attempts",
     "resource_keys",
+    "resource_key_holders",
     "idempotency_records",
     "plans",
     "plan_versions",

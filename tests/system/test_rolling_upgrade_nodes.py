@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,7 @@ from ..nodeutil import make_tenant, run_node
 
 START_TIMEOUT_S = 30
 TASKS_PER_NODE = 10
+KEYED_TASKS = 40
 # The commit whose node runs beside this one: the previous one, or another to check with.
 PREVIOUS = os.environ.get("ORBIT_TEST_PREVIOUS_COMMIT", "HEAD~1")
 
@@ -63,8 +66,10 @@ def settings(tree: Path, port: int) -> dict[str, str]:
     }
 
 
-@pytest.mark.time_cap(180)
-async def test_the_previous_commits_node_serves_beside_this_one(node_config, dsn, db, tmp_path):
+@asynccontextmanager
+async def previous_node(dsn, tmp_path: Path) -> AsyncIterator[str]:
+    """The previous commit's node, a process of its own on this database: its base URL.
+    Skips when this commit adds migrations older nodes cannot run against."""
     tree = previous_tree(tmp_path)
     newer = unknown_migrations(tree)
     contracting = [p.name for p in newer if not p.read_text().startswith(COMPATIBLE_MARK)]
@@ -84,14 +89,6 @@ async def test_the_previous_commits_node_serves_beside_this_one(node_config, dsn
         text=True,
     ).stdout.strip()
     assert Path(where).is_relative_to(tree), where
-
-    tenant = await make_tenant(db, "upgrade")
-    done: list[str] = []
-
-    async def work(task: WorkerTask) -> dict[str, int]:
-        done.append(task.task_id)
-        return {"n": task.payload["n"]}
-
     log = tmp_path / "previous-node.log"
     with log.open("wb") as out:
         previous = await trio.lowlevel.open_process(
@@ -104,6 +101,28 @@ async def test_the_previous_commits_node_serves_beside_this_one(node_config, dsn
     old_url = f"http://127.0.0.1:{port}"
     try:
         await wait_answering(old_url + "/readyz", previous, START_TIMEOUT_S, lambda: log.read_text()[-3000:])
+        yield old_url
+    finally:
+        with trio.CancelScope(shield=True):
+            await stop_process(previous, 10)
+
+
+def request(queue_id: str, n: int, **extra) -> SubmitTaskRequest:
+    return SubmitTaskRequest(
+        queue_id=queue_id, handler="h", handler_version="v1", payload_version="v1", payload={"n": n}, **extra
+    )
+
+
+@pytest.mark.time_cap(180)
+async def test_the_previous_commits_node_serves_beside_this_one(node_config, dsn, db, tmp_path):
+    tenant = await make_tenant(db, "upgrade")
+    done: list[str] = []
+
+    async def work(task: WorkerTask) -> dict[str, int]:
+        done.append(task.task_id)
+        return {"n": task.payload["n"]}
+
+    async with previous_node(dsn, tmp_path) as old_url:
         async with run_node(node_config, services=default_services()) as running, trio.open_nursery() as nursery:
             workers = []
             for url in (old_url, running.base_url):
@@ -115,14 +134,9 @@ async def test_the_previous_commits_node_serves_beside_this_one(node_config, dsn
             for index, url in enumerate((old_url, running.base_url)):
                 async with OrbitClient(url, tenant.token) as client:
                     for n in range(TASKS_PER_NODE):
-                        request = SubmitTaskRequest(
-                            queue_id=tenant.queue_id,
-                            handler="h",
-                            handler_version="v1",
-                            payload_version="v1",
-                            payload={"n": n},
+                        accepted.append(
+                            (await client.submit_task(f"up-{index}-{n}", request(tenant.queue_id, n))).task.task_id
                         )
-                        accepted.append((await client.submit_task(f"up-{index}-{n}", request)).task.task_id)
             async with OrbitClient(old_url, tenant.token) as client:
                 finished = await client.wait(accepted, timeout_s=60)
             assert [t.state for t in finished] == ["succeeded"] * len(accepted)
@@ -130,6 +144,55 @@ async def test_the_previous_commits_node_serves_beside_this_one(node_config, dsn
             for worker in workers:
                 await worker.drain()
             nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            await stop_process(previous, 10)
+
+
+@pytest.mark.time_cap(180)
+async def test_a_key_never_has_more_than_its_limit_with_the_previous_commits_node_claiming(
+    node_config, dsn, db, tmp_path
+):
+    """max_running_per_key 3 (000028), Workers of both nodes taking tasks of one key: the
+    previous node fills only the key's first holder's place, so the key still never has
+    more than 3 running (read back from the attempts' start/finish intervals)."""
+    tenant = await make_tenant(db, "upgrade-keys")
+    # Set in the database: the previous node's API may not know the control.
+    await db.run(
+        lambda tx: tx.execute_raw("UPDATE queues SET max_running_per_key = 3 WHERE queue_id = %s", (tenant.queue_id,))
+    )
+
+    async def work(task: WorkerTask) -> None:
+        await trio.sleep(0.03)
+
+    async with previous_node(dsn, tmp_path) as old_url:
+        async with run_node(node_config, services=default_services()) as running, trio.open_nursery() as nursery:
+            workers = []
+            for url in (old_url, running.base_url):
+                worker = Worker(url, tenant.token, [tenant.queue_id], capacity=4, resource_keys=True)
+                worker.register("h", "v1", "v1", work)
+                workers.append(worker)
+                await nursery.start(worker.run)
+            async with OrbitClient(running.base_url, tenant.token) as client:
+                accepted = [
+                    (await client.submit_task(f"key-{n}", request(tenant.queue_id, n, resource_key="k"))).task.task_id
+                    for n in range(KEYED_TASKS)
+                ]
+                finished = await client.wait(accepted, timeout_s=90)
+            assert [t.state for t in finished] == ["succeeded"] * len(accepted)
+            for worker in workers:
+                await worker.drain()
+            nursery.cancel_scope.cancel()
+    rows = await db.run(
+        lambda tx: tx.fetchall_raw(
+            "SELECT a.started_at, a.finished_at, a.owner_node_id FROM task_attempts a"
+            " JOIN tasks t ON t.task_id = a.task_id WHERE t.queue_id = %s AND a.started_at IS NOT NULL",
+            (tenant.queue_id,),
+        )
+    )
+    assert len(rows) == KEYED_TASKS, "each task ran once"
+    events = sorted([(r["started_at"], 1) for r in rows] + [(r["finished_at"], -1) for r in rows])
+    running_now = most = 0
+    for _, step in events:
+        running_now += step
+        most = max(most, running_now)
+    assert most <= 3
+    # Both nodes took some of the key's tasks.
+    assert len({r["owner_node_id"] for r in rows}) == 2

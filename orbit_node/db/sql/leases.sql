@@ -1,10 +1,10 @@
 -- The lease store: claims, transitions, recovery and explanations (orbit_node.store.leases).
 --
 -- Every time that decides ownership is the database clock NOW(6) (UTC sessions).
--- Lock order, always: applications -> queues -> tasks -> resource_keys. Claims and the
--- sweeper lock task and resource-key rows only with SKIP LOCKED, so they never wait on
--- them; transitions (start, renew, finish, release) lock their own task rows (plain
--- FOR UPDATE, primary key order) and then resource keys.
+-- Lock order, always: applications -> queues -> tasks -> resource_keys ->
+-- resource_key_holders. Claims and the sweeper lock task and resource-key rows only with
+-- SKIP LOCKED, so they never wait on them; transitions (start, renew, finish, release)
+-- lock their own task rows (plain FOR UPDATE, primary key order) and then resource keys.
 --
 -- Per-task values of a batch go in one statement whatever the batch's size: a
 -- claim's tokens as a JSON array (%(values)s), the transitions' values as CASE
@@ -16,7 +16,7 @@
 
 -- Gates of the requested queues and their application, without locking anything.
 -- name: claim_gates
-SELECT q.queue_id, q.paused, q.max_concurrency, q.max_starts_per_second,
+SELECT q.queue_id, q.paused, q.max_concurrency, q.max_starts_per_second, q.max_running_per_key,
        a.suspended AS app_suspended,
        a.max_concurrent_executions AS app_max_concurrent,
        a.max_starts_per_second AS app_max_starts
@@ -82,10 +82,32 @@ SELECT COUNT(*) AS live
 ORDER BY dispatch_at, available_at, task_id
 LIMIT %(limit)s
 
--- Occupancy of resource keys as committed (non-locking): the holder and its state. A key
--- is free when it has no holder, or (repair) when its holder no longer holds it.
+-- Occupancy of resource keys as committed (non-locking): the first holder and its state.
+-- A holder counts while its task is reserved or running (a repair: every transition
+-- releases its key in its own transaction). For keys of a queue whose
+-- max_running_per_key is 1, a claim picks its candidates by this alone (further holders,
+-- 000028, exist only where another queue of the key admits more or the limit was
+-- lowered; the count under the key's lock decides).
 -- name: claim_key_state
 SELECT rk.resource_key, rk.holder_task_id, h.state AS holder_state
+  FROM resource_keys rk
+  LEFT JOIN tasks h ON h.task_id = rk.holder_task_id
+ WHERE rk.namespace_id = %(namespace_id)s
+   AND rk.resource_key IN %(keys)s
+
+-- The same with the further holders still reserved or running (resource_key_holders;
+-- a row of the first holder as well is counted once): what a claim reads of a key of a
+-- queue that admits more than one holder, what it counts of the keys it locked
+-- (claim_lock_keys), and what explanations and listings say.
+-- name: claim_key_occupancy
+SELECT rk.resource_key, rk.holder_task_id, h.state AS holder_state,
+       (SELECT COUNT(*)
+          FROM resource_key_holders x
+          STRAIGHT_JOIN tasks t FORCE INDEX (PRIMARY) ON t.task_id = x.task_id
+         WHERE x.namespace_id = rk.namespace_id
+           AND x.resource_key = rk.resource_key
+           AND x.task_id <> COALESCE(rk.holder_task_id, '')
+           AND t.state IN ('reserved', 'running')) AS further_live
   FROM resource_keys rk
   LEFT JOIN tasks h ON h.task_id = rk.holder_task_id
  WHERE rk.namespace_id = %(namespace_id)s
@@ -127,6 +149,11 @@ SELECT child_task_id, 'parent', parent_task_id
   FROM task_parents
  WHERE child_task_id IN %(children)s
 
+-- The key rows a claim takes from: each is its key's mutex, so that the count of its
+-- live holders read after it (claim_key_occupancy, the next statement of the same
+-- packet: a statement of its own, so that its snapshot is taken once every row is
+-- locked) stays true until the claim commits. Only a claim holding the row adds a
+-- holder; transitions only take holders away.
 -- name: claim_lock_keys
 SELECT resource_key, holder_task_id
   FROM resource_keys
@@ -144,6 +171,13 @@ UPDATE resource_keys
    SET holder_task_id = %(task_id)s
  WHERE namespace_id = %(namespace_id)s
    AND resource_key = %(resource_key)s
+
+-- A further holder of a key whose first holder is live (the claim holds the key's row).
+-- IGNORE: a row the task kept from an earlier reservation (settled by a node that does
+-- not know this table) is its row again.
+-- name: claim_add_holder
+INSERT IGNORE INTO resource_key_holders (namespace_id, resource_key, task_id)
+VALUES (%(namespace_id)s, %(resource_key)s, %(task_id)s)
 
 -- Claim, step 3: the reservation of the rows the claim locked, each with its own new
 -- fencing token ({fencing_token}, a per-row value: Tx.defer_per_row). A single-table
@@ -286,6 +320,12 @@ UPDATE resource_keys
  WHERE (namespace_id, resource_key) IN %(keys)s
    AND holder_task_id IN %(task_ids)s
 
+-- The further holders among the settled tasks (000028): %(holders)s are their
+-- (namespace, key, task) triples.
+-- name: settle_release_holders
+DELETE FROM resource_key_holders
+ WHERE (namespace_id, resource_key, task_id) IN %(holders)s
+
 -- ---------------------------------------------------------------------------------
 -- Recovery (any node, concurrently): non-locking candidate reads, then lock by primary
 -- key with SKIP LOCKED and re-check the condition with NOW(6).
@@ -337,6 +377,7 @@ SELECT task_id, queue_id, namespace_id, application_id, handler, handler_version
 -- name: explain_queue_gates
 SELECT q.queue_id, q.application_id, q.name AS queue_name, q.paused AS queue_paused,
        q.max_concurrency AS queue_max_concurrency, q.max_starts_per_second AS queue_max_starts,
+       q.max_running_per_key AS queue_max_running_per_key,
        q.start_window_s AS queue_window_s, q.start_window_count AS queue_window_count,
        a.suspended AS app_suspended, a.max_concurrent_executions AS app_max_concurrent,
        a.max_starts_per_second AS app_max_starts, a.start_window_s AS app_window_s,
@@ -346,6 +387,22 @@ SELECT q.queue_id, q.application_id, q.name AS queue_name, q.paused AS queue_pau
   JOIN applications a ON a.application_id = q.application_id
  WHERE q.namespace_id = %(namespace_id)s
    AND q.queue_id IN %(queue_ids)s
+
+-- The holders of one resource key still reserved or running: its first holder and the
+-- further ones (000028), each once. The few holder ids first, then their tasks by
+-- primary key (never a range of the tasks' states).
+-- name: explain_key_holders
+SELECT t.task_id
+  FROM (SELECT holder_task_id AS task_id
+          FROM resource_keys
+         WHERE namespace_id = %(namespace_id)s AND resource_key = %(resource_key)s
+        UNION
+        SELECT task_id
+          FROM resource_key_holders
+         WHERE namespace_id = %(namespace_id)s AND resource_key = %(resource_key)s) h
+  STRAIGHT_JOIN tasks t FORCE INDEX (PRIMARY) ON t.task_id = h.task_id
+ WHERE t.state IN ('reserved', 'running')
+ ORDER BY t.task_id
 
 -- Due queued tasks of the queue ahead of this one in dispatch order (any handler, and
 -- of this task's handler capability), counted up to %(cap)s index entries.

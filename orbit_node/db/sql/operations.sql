@@ -154,7 +154,7 @@ SELECT c.credential_id, c.name, c.scopes, c.created_at, c.revoked_at,
 -- ---------------------------------------------------------------------------------
 
 -- name: ops_queues
-SELECT q.queue_id, q.name, q.paused, q.max_concurrency, q.max_starts_per_second,
+SELECT q.queue_id, q.name, q.paused, q.max_concurrency, q.max_starts_per_second, q.max_running_per_key,
        n.namespace_id, n.name AS namespace, n.environment, a.application_id, a.name AS application
   FROM queues q
   JOIN namespaces n ON n.namespace_id = q.namespace_id
@@ -174,7 +174,7 @@ SELECT q.queue_id, q.namespace_id, q.name, n.name AS namespace, a.name AS applic
 -- The queues of one namespace (the console: a credential sees its own namespace only),
 -- all of them or those of %(queue_ids)s.
 -- name: ops_queues_of_namespace
-SELECT q.queue_id, q.name, q.paused, q.max_concurrency, q.max_starts_per_second,
+SELECT q.queue_id, q.name, q.paused, q.max_concurrency, q.max_starts_per_second, q.max_running_per_key,
        n.namespace_id, n.name AS namespace, n.environment, a.application_id, a.name AS application
   FROM queues q
   JOIN namespaces n ON n.namespace_id = q.namespace_id

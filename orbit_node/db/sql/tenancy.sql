@@ -44,8 +44,10 @@ SELECT n.*, a.name AS application_name
  WHERE n.namespace_id = %(namespace_id)s
 
 -- name: queue_insert
-INSERT INTO queues (queue_id, namespace_id, application_id, name, max_concurrency, max_starts_per_second)
-VALUES (%(queue_id)s, %(namespace_id)s, %(application_id)s, %(name)s, %(max_concurrency)s, %(max_starts_per_second)s)
+INSERT INTO queues (queue_id, namespace_id, application_id, name, max_concurrency, max_starts_per_second,
+                    max_running_per_key)
+VALUES (%(queue_id)s, %(namespace_id)s, %(application_id)s, %(name)s, %(max_concurrency)s, %(max_starts_per_second)s,
+        %(max_running_per_key)s)
 
 -- name: queue_by_name
 SELECT * FROM queues WHERE namespace_id = %(namespace_id)s AND name = %(name)s
@@ -101,5 +103,6 @@ SELECT credential_id, namespace_id, name, scopes, created_at, revoked_at
 -- name: queue_patch_controls
 UPDATE queues
    SET max_concurrency = IF(%(set_max_concurrency)s, %(max_concurrency)s, max_concurrency),
-       max_starts_per_second = IF(%(set_max_starts_per_second)s, %(max_starts_per_second)s, max_starts_per_second)
+       max_starts_per_second = IF(%(set_max_starts_per_second)s, %(max_starts_per_second)s, max_starts_per_second),
+       max_running_per_key = IF(%(set_max_running_per_key)s, %(max_running_per_key)s, max_running_per_key)
  WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s

@@ -398,12 +398,7 @@ class OperationsStore:
             raise NotFound(f"task {task_id} not found", field="task_id")
 
         async def body(tx: Tx) -> list[dict[str, Any]]:
-            found = await task_documents(tx, (task_id,), namespace_id=namespace_id)
-            if found:
-                # Its parents (depends_on) with their states (None: the parent is gone).
-                parents = await tx.fetchall("dependency_parents_of", {"task_ids": (task_id,)})
-                found[0]["depends_on"] = [{"task_id": p["parent_task_id"], "state": p["state"]} for p in parents]
-            return found
+            return await task_documents(tx, (task_id,), namespace_id=namespace_id)
 
         found = await self.db.transaction(body, isolation="REPEATABLE READ")
         if not found:
@@ -445,13 +440,20 @@ async def task_documents(
     stored: Callable[[str | None], Any] = stored_json,
 ) -> list[dict[str, Any]]:
     """The tasks of ``task_ids`` found (of ``namespace_id`` only, unless None), each with its
-    attempt history (no fencing tokens), in the order of ``task_ids``: two statements, one
-    round trip. Times are RFC 3339; ``stored`` gives the value of each JSON text column
+    attempt history (no fencing tokens) and its parents (``depends_on``), in the order of
+    ``task_ids``: three statements, one round trip. Times are RFC 3339; ``stored`` gives the value of each JSON text column
     (payload, result, errors)."""
-    rows, attempts = await tx.fetchall_each(
+    rows, attempts, edges = await tx.fetchall_each(
         tx.statement("ops_task", {"task_ids": tuple(task_ids), "namespace_id": namespace_id}),
         tx.statement("ops_task_attempts", {"task_ids": tuple(task_ids)}),
+        tx.statement("dependency_parents_of", {"task_ids": tuple(task_ids)}),
     )
+    # Each task's parents (depends_on, 000027) with their states (None: the parent is gone).
+    parents: dict[str, list[dict[str, Any]]] = {}
+    for edge in edges:
+        parents.setdefault(edge["child_task_id"], []).append(
+            {"task_id": edge["parent_task_id"], "state": edge["state"]}
+        )
     history: dict[str, list[dict[str, Any]]] = {}
     for row in attempts:
         attempt = _with_times(row)
@@ -466,6 +468,7 @@ async def task_documents(
         task["result"] = stored(row["result"])
         task["error"] = stored(row["error"])
         task["attempt_history"] = history.get(row["task_id"], [])
+        task["depends_on"] = parents.get(row["task_id"], [])
         found[row["task_id"]] = task
     return [found[t] for t in task_ids if t in found]
 

@@ -41,7 +41,7 @@ LINE_KEYS = [
     *("backoff_initial_ms", "backoff_max_ms", "backoff_multiplier", "resource_key", "cancel_requested"),
     *("owner_node_id", "connection_id", "lease_expires_at", "reserved_at", "started_at", "finished_at"),
     *("result", "error", "plan_id", "plan_version", "retried_from", "created_at", "updated_at"),
-    *("queue", "namespace", "environment", "application", "attempt_history"),
+    *("queue", "namespace", "environment", "application", "attempt_history", "depends_on"),
 ]
 ATTEMPT_KEYS = [
     *("attempt", "outcome", "owner_node_id", "connection_id", "reserved_at", "started_at", "finished_at", "error")

@@ -666,7 +666,7 @@ async def test_every_task_a_filter_matches_is_cancelled_or_retried_after_a_confi
         ("tasks.bulk_retry", 2, None),
     ]
     first = audited[0][3]
-    assert (first["handler"], first["state"]) == ("h", ["queued", "reserved", "running"])
+    assert (first["handler"], first["state"]) == ("h", ["waiting", "queued", "reserved", "running"])
     assert "created_before" in first and "cursor" in audited[-1][3]
     assert (await seed.count_states(db)).get("queued") == 3 + 5 + 5
 

@@ -29,8 +29,12 @@ SHARDED_TABLES = (
     "plan_versions",
     "claim_turns",
     "claim_turn_minutes",
+    "task_parents",
+    "task_waits",
+    "dependency_failures",
 )
-ROUTING_KEYS = ("application_id", "namespace_id", "queue_id", "task_id", "plan_id")
+# A parent and its child are tasks of one application (000027): their ids route as task ids do.
+ROUTING_KEYS = ("application_id", "namespace_id", "queue_id", "task_id", "plan_id", "parent_task_id", "child_task_id")
 
 # Statements that may run on every shard, and why none of them breaks single-shard writes.
 SCATTER_ALLOWED = {
@@ -46,6 +50,8 @@ SCATTER_ALLOWED = {
     "ops_turn_minutes_recent": "the console's fairness history: an operator's read across all applications",
     "ops_turn_minutes_prune": "clean-up of history older than an hour, per shard; it decides nothing",
     "ops_applications": "orbit-admin application list: an operator's read across all applications",
+    "dependency_failures_next": "the dependency cascade's read-only scan of its work list; each parent's "
+    "children are then cancelled in one transaction keyed by the parent's task id (dependency_failure_lock)",
 }
 
 _TABLE = re.compile(r"\b(?:from|join|update|into|delete\s+\w+\s+from)\s+`?(\w+)`?", re.IGNORECASE)

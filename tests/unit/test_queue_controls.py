@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orbit_node import rules
+from orbit_node.domain import rules
 from orbit_node.domain.errors import InvalidArgument
 from orbit_node.store.claim import key_holders, running_per_key
 

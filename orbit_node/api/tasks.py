@@ -127,7 +127,8 @@ async def _accept(who: Principal, key: str, new: rules.NewTask) -> Accepted:
         if not created:
             where.rates.give_back(who.application_id, 1)
     logs.bind(queue_id=new.queue_id, task_id=accepted.task.task_id)
-    if accepted.created:
+    if accepted.created and accepted.task.state == "queued":
+        # A waiting task (depends_on) is not claimable: its release announces it.
         where.announce([arrival(new, accepted.task)])
     return accepted
 
@@ -251,7 +252,7 @@ async def _accept_batch(who: Principal, trace_context: str | None):
             results.append({"index": index, "status": outcome.http_status, "error": item_error(outcome)})
             continue
         counts["created" if outcome.created else "existing"] += 1
-        if outcome.created:
+        if outcome.created and outcome.task.state == "queued":
             arrived.append(arrival(submission.new, outcome.task))
         status = 201 if outcome.created else 200
         if minimal:

@@ -32,7 +32,7 @@ Arrival = tuple[str, "datetime | None", "float | None"]
 
 
 async def starts_of(tx: Tx, created: Sequence[Create], states: Mapping[str, str]) -> dict[str, Start]:
-    """The start of each created task that has parents, in order (a parent created earlier
+    """The start of each created task, in order (a parent created earlier
     in the same transaction counts with the start it got). ``states``: the states of the
     parents read and locked already; the others (tasks of earlier items' keys that were
     accepted before) are read and locked here."""
@@ -54,7 +54,7 @@ async def starts_of(tx: Tx, created: Sequence[Create], states: Mapping[str, str]
         # A parent gone between the read and the lock (pruned) can never succeed now.
         start = start_of({p: starts[p].state if p in starts else known.get(p, "expired") for p in decision.parents})
         starts[decision.task_id] = start
-    return {task_id: start for task_id, start in starts.items() if task_id in {d.task_id for d in with_parents}}
+    return starts
 
 
 async def insert_dependencies(tx: Tx, created: Sequence[Create], starts: Mapping[str, Start]) -> None:

@@ -62,18 +62,28 @@ class PrivateMariaDB:
         return Dsn(user="root", password="", host="127.0.0.1", port=self.port, database=database)
 
     async def install(self) -> None:
-        await trio.run_process(
+        # The bootstrap server gets the private tmpdir too: in the shared /tmp, installs
+        # running side by side drop each other's internal temporary tables ("Could not
+        # remove temporary table", then "Unknown table 'mysql.tmp_user_sys'"): 5 of 12
+        # concurrent installs failed that way.
+        self.tmpdir.mkdir(parents=True, exist_ok=True)
+        done = await trio.run_process(
             [
                 find_bin("mariadb-install-db", "mysql_install_db"),
                 "--no-defaults",
                 f"--datadir={self.datadir}",
+                f"--tmpdir={self.tmpdir}",
                 "--auth-root-authentication-method=normal",
                 "--skip-test-db",
                 f"--user={getpass.getuser()}",
             ],
             capture_stdout=True,
             capture_stderr=True,
+            check=False,
         )
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr).decode(errors="replace").strip().splitlines()
+            raise RuntimeError(f"mariadb-install-db exited {done.returncode}: " + "\n".join(output[:8]))
 
     def server_args(self) -> list[str]:
         """Options beyond the common ones (a Galera server adds its provider's)."""

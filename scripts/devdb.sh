@@ -59,7 +59,7 @@ start() {
   if [ ! -d "$ROOT/data/mysql" ]; then
     rm -rf "$ROOT/data"
     "$(find_bin mariadb-install-db mysql_install_db)" --no-defaults --datadir="$ROOT/data" \
-      --auth-root-authentication-method=normal --skip-test-db --user="$(id -un)" >"$ROOT/install.log" 2>&1 \
+      --tmpdir="$ROOT/tmp" --auth-root-authentication-method=normal --skip-test-db --user="$(id -un)" >"$ROOT/install.log" 2>&1 \
       || { echo "error: mariadb-install-db failed, see $ROOT/install.log" >&2; exit 1; }
   fi
   # Development/test settings: durability is relaxed (flush once a second) because a

@@ -276,6 +276,9 @@ async def test_a_waiter_cancelled_as_its_turn_comes_passes_the_turn_on(autojump_
 FLOOD_LIMITS = AdmissionLimits(slots=2, per_application=1, max_waiting=4)
 FLOOD_CLIENTS = 24
 STEADY_REQUESTS = 80
+# B's requests alone and beside the flood, in this many alternating phases of
+# STEADY_REQUESTS / ROUNDS each: whatever else loads the machine meanwhile falls on both.
+ROUNDS = 4
 
 
 def quantile(samples: list[float], q: float) -> float:
@@ -283,17 +286,17 @@ def quantile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
-async def steady(client: httpx.AsyncClient, queue_id: str, tag: str) -> tuple[list[float], Counter[int]]:
-    """B: one submit after the other, about 10 a second."""
-    latencies: list[float] = []
-    statuses: Counter[int] = Counter()
-    for n in range(STEADY_REQUESTS):
+async def steady(
+    client: httpx.AsyncClient, queue_id: str, tag: str, latencies: list[float], statuses: Counter[int], n: int
+) -> None:
+    """B: ``n`` more submits one after the other, with 10 ms between them."""
+    first = len(latencies)
+    for i in range(n):
         start = trio.current_time()
-        response = await client.post("/v1/tasks", json=body(queue_id), headers={"Idempotency-Key": f"{tag}{n}"})
+        response = await client.post("/v1/tasks", json=body(queue_id), headers={"Idempotency-Key": f"{tag}{first + i}"})
         latencies.append(trio.current_time() - start)
         statuses[response.status_code] += 1
         await trio.sleep(0.01)
-    return latencies, statuses
 
 
 async def test_a_flood_of_one_application_leaves_another_its_latency(node_config, db):
@@ -323,15 +326,20 @@ async def test_a_flood_of_one_application_leaves_another_its_latency(node_config
                     assert response.status_code == 201, response.text
                     accepted += 1
 
+    alone: list[float] = []
+    flooded: list[float] = []
+    alone_statuses: Counter[int] = Counter()
+    flooded_statuses: Counter[int] = Counter()
     with trio.fail_after(60):
         async with run_node(config) as running, running.client(calm.token) as client:
-            alone, alone_statuses = await steady(client, calm.queue_id, "alone")
-            async with trio.open_nursery() as nursery:
-                for worker in range(FLOOD_CLIENTS):
-                    nursery.start_soon(flooder, running, worker)
-                await trio.sleep(0.2)
-                flooded, flooded_statuses = await steady(client, calm.queue_id, "flooded")
-                nursery.cancel_scope.cancel()
+            for round_ in range(ROUNDS):
+                await steady(client, calm.queue_id, "alone", alone, alone_statuses, STEADY_REQUESTS // ROUNDS)
+                async with trio.open_nursery() as nursery:
+                    for worker in range(FLOOD_CLIENTS):
+                        nursery.start_soon(flooder, running, ROUNDS * worker + round_)
+                    await trio.sleep(0.2)
+                    await steady(client, calm.queue_id, "flooded", flooded, flooded_statuses, STEADY_REQUESTS // ROUNDS)
+                    nursery.cancel_scope.cancel()
             metrics = running.node.state.metrics.registry
             refused_flood = metrics.get_sample_value(
                 "orbit_requests_refused_total", {"application": "flood", "reason": "admission"}
@@ -348,6 +356,8 @@ async def test_a_flood_of_one_application_leaves_another_its_latency(node_config
     # samples of either phase (measured on a loaded machine: p99 alone 50-160 ms, with the
     # flood 180-410 ms with or without admission). Without admission the flood's 24
     # requests run at once and B's p90 is 5-10x its own (p50 ~100 ms against ~10 ms).
+    # With one phase of each, a burst of load from another test during the flooded one
+    # alone once gave p90 84 ms against a bound of 73; alternating phases share it out.
     seen = {q: (quantile(alone, q), quantile(flooded, q)) for q in (0.5, 0.9, 0.99)}
     assert seen[0.9][1] <= 3 * seen[0.9][0] + 0.020, (seen, accepted, len(refusals))
     assert accepted > 0 and refusals, (accepted, len(refusals))

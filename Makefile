@@ -7,6 +7,12 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 CREDENTIALS ?= $(CURDIR)/var/dev.credentials.json
 export ORBIT_HTTP_ADDR ?= 127.0.0.1:8080
+# Python keeps the bytecode of the repository's modules, and pytest its rewritten tests,
+# under __pycache__/ (ignored by git). Where the environment sets PYTHONDONTWRITEBYTECODE,
+# every process the suite starts (nodes, orbit-admin, Workers, examples) and every test
+# process would compile the project from source again: orbit-admin took 0.6 s to start
+# instead of 0.4, and collecting the tests 9 s instead of 3.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install db browser redis run lint test unit integration system repository bench clean
 

@@ -2,15 +2,17 @@
 
 ``dumps`` is the one encoding of every body the client sends and of every result a
 Worker reports: compact, UTF-8 as is, and strict (NaN and the infinities are refused,
-as the node refuses them). When it fails, ``not_json`` walks the value to name the
-first part that is not JSON by its path (``payload.tags[2]``), so the error says what
-to fix instead of Python's "Object of type set is not JSON serializable".
+and so are strings holding a lone surrogate, as the node refuses them). When it fails,
+``not_json`` walks the value to name the first part that is not JSON by its path
+(``payload.tags[2]``), so the error says what to fix instead of Python's "Object of type
+set is not JSON serializable".
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,9 +28,24 @@ def is_id(value: object) -> bool:
     return isinstance(value, str) and HEX32.fullmatch(value) is not None
 
 
+# U+D800-U+DFFF: in a str each is a lone surrogate (Python keeps even a "pair" as two
+# code points), which UTF-8, and so the node, cannot carry. Such text comes from bytes
+# decoded with errors="surrogateescape" (file names, os.environ) or from "\\ud800" escapes.
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD, for text that only has to be
+    read (an error's message, a traceback)."""
+    return SURROGATE.sub("\ufffd", text)
+
+
 def dumps(value: Any) -> str:
     """The compact, strict JSON text of ``value``; TypeError / ValueError when it is not JSON."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if SURROGATE.search(text) is not None:
+        raise ValueError("a string holds a lone surrogate")
+    return text
 
 
 class NotJson(ValueError):
@@ -72,7 +89,9 @@ def not_json(value: Any, path: str) -> tuple[str, str] | None:
 
 def _walk(value: Any, path: str, open_containers: set[int]) -> tuple[str, str] | None:
     where = path or "the value"
-    if value is None or isinstance(value, (str, bool, int)):
+    if isinstance(value, str):
+        return _surrogate_in(value, where, "")
+    if value is None or isinstance(value, (bool, int)):
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else (where, f"{value!r} is not a JSON number (NaN and infinities are not)")
@@ -88,6 +107,8 @@ def _walk(value: Any, path: str, open_containers: set[int]) -> tuple[str, str] |
             for key, item in value.items():
                 if not isinstance(key, (str, int, float, bool)) and key is not None:
                     return (where, f"key {key!r} is a {type(key).__name__}; JSON object keys are strings")
+                if isinstance(key, str) and (found := _surrogate_in(key, where, f"key {key!r}: ")) is not None:
+                    return found
                 found = _walk(item, _child(path, str(key)), open_containers)
                 if found is not None:
                     return found
@@ -99,3 +120,14 @@ def _walk(value: Any, path: str, open_containers: set[int]) -> tuple[str, str] |
         return None
     finally:
         open_containers.discard(id(value))
+
+
+def _surrogate_in(text: str, where: str, what: str) -> tuple[str, str] | None:
+    found = SURROGATE.search(text)
+    if found is None:
+        return None
+    return (
+        where,
+        f"{what}character {found.start()} is a lone surrogate (U+{ord(found.group()):04X}), which is not "
+        "Unicode text: JSON strings are UTF-8",
+    )

@@ -17,7 +17,7 @@ import attrs
 from orbit_protocol.limits import MAX_ERROR_MESSAGE_CHARS, MAX_TRACEBACK_CHARS
 from orbit_protocol.messages import DispatchedTask, FinishReport
 
-from .encoding import NotJson, encode
+from .encoding import NotJson, clean_text, encode
 
 if TYPE_CHECKING:
     from .models import Task
@@ -149,10 +149,12 @@ def traceback_text(exc: BaseException) -> str:
 def failed(exc: BaseException) -> dict[str, Any]:
     """The report fields of an attempt a handler ended by raising ``exc``; the error
     carries its traceback (bounded), stored with the attempt."""
-    error: dict[str, Any] = {"message": describe(exc)}
+    error: dict[str, Any] = {"message": clean_text(describe(exc))}
     if isinstance(exc, PermanentError) and exc.code:
-        error["code"] = exc.code
-    error["traceback"] = traceback_text(exc)
+        error["code"] = clean_text(exc.code)
+    # A lone surrogate in the text (a file name decoded with surrogateescape, say) would
+    # have the node refuse the whole finish: it is shown as U+FFFD instead.
+    error["traceback"] = clean_text(traceback_text(exc))
     return {"outcome": "failed", "retryable": not isinstance(exc, PermanentError), "error": error}
 
 

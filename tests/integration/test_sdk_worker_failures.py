@@ -149,3 +149,46 @@ async def test_task_show_prints_the_last_attempts_traceback(node_config, db, dsn
     assert shown.returncode == 0, shown.stderr
     assert "traceback of attempt 1:" in shown.stdout
     assert shown.stdout.rstrip().endswith("RuntimeError: cannot decode image img-55.png")
+
+
+@pytest.mark.time_cap(60)
+async def test_a_lone_surrogate_in_a_handlers_text_ends_the_task_instead_of_stalling_the_worker(node_config, db):
+    """Text decoded with surrogateescape (a file name, say) holds lone surrogates, which
+    UTF-8 cannot carry and the node refuses. Raised in an exception, the message and
+    traceback reach the node with U+FFFD in their place; returned in a result, the result
+    is not JSON and the attempt fails naming where. Before, the node refused the whole
+    finish as malformed and the Worker waited for an ack until its connection dropped."""
+    tenant = await make_tenant(db, "surrogates")
+    name = b"img-\xff.png".decode(errors="surrogateescape")
+
+    async def handle(task: WorkerTask) -> object:
+        if task.payload["raise"]:
+            raise RuntimeError(f"cannot decode {name}")
+        return {"files": [name]}
+
+    async with run_node(node_config, services=default_services()) as running:
+        worker = Worker(running.base_url, tenant.token, [tenant.queue_id])
+        worker.register("h", "v1", "v1", handle)
+        async with OrbitClient(running.base_url, tenant.token) as client, trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            ids = []
+            for raising in (True, False):
+                request = SubmitTaskRequest(
+                    queue_id=tenant.queue_id,
+                    handler="h",
+                    handler_version="v1",
+                    payload_version="v1",
+                    payload={"raise": raising},
+                    max_attempts=1,
+                )
+                ids.append((await client.submit_task(f"s-{raising}", request)).task.task_id)
+            raised, returned = await client.wait(ids, timeout_s=20)
+            await worker.drain()
+            nursery.cancel_scope.cancel()
+    assert raised.state == returned.state == "failed"
+    assert raised.error["message"] == "RuntimeError: cannot decode img-\ufffd.png"
+    assert raised.error["traceback"].rstrip().endswith("RuntimeError: cannot decode img-\ufffd.png")
+    assert returned.error["message"] == (
+        "ValueError: result.files[0]: character 4 is a lone surrogate (U+DCFF), which is not Unicode text: "
+        "JSON strings are UTF-8"
+    )

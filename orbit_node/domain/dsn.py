@@ -55,7 +55,7 @@ class Dsn:
     unix_socket: str | None = None
     failover_hosts: tuple[DsnHost, ...] = ()
 
-    def __attrs_post_init__(self):
+    def __attrs_post_init__(self) -> None:
         if self.failover_hosts and self.unix_socket:
             raise _dsn_error("?unix_socket= names one server; it cannot be used with several hosts")
         if len(set(self.hosts)) != len(self.hosts):

@@ -113,7 +113,7 @@ class FinishItem:
     error: dict[str, Any] | None = None
     retryable: bool = False
 
-    def __attrs_post_init__(self):
+    def __attrs_post_init__(self) -> None:
         if self.error is not None and self.result_json is not None:
             raise ValueError("a finish carries a result or an error, not both")
 

@@ -120,7 +120,7 @@ class TaskCursor:
 def _one_of(value: Any, field: str, allowed: Sequence[str]) -> str:
     if value not in allowed:
         raise InvalidArgument(f"{field}: must be one of {', '.join(allowed)}, got {show(value)}", field=field)
-    return value
+    return str(value)
 
 
 def _hex_id(value: Any, field: str) -> str:

@@ -19,8 +19,10 @@ from datetime import timedelta
 import attrs
 from quart import request
 
+from orbit_protocol.limits import MAX_BULK
+
 from ...domain.errors import InvalidArgument, PermissionDenied
-from ...domain.task_query import MAX_BULK, TaskFilter
+from ...domain.task_query import TaskFilter
 from ...store import audit as actions
 from ...store.audit import Entry
 from .actions import ACTION_FIELDS, action_form, answer

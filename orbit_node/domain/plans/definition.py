@@ -55,7 +55,7 @@ class Definition:
 
     @property
     def priority(self) -> int:
-        return self.task_fields.get("priority", 0)
+        return int(self.task_fields.get("priority", 0))
 
     def text(self) -> str:
         """The stored form: canonical JSON (sorted keys), integers exact."""

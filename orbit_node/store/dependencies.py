@@ -16,8 +16,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 import attrs
 
@@ -29,6 +30,20 @@ from ..domain.dependencies import FAILED_ENDS, WAITING, Start, count_off, depend
 CASCADE_BATCH = 256
 # (queue id, due time or None for now, seconds until it): a queue a release woke.
 Arrival = tuple[str, "datetime | None", "float | None"]
+
+
+def parents_by_child(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str | None]]:
+    """The rows of ``dependency_parents_of``: child id -> {parent id: the parent's state,
+    None when it is gone}, parents in id order. Every reader of a task's parents starts here."""
+    found: dict[str, dict[str, str | None]] = {}
+    for row in rows:
+        found.setdefault(row["child_task_id"], {})[row["parent_task_id"]] = row["state"]
+    return found
+
+
+def parent_documents(parents: Mapping[str, str | None]) -> list[dict[str, Any]]:
+    """A task's parents as the task API, ``task show`` and exports show them."""
+    return [{"task_id": parent, "state": state} for parent, state in parents.items()]
 
 
 async def starts_of(tx: Tx, created: Sequence[Create], states: Mapping[str, str]) -> dict[str, Start]:

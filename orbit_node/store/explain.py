@@ -23,6 +23,7 @@ from ..domain.ownership import LIVE_STATES
 from ..domain.quota import quota_budget
 from ..domain.wire import rfc3339
 from .claim import key_holders, running_per_key
+from .dependencies import parents_by_child
 
 # Explanations treat a registered Worker connection as gone when its node missed three
 # registry heartbeats (every 10 s) or stopped.
@@ -86,7 +87,7 @@ async def _explain(tx: Tx, task: Mapping[str, Any]) -> dict[str, Any]:
     reasons: list[dict[str, Any]] = explanation["reasons"]
     if state == WAITING:
         rows = await tx.fetchall("dependency_parents_of", {"task_ids": (task["task_id"],)})
-        parents = {r["parent_task_id"]: r["state"] for r in rows}
+        parents = parents_by_child(rows).get(task["task_id"], {})
         pending = sorted(p for p, s in parents.items() if s != SUCCEEDED)
         reasons.append(
             _because(

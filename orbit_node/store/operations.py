@@ -20,6 +20,7 @@ from ..domain.ids import is_hex32
 from ..domain.retention import RetentionClass, parse_duration
 from ..domain.rules import fairness_weight
 from ..domain.wire import rfc3339, stored_json
+from .dependencies import parent_documents, parents_by_child
 from .task_rows import PRIORITY_STEP_S
 
 LIVE_STATES = ("queued", "reserved", "running")
@@ -449,11 +450,7 @@ async def task_documents(
         tx.statement("dependency_parents_of", {"task_ids": tuple(task_ids)}),
     )
     # Each task's parents (depends_on, 000027) with their states (None: the parent is gone).
-    parents: dict[str, list[dict[str, Any]]] = {}
-    for edge in edges:
-        parents.setdefault(edge["child_task_id"], []).append(
-            {"task_id": edge["parent_task_id"], "state": edge["state"]}
-        )
+    parents = parents_by_child(edges)
     history: dict[str, list[dict[str, Any]]] = {}
     for row in attempts:
         attempt = _with_times(row)
@@ -468,7 +465,7 @@ async def task_documents(
         task["result"] = stored(row["result"])
         task["error"] = stored(row["error"])
         task["attempt_history"] = history.get(row["task_id"], [])
-        task["depends_on"] = parents.get(row["task_id"], [])
+        task["depends_on"] = parent_documents(parents.get(row["task_id"], {}))
         found[row["task_id"]] = task
     return [found[t] for t in task_ids if t in found]
 

@@ -25,7 +25,7 @@ from ..domain.ids import is_hex32, time_ordered_id
 from ..domain.rules import NewTask
 from ..domain.task_query import TaskCursor, TaskFilter
 from .actions import BULK_ACTIONS, RETRIED, ActionOutcome, BulkOutcome, cancel_many, retry_many
-from .dependencies import insert_dependencies, starts_of
+from .dependencies import insert_dependencies, parent_documents, parents_by_child, starts_of
 from .search import TaskSearchPage, search_tasks, waiting_reasons
 from .task_rows import (
     ER_DUP_ENTRY,
@@ -178,8 +178,8 @@ class TaskStore:
             )
         )
         if named_again:
-            for row in await tx.fetchall("dependency_parents_of", {"task_ids": named_again}):
-                lineage[row["child_task_id"]] = (*lineage.get(row["child_task_id"], ()), row["parent_task_id"])
+            rows = await tx.fetchall("dependency_parents_of", {"task_ids": named_again})
+            lineage.update((child, tuple(parents)) for child, parents in parents_by_child(rows).items())
         outcomes: list[Accepted | OrbitError] = []
         for decision in decisions:
             if isinstance(decision, OrbitError):
@@ -200,7 +200,7 @@ class TaskStore:
     async def parents(self, task_id: str) -> builtins.list[dict[str, Any]]:
         """A task's parents (``task_id``, ``state``; state None when the parent is gone), by id."""
         rows = await self.db.fetchall("dependency_parents_of", {"task_ids": (task_id,)})
-        return [{"task_id": r["parent_task_id"], "state": r["state"]} for r in rows]
+        return parent_documents(parents_by_child(rows).get(task_id, {}))
 
     async def children(self, task_id: str, *, after: str = "", limit: int = 100) -> builtins.list[dict[str, Any]]:
         """Up to ``limit`` children of a task (``task_id``, ``state``) with ids above ``after``, by id."""

@@ -116,6 +116,12 @@ async def test_a_batch_is_a_graph_and_resubmitting_it_creates_nothing_twice(db):
     assert [o.task.task_id for o in again] == [p1, p2, join]
     assert [o.created for o in again] == [False, False, False]
     assert set(again[2].parents) == {p1, p2}
+    # A key repeated in the batch that creates it: the repeat answers the same task, with
+    # its parents listed once.
+    twice = [Submission("p3", new(owner)), *[Submission("join2", new(owner, depends_on_keys=["p3"]))] * 2]
+    p3, join2, join2_again = await tasks.submit_many(owner.namespace_id, twice)
+    assert join2.created and not join2_again.created and join2_again.task.task_id == join2.task.task_id
+    assert join2.parents == join2_again.parents == (p3.task.task_id,)
     # A key no earlier item took is refused, naming it.
     (bad,) = await tasks.submit_many(
         owner.namespace_id, [Submission("x", new(owner, depends_on_keys=["nope"]), field_prefix="tasks[0].")]

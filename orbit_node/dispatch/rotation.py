@@ -137,14 +137,20 @@ class Rotation:
 
     def _catch_up(self, held: Collection[str]) -> list[str]:
         """``now`` moved on: members behind it start level with it (ordered by how long
-        they have waited), but for the ``held`` ones, which keep their time; leavers it
-        reached are forgotten (returned)."""
+        they have waited), but for the ``held`` ones, which keep their time up to one
+        turn (at weight 1) behind ``now``; leavers it reached are forgotten (returned).
+
+        The bound: a member held again and again (an application at its per_application
+        while others' requests come and go) would otherwise bank a turn each time others
+        are served, and spend them all, ahead of a newcomer, when its hold ends."""
         if self._line[0][0] < self.now:
             level = bisect.bisect_left(self._line, (self.now + 1,))
             entries = []
             for time, since, key in self._line[:level]:
                 if key not in held:
                     time = self._time[key] = self.now
+                elif time < self.now - TURN:
+                    time = self._time[key] = self.now - TURN
                 entries.append((time, since, key))
             self._line[:level] = sorted(entries)
         forgotten = [key for key in self._gone if self._time[key] <= self.now]

@@ -11,7 +11,7 @@ import attrs
 import httpx
 import trio
 import trio.testing
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from orbit_node.admission.fair import AdmissionGate, FairAdmission, RequestsRefused, Verdict
@@ -84,6 +84,9 @@ limits_st = st.builds(
     others=st.integers(0, 4),
     warm_up=st.integers(0, 40),
 )
+# Found by a random run: A, held at its per_application while F0's requests were granted,
+# banked two turns and took both ahead of B. A held member now keeps at most one.
+@example(limits=AdmissionLimits(slots=6, per_application=3, reserve=0), others=1, warm_up=33)
 def test_a_flood_delays_another_application_by_one_round_at_most(limits, others, warm_up):
     """A always has 100 waiting (and the other flooders many): B's one request is granted
     before each of the others present has had more than one turn."""

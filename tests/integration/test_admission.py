@@ -354,15 +354,18 @@ async def test_a_flood_of_one_application_leaves_another_its_latency(node_config
                 "orbit_request_admission_wait_seconds_count", {"application": "calm"}
             )
     assert alone_statuses == flooded_statuses == {201: STEADY_REQUESTS}
-    # The bound is on the 90th percentile: the clients run in the node's own process and
-    # the test shares two cores with whatever else runs, whose hiccups decide the last few
-    # samples of either phase (measured on a loaded machine: p99 alone 50-160 ms, with the
-    # flood 180-410 ms with or without admission). Without admission the flood's 24
-    # requests run at once and B's p90 is 5-10x its own (p50 ~100 ms against ~10 ms).
-    # With one phase of each, a burst of load from another test during the flooded one
-    # alone once gave p90 84 ms against a bound of 73; alternating phases share it out.
+    # B's typical latency (p50) stays within 3x its own, its tail (p90) within 5x, each
+    # plus 20 ms. The clients run in the node's own process and the test shares two cores
+    # with whatever else runs: on a loaded machine the node's process is itself short of
+    # CPU and the flood's work (A's one request at a time, the refusals, the flooders'
+    # own client code) takes its part of it, so B's latency grows with the load even
+    # though it never waits for a turn. Measured beside a full `make test` and a spinning
+    # process: p50 1.9-2.7x, p90 2.4-4.1x (80 ms against 19 once). Without admission
+    # (64 slots, 64 per application) the flood's 24 requests run at once: p50 9.7-9.8x,
+    # p90 9.9-10.9x on the same loaded machine.
     seen = {q: (quantile(alone, q), quantile(flooded, q)) for q in (0.5, 0.9, 0.99)}
-    assert seen[0.9][1] <= 3 * seen[0.9][0] + 0.020, (seen, accepted, len(refusals))
+    assert seen[0.5][1] <= 3 * seen[0.5][0] + 0.020, (seen, accepted, len(refusals))
+    assert seen[0.9][1] <= 5 * seen[0.9][0] + 0.020, (seen, accepted, len(refusals))
     assert accepted > 0 and refusals, (accepted, len(refusals))
     for response in refusals[:5]:
         assert_error(response, 429, "RESOURCE_EXHAUSTED", "requests")

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import pytest
 import trio
 from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -87,9 +87,23 @@ async def step(fn: Callable[..., T], *args: Any) -> T:
 REPLACED = (NoSuchElementException, StaleElementReferenceException)
 
 
+# What chromedriver says instead of a stale element when the node it was reading is
+# replaced in the middle of the read (seen once in five loaded runs).
+DETACHED = "does not belong to the document"
+
+
 def wait(driver: WebDriver, condition: Callable[[WebDriver], Any], what: str) -> Any:
     """Until ``condition`` returns something true (returned); each try reads the page anew."""
-    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1, ignored_exceptions=REPLACED).until(condition, message=what)
+
+    def attempt(d: WebDriver) -> Any:
+        try:
+            return condition(d)
+        except WebDriverException as exc:
+            if DETACHED in str(exc):
+                return False
+            raise
+
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1, ignored_exceptions=REPLACED).until(attempt, message=what)
 
 
 def text(selector: str) -> Callable[[WebDriver], str]:

@@ -22,6 +22,18 @@ from ..nodeutil import make_tenant, run_node
 LOGGER = "orbit.sdk.worker"
 
 
+def one_attempt(queue_id: str, handler: str, payload: dict) -> SubmitTaskRequest:
+    """A task of ``handler`` v1/v1 that is not retried: its first failure ends it."""
+    return SubmitTaskRequest(
+        queue_id=queue_id,
+        handler=handler,
+        handler_version="v1",
+        payload_version="v1",
+        payload=payload,
+        max_attempts=1,
+    )
+
+
 def deep(n: int) -> None:
     if n == 0:
         raise RuntimeError("cannot decode image img-55.png")
@@ -92,14 +104,7 @@ async def test_a_failing_handler_is_logged_with_its_traceback_and_stored_with_th
             await nursery.start(worker.run)
             ids = []
             for n in range(3):
-                request = SubmitTaskRequest(
-                    queue_id=tenant.queue_id,
-                    handler="images.resize",
-                    handler_version="v1",
-                    payload_version="v1",
-                    payload={"n": n},
-                    max_attempts=1,
-                )
+                request = one_attempt(tenant.queue_id, "images.resize", {"n": n})
                 ids.append((await client.submit_task(f"img-{n}", request)).task.task_id)
             tasks = await client.wait(ids, timeout_s=30)
             await worker.drain()
@@ -133,14 +138,7 @@ async def test_task_show_prints_the_last_attempts_traceback(node_config, db, dsn
         worker.register("h", "v1", "v1", fail)
         async with OrbitClient(running.base_url, tenant.token) as client, trio.open_nursery() as nursery:
             await nursery.start(worker.run)
-            request = SubmitTaskRequest(
-                queue_id=tenant.queue_id,
-                handler="h",
-                handler_version="v1",
-                payload_version="v1",
-                payload={},
-                max_attempts=1,
-            )
+            request = one_attempt(tenant.queue_id, "h", {})
             task_id = (await client.submit_task("shown-1", request)).task.task_id
             await client.wait([task_id], timeout_s=30)
             await worker.drain()
@@ -178,14 +176,7 @@ async def test_a_lone_surrogate_in_a_handlers_text_ends_the_task_instead_of_stal
             await nursery.start(worker.run)
             ids = []
             for raising in (True, False):
-                request = SubmitTaskRequest(
-                    queue_id=tenant.queue_id,
-                    handler="h",
-                    handler_version="v1",
-                    payload_version="v1",
-                    payload={"raise": raising},
-                    max_attempts=1,
-                )
+                request = one_attempt(tenant.queue_id, "h", {"raise": raising})
                 ids.append((await client.submit_task(f"s-{raising}", request)).task.task_id)
             raised, returned = await client.wait(ids, timeout_s=20)
             await worker.drain()

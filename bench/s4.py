@@ -1019,7 +1019,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"The slowed phases measure after {SLOW_WARM_UP_S:g} s of warm-up.",
         f"weights: {WEIGHTED_COPIES} applications of each weight {', '.join(map(str, WEIGHTS))} (set in the "
         f"database, as orbit-admin application weight does), 1 queue x {SLOW_SMALL_CONNECTIONS} connections and a "
-        f"backlog of {args.s4_slow_backlog:,} each, one node, the same proxy and Workers as three-nodes. Weight's "
+        f"backlog of {args.s4_slow_backlog:,} each, one node, the proxy holding every statement {args.s4_sql_delay_ms:g} ms, the Workers of three-nodes. Weight's "
         "share = the application's weight / the sum of the phase's weights.",
         f"the claim pool is the bottleneck when its {SQL_SLOTS} slots stay busy (claims in flight near "
         f"{SQL_SLOTS}, requests waiting) and turns per application stay under the pace of "

@@ -122,7 +122,7 @@ async def test_a_start_the_node_could_not_decide_is_sent_again(node_config, db, 
         # The row reads reserved as soon as the claim commits, which can be before the
         # node has read that COMMIT's answer: cut then, the claim's outcome is unknown to
         # the node, and the reservation waits out its lease (docs/guarantees.md), which is
-        # not what this test is about. The dispatch held by the proxy is the node's.
+        # not what this test is about. A dispatch held by the proxy was sent after that answer.
         await wait_until(lambda: setup.ws_proxy.holding)
         cut(setup.db_proxy)
         setup.ws_proxy.heal()
